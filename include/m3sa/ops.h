@@ -1,0 +1,97 @@
+#pragma once
+// The five MSA ops. Each runs in two steps:
+//   make_plan()  on the host, from capacities: sizes the caller-owned workspace, never touches data;
+//   <op>(plan, args, workspace, ctx)  validates, then runs without allocating or synchronising.
+// The top-k buffer written by index_topk is the one sparse_attention reads (docs/contract.md §5).
+#include <cstddef>
+
+#include "m3sa/batch.h"
+#include "m3sa/config.h"
+#include "m3sa/status.h"
+#include "m3sa/tensor_view.h"
+#include "m3sa/types.h"
+
+namespace m3sa {
+
+enum class OpKind : uint8_t { insert_index_k, score_blocks, select_topk_blocks, index_topk, sparse_attention };
+const char* to_string(OpKind op);
+
+struct PlanRequest {
+  OpKind op = OpKind::index_topk;
+  Backend backend = Backend::cpu;
+  MsaConfig config = {};
+  Capacities capacities = {};
+  DType cache_dtype = DType::bf16;  // index-K cache (indexer ops) or KV cache (attention)
+  int num_threads = 0;              // CPU backend: 0 = OpenMP's default
+  int device_ordinal = 0;           // CUDA backend
+};
+
+struct OpPlan {
+  PlanRequest request = {};
+  int num_threads = 1;         // resolved thread count the workspace is sized for
+  size_t workspace_bytes = 0;  // caller allocates at least this much on the backend's device
+};
+
+Status make_plan(const PlanRequest& request, OpPlan* plan);
+
+struct Workspace {
+  void* data = nullptr;  // 64-byte aligned memory of at least plan.workspace_bytes
+  size_t bytes = 0;
+};
+
+struct ExecContext {
+  int num_threads = 0;     // CPU backend: 0 = the plan's; never more than the plan's
+  void* stream = nullptr;  // CUDA backend: a cudaStream_t (must not be the legacy default stream)
+};
+
+struct InsertIndexKArgs {
+  TensorView index_k;        // [T, 128] bf16 or f32, rows of this step's tokens
+  TensorView slot_mapping;   // [T] i64, page * 128 + offset; < 0 skips the row (padding)
+  TensorView index_k_cache;  // [num_pages, 128, 128] bf16 or fp8_e4m3, written in place
+};
+
+struct ScoreBlocksArgs {
+  TensorView index_q;        // [T, H, 128], dtype == cache dtype (bf16 or fp8_e4m3)
+  TensorView index_k_cache;  // [num_pages, 128, 128]
+  BatchMetadata batch;
+  TensorView scores;         // [H, T, N] f32, N >= block-table width; -inf past the causal blocks
+};
+
+struct SelectTopkBlocksArgs {
+  TensorView scores;  // [H, T, N] f32
+  BatchMetadata batch;
+  TensorView topk;    // [H, T, K] i32: ascending logical block ids, -1 padded
+};
+
+struct IndexTopkArgs {
+  TensorView index_q;        // [T, H, 128], dtype == cache dtype
+  TensorView index_k_cache;  // [num_pages, 128, 128] bf16 or fp8_e4m3
+  BatchMetadata batch;
+  TensorView topk;           // [H, T, K] i32 (strides free: [T, H, K] works too)
+};
+
+struct SparseAttentionArgs {
+  TensorView q;               // [T, Hq, 128] bf16
+  TensorView k_cache;         // [num_pages, 128, Hkv, 128] bf16 or fp8_e4m3
+  TensorView v_cache;         // [num_pages, 128, Hkv, 128], same dtype as k_cache
+  float k_scale = 1.f;        // per-tensor dequantisation scales
+  float v_scale = 1.f;
+  TensorView topk;            // [Hkv, T, K] i32, as written by index_topk
+  BatchMetadata batch;        // batch.block_table maps the index cache's blocks
+  TensorView kv_block_table;  // optional [R, max_blocks] i32 for the KV cache; absent = batch.block_table
+  TensorView out;             // [T, Hq, 128] bf16
+  TensorView lse;             // optional [T, Hq] f32, natural log; -inf for rows with no keys
+};
+
+Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace,
+                      const ExecContext& ctx = {});
+Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace,
+                    const ExecContext& ctx = {});
+Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace,
+                          const ExecContext& ctx = {});
+Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace,
+                  const ExecContext& ctx = {});
+Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Workspace workspace,
+                        const ExecContext& ctx = {});
+
+}  // namespace m3sa

@@ -1,0 +1,29 @@
+#pragma once
+// Carves a caller-owned workspace into named, 64-byte aligned regions. The same code sizes the
+// workspace at plan time (base == nullptr) and hands out the regions at run time, so the two can
+// never disagree.
+#include <cstddef>
+#include <cstdint>
+
+namespace m3sa::detail {
+
+class WorkspaceCarver {
+ public:
+  static constexpr size_t kAlignment = 64;
+  explicit WorkspaceCarver(void* base = nullptr) : base_(static_cast<char*>(base)) {}
+
+  template <typename T>
+  T* take(size_t count) {
+    offset_ = (offset_ + kAlignment - 1) / kAlignment * kAlignment;
+    T* region = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
+    offset_ += count * sizeof(T);
+    return region;
+  }
+  size_t bytes_used() const { return (offset_ + kAlignment - 1) / kAlignment * kAlignment; }
+
+ private:
+  char* base_;
+  size_t offset_ = 0;
+};
+
+}  // namespace m3sa::detail

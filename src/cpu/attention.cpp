@@ -1,0 +1,120 @@
+// CPU block-sparse attention: one (token, KV head) item per iteration, its whole GQA group at once,
+// so every key and value row is widened to fp32 once for up to 16 query heads.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "common/host_batch.h"
+#include "common/workspace.h"
+#include "cpu/cpu.h"
+#include "cpu/simd.h"
+#include "m3sa/numeric.h"
+
+namespace m3sa::cpu {
+namespace {
+
+struct AttentionScratch {
+  float* q;        // [16, 128] the group's query rows
+  float* logits;   // [K * 128, 16] key-major: one dot_rows call fills a key's column of heads
+  float* row;      // [128] one key or value row in fp32
+  float* acc;      // [16, 128]
+  int64_t* keys;   // [K * 128] visible key positions
+};
+
+AttentionScratch carve_thread(detail::WorkspaceCarver& carver, int top_k) {
+  AttentionScratch s;
+  s.q = carver.take<float>(kMaxGqaGroup * kHeadDim);
+  s.logits = carver.take<float>(int64_t{top_k} * kBlockTokens * kMaxGqaGroup);
+  s.row = carver.take<float>(kHeadDim);
+  s.acc = carver.take<float>(kMaxGqaGroup * kHeadDim);
+  s.keys = carver.take<int64_t>(int64_t{top_k} * kBlockTokens);
+  return s;
+}
+
+const char* row_address(const TensorView& t, std::initializer_list<int64_t> index) {
+  return static_cast<const char*>(t.data) + t.offset(index) * dtype_size(t.dtype);
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(const PlanRequest& request, int num_threads) {
+  detail::WorkspaceCarver carver;
+  for (int i = 0; i < num_threads; ++i) carve_thread(carver, request.config.top_k);
+  return carver.bytes_used();
+}
+
+void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& args, Workspace workspace,
+                      int num_threads) {
+  const detail::HostBatch batch(args.batch);
+  const TensorView& kv_table = args.kv_block_table.present() ? args.kv_block_table : args.batch.block_table;
+  const int num_kv_heads = static_cast<int>(args.k_cache.shape[2]);
+  const int group = static_cast<int>(args.q.shape[1]) / num_kv_heads;
+  const int64_t top_k = args.topk.shape[2];
+  const float softmax_scale = 1.f / std::sqrt(static_cast<float>(kHeadDim));
+  const int64_t num_items = int64_t{batch.num_tokens()} * num_kv_heads;
+
+#pragma omp parallel num_threads(num_threads)
+  {
+    detail::WorkspaceCarver carver(workspace.data);
+    AttentionScratch s{};
+    for (int i = 0; i <= omp_get_thread_num(); ++i) s = carve_thread(carver, request.config.top_k);
+
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t item = 0; item < num_items; ++item) {
+      const int64_t t = item / num_kv_heads;
+      const int g = static_cast<int>(item % num_kv_heads);
+      const int r = batch.request_of_token(t);
+      const int64_t seq_len = batch.seq_len(r);
+      const int64_t p = seq_len == 0 ? -1 : seq_len - batch.q_len(r) + (t - batch.q_begin(r));
+
+      int64_t num_keys = 0;
+      for (int64_t slot = 0; slot < top_k; ++slot) {
+        const int32_t b = args.topk.ptr<const int32_t>()[args.topk.offset({g, t, slot})];
+        if (b < 0) continue;
+        const int64_t end = std::min<int64_t>({(b + 1) * int64_t{kBlockTokens}, p + 1, seq_len});
+        for (int64_t j = int64_t{b} * kBlockTokens; j < end; ++j) s.keys[num_keys++] = j;
+      }
+      for (int h = 0; h < group; ++h)
+        load_row(DType::bf16, row_address(args.q, {t, g * group + h}), softmax_scale, s.q + h * kHeadDim);
+
+      for (int64_t n = 0; n < num_keys; ++n) {
+        const int64_t page = batch.page(kv_table, r, s.keys[n] / kBlockTokens);
+        load_row(args.k_cache.dtype, row_address(args.k_cache, {page, s.keys[n] % kBlockTokens, g}), args.k_scale,
+                 s.row);
+        dot_rows(s.q, group, s.row, s.logits + n * group);
+      }
+      float max_logit[kMaxGqaGroup], denominator[kMaxGqaGroup];
+      for (int h = 0; h < group; ++h) {
+        max_logit[h] = -std::numeric_limits<float>::infinity();
+        for (int64_t n = 0; n < num_keys; ++n) max_logit[h] = std::max(max_logit[h], s.logits[n * group + h]);
+        denominator[h] = 0.f;
+        for (int64_t n = 0; n < num_keys; ++n) {
+          float& w = s.logits[n * group + h];
+          w = std::exp(w - max_logit[h]);
+          denominator[h] += w;
+        }
+      }
+      std::fill(s.acc, s.acc + group * kHeadDim, 0.f);
+      for (int64_t n = 0; n < num_keys; ++n) {
+        const int64_t page = batch.page(kv_table, r, s.keys[n] / kBlockTokens);
+        load_row(args.v_cache.dtype, row_address(args.v_cache, {page, s.keys[n] % kBlockTokens, g}), args.v_scale,
+                 s.row);
+        axpy_rows(s.acc, group, s.logits + n * group, 1, s.row);
+      }
+      for (int h = 0; h < group; ++h) {
+        const int64_t qh = int64_t{g} * group + h;
+        const float inverse = num_keys == 0 ? 0.f : 1.f / denominator[h];
+        uint16_t* out = args.out.ptr<uint16_t>() + args.out.offset({t, qh});
+        for (int d = 0; d < kHeadDim; ++d) out[d] = float_to_bf16_bits(s.acc[h * kHeadDim + d] * inverse);
+        if (args.lse.present())
+          args.lse.ptr<float>()[args.lse.offset({t, qh})] =
+              num_keys == 0 ? -std::numeric_limits<float>::infinity() : max_logit[h] + std::log(denominator[h]);
+      }
+    }
+  }
+}
+
+}  // namespace m3sa::cpu

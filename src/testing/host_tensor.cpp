@@ -1,0 +1,61 @@
+#include "testing/host_tensor.h"
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+namespace m3sa::testing {
+
+void HostTensor::reset(DType dtype, std::initializer_list<int64_t> shape) {
+  view_ = TensorView::contiguous(nullptr, dtype, shape);
+  bytes_ = static_cast<size_t>(view_.numel()) * dtype_size(dtype);
+  const size_t rounded = (bytes_ + 63) / 64 * 64;
+  storage_.reset(rounded ? std::aligned_alloc(64, rounded) : nullptr);
+  view_.data = storage_.get();
+}
+
+uint64_t Rng::next() {
+  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }
+
+int Rng::uniform_int(int lo, int hi) {
+  return lo + static_cast<int>(next() % static_cast<uint64_t>(hi - lo + 1));
+}
+
+float Rng::normal() {  // Box-Muller
+  const double u1 = uniform() + 0x1p-60, u2 = uniform();
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+uint64_t test_seed() {
+  static const uint64_t seed = []() -> uint64_t {
+    if (const char* env = std::getenv("M3SA_TEST_SEED")) return std::stoull(env);
+    return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  }();
+  return seed;
+}
+
+void store(DType dtype, void* base, int64_t i, float value) {
+  switch (dtype) {
+    case DType::bf16: static_cast<uint16_t*>(base)[i] = float_to_bf16_bits(value); break;
+    case DType::fp8_e4m3: static_cast<uint8_t*>(base)[i] = float_to_e4m3_bits(value); break;
+    case DType::f32: static_cast<float*>(base)[i] = value; break;
+    default: break;
+  }
+}
+
+float load(DType dtype, const void* base, int64_t i) {
+  switch (dtype) {
+    case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::fp8_e4m3: return e4m3_bits_to_float(static_cast<const uint8_t*>(base)[i]);
+    case DType::f32: return static_cast<const float*>(base)[i];
+    default: return 0.f;
+  }
+}
+
+}  // namespace m3sa::testing

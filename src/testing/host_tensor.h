@@ -1,0 +1,53 @@
+#pragma once
+// Owning, 64-byte aligned host buffers with a TensorView over them, plus deterministic fills.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "m3sa/m3sa.h"
+
+namespace m3sa::testing {
+
+class HostTensor {
+ public:
+  HostTensor() = default;
+  HostTensor(DType dtype, std::initializer_list<int64_t> shape) { reset(dtype, shape); }
+  void reset(DType dtype, std::initializer_list<int64_t> shape);
+
+  TensorView view() const { return view_; }
+  template <typename T>
+  T* data() const { return static_cast<T*>(view_.data); }
+  size_t bytes() const { return bytes_; }
+  void fill_bytes(uint8_t byte) const { if (bytes_) std::memset(view_.data, byte, bytes_); }
+
+ private:
+  struct Free { void operator()(void* p) const { std::free(p); } };
+  std::unique_ptr<void, Free> storage_;
+  size_t bytes_ = 0;
+  TensorView view_;
+};
+
+// SplitMix64: a tiny, well-distributed generator whose stream is identical on every platform.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next();
+  double uniform();                    // [0, 1)
+  int uniform_int(int lo, int hi);     // [lo, hi]
+  float normal();
+
+ private:
+  uint64_t state_;
+};
+
+// Fresh seed per test run unless M3SA_TEST_SEED is set; tests print it on failure.
+uint64_t test_seed();
+
+// Stores `value` into element i of a bf16 / e4m3 / f32 buffer.
+void store(DType dtype, void* base, int64_t i, float value);
+float load(DType dtype, const void* base, int64_t i);
+
+}  // namespace m3sa::testing

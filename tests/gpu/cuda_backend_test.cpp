@@ -1,0 +1,31 @@
+// GPU suite: runs on a machine with a CUDA device and the CUDA backend; skips with the reason elsewhere.
+#include <gtest/gtest.h>
+
+#include "support/test_util.h"
+
+namespace m3sa::testing {
+namespace {
+
+// GTEST_SKIP returns from the enclosing function, so this must be a macro used in the test body.
+#define M3SA_SKIP_WITHOUT_CUDA()                                                                        \
+  do {                                                                                                   \
+    if (!cuda_backend_built()) GTEST_SKIP() << "m3sa was built without the CUDA backend";                \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (no driver or no device)";    \
+  } while (0)
+
+TEST(GpuCudaBackend, CapabilityQueryMatchesTheDeviceAndBuild) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  // With a device present, the answer comes from the capability table: no op has CUDA kernels yet.
+  const Status s = supports(Backend::cuda, OpKind::index_topk, MsaConfig{});
+  EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+  EXPECT_NE(s.message().find("no CUDA kernels"), std::string::npos) << s.message();
+}
+
+TEST(GpuCudaBackend, DeviceCountIsStable) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  EXPECT_EQ(cuda_device_count(), cuda_device_count());
+  EXPECT_GE(cuda_device_count(), 1);
+}
+
+}  // namespace
+}  // namespace m3sa::testing

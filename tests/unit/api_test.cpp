@@ -1,0 +1,93 @@
+// Plans, capabilities and the value types of the public API.
+#include <gtest/gtest.h>
+
+#include "support/test_util.h"
+
+namespace m3sa::testing {
+namespace {
+
+PlanRequest small_request(OpKind op, Backend backend) {
+  PlanRequest r;
+  r.op = op;
+  r.backend = backend;
+  r.capacities = {4, 64, 32};
+  return r;
+}
+
+TEST(Api, StatusMessageNamesArgumentExpectationAndValue) {
+  const Status s = Status::invalid_argument("config.top_k", "1..32", "0");
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_EQ(s.message(), "config.top_k: expected 1..32, got 0");
+  EXPECT_EQ(Status{}.to_string(), "ok");
+}
+
+TEST(Api, TensorViewDescribesItself) {
+  const TensorView v = TensorView::contiguous(reinterpret_cast<void*>(64), DType::bf16, {7, 64, 128});
+  EXPECT_EQ(v.describe(), "bf16 [7, 64, 128] strides [8192, 128, 1] on cpu");
+  EXPECT_EQ(v.numel(), 7 * 64 * 128);
+  EXPECT_TRUE(v.is_contiguous());
+  EXPECT_FALSE(TensorView{}.present());
+}
+
+TEST(Api, HostBackendsSupportEveryOpAndConfig) {
+  for (Backend backend : {Backend::reference, Backend::cpu})
+    for (int k : {1, 8, 16, 32})
+      for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
+        MsaConfig config;
+        config.top_k = k;
+        config.local_blocks = 1;
+        EXPECT_TRUE(supports(backend, config, dtype).ok()) << to_string(backend) << " K=" << k;
+      }
+}
+
+TEST(Api, CudaBackendSaysWhyItIsUnavailable) {
+  const Status s = supports(Backend::cuda, MsaConfig{});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find("backend cuda"), std::string::npos) << s.message();
+  EXPECT_EQ(best_available_backend(MsaConfig{}), Backend::cpu);
+  PlanRequest request = small_request(OpKind::index_topk, Backend::cuda);
+  OpPlan plan;
+  EXPECT_EQ(make_plan(request, &plan).code(), StatusCode::unsupported);
+}
+
+TEST(Api, PlansSizeWorkspacesFromCapacitiesOnly) {
+  for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks, OpKind::index_topk,
+                    OpKind::sparse_attention}) {
+    PlanRequest small = small_request(op, Backend::cpu);
+    small.num_threads = 2;
+    PlanRequest large = small;
+    large.capacities.max_blocks_per_request = 8192;
+    OpPlan a, b;
+    M3SA_ASSERT_OK(make_plan(small, &a));
+    M3SA_ASSERT_OK(make_plan(large, &b));
+    EXPECT_EQ(a.num_threads, 2);
+    EXPECT_LE(a.workspace_bytes, b.workspace_bytes) << to_string(op);
+    EXPECT_EQ(a.workspace_bytes % 64, 0u);
+    if (op == OpKind::index_topk) {
+      EXPECT_GE(b.workspace_bytes, 2u * 8192 * sizeof(float));
+    }
+  }
+}
+
+TEST(Api, PlanForOneOpIsRejectedByAnother) {
+  SyntheticBatch sb({{1}, {10}, 1, 1, 1});
+  MsaConfig config;
+  config.num_index_heads = 1;
+  PlannedOp scoring(plan_request(OpKind::score_blocks, config, sb, {}));
+  M3SA_ASSERT_OK(scoring.status);
+  HostTensor topk(DType::i32, {1, 1, 16});
+  const Status s = index_topk(scoring.plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()},
+                              scoring.workspace());
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("a plan made for index_topk"), std::string::npos) << s.message();
+}
+
+TEST(Api, VersionAndCommitAreReported) {
+  EXPECT_STREQ(version_string(), "0.1.0");
+  EXPECT_NE(std::string(build_commit()), "");
+}
+
+}  // namespace
+}  // namespace m3sa::testing

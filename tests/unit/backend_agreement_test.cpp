@@ -1,0 +1,161 @@
+// The CPU backend against the reference on fresh random data (seed printed on failure), and the CPU
+// backend against itself across thread counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "support/test_util.h"
+
+namespace m3sa::testing {
+namespace {
+
+BatchSpec mixed_spec(DType index_dtype, int heads, uint64_t seed) {
+  BatchSpec spec;
+  spec.q_lens = {1, 1, 1, 1, 37, 150, 1};
+  spec.seq_lens = {3000, 129, 0, 20000, 2600, 150, 40};
+  spec.num_decode = 4;
+  spec.index_heads = heads;
+  spec.index_dtype = index_dtype;
+  spec.q_heads = heads * 4;
+  spec.kv_heads = heads;
+  spec.extra_columns = 5;
+  spec.seed = seed;
+  return spec;
+}
+
+MsaConfig config_for(int heads, int k = 16, bool reduce = false) {
+  MsaConfig c;
+  c.num_index_heads = heads;
+  c.top_k = k;
+  c.reduce_heads = reduce;
+  return c;
+}
+
+struct Case {
+  const char* name;
+  DType dtype;
+  int heads;
+  int k;
+  bool integers;
+  bool reduce;
+};
+
+class CpuMatchesReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpuMatchesReference, IndexTopkAndScores) {
+  const Case& c = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  SyntheticBatch sb(mixed_spec(c.dtype, c.heads, seed));
+  if (c.integers) sb.fill_index_integers(seed, -3, 3);
+  else sb.fill_index_random(seed);
+  const MsaConfig config = config_for(c.heads, c.k, c.reduce);
+  HostTensor ref_topk, cpu_topk, ref_scores, cpu_scores;
+  M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::reference}, &ref_topk));
+  M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::cpu}, &cpu_topk));
+  M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::reference}, &ref_scores));
+  M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::cpu}, &cpu_scores));
+
+  const TensorView no_scores;
+  if (c.integers || c.reduce) {
+    // Integer data: every partial sum is exact, so selections and scores are identical.
+    const TopkComparison cmp = compare_topk(ref_topk.view(), cpu_topk.view(), c.integers ? no_scores : ref_scores.view());
+    EXPECT_EQ(cmp.identical_rows + (c.integers ? 0 : cmp.near_tie_rows), cmp.rows) << describe(cmp);
+    if (c.integers) {
+      EXPECT_EQ(std::memcmp(ref_scores.data<float>(), cpu_scores.data<float>(), ref_scores.bytes()), 0);
+    }
+  } else {
+    const TopkComparison cmp = compare_topk(ref_topk.view(), cpu_topk.view(), ref_scores.view());
+    EXPECT_TRUE(cmp.ok()) << describe(cmp);
+    RecordProperty("near_tie_rows", static_cast<int>(cmp.near_tie_rows));
+    double worst = 0;
+    for (int64_t i = 0; i < ref_scores.view().numel(); ++i) {
+      const float a = ref_scores.data<float>()[i], b = cpu_scores.data<float>()[i];
+      if (std::isinf(a) || std::isinf(b)) {
+        ASSERT_EQ(a, b) << "score " << i;
+        continue;
+      }
+      worst = std::max(worst, std::abs(static_cast<double>(a) - b) / std::max(1.0, std::abs(static_cast<double>(a))));
+    }
+    EXPECT_LE(worst, 1e-5);
+  }
+  // The two-step path (score_blocks then select_topk_blocks) equals index_topk on each backend.
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    HostTensor two_step;
+    M3SA_ASSERT_OK(run_select_topk_blocks(config, sb, backend == Backend::cpu ? cpu_scores : ref_scores, {backend}, &two_step));
+    const HostTensor& fused = backend == Backend::cpu ? cpu_topk : ref_topk;
+    EXPECT_EQ(std::memcmp(two_step.data<int32_t>(), fused.data<int32_t>(), fused.bytes()), 0) << to_string(backend);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CpuMatchesReference,
+    ::testing::Values(Case{"bf16_integers_h4", DType::bf16, 4, 16, true, false},
+                      Case{"fp8_integers_h4", DType::fp8_e4m3, 4, 16, true, false},
+                      Case{"bf16_random_h4", DType::bf16, 4, 16, false, false},
+                      Case{"fp8_random_h1", DType::fp8_e4m3, 1, 16, false, false},
+                      Case{"bf16_random_h2_k32", DType::bf16, 2, 32, false, false},
+                      Case{"bf16_integers_h4_k8", DType::bf16, 4, 8, true, false},
+                      Case{"bf16_integers_reduce_heads", DType::bf16, 4, 16, true, true}),
+    [](const ::testing::TestParamInfo<Case>& param_info) { return std::string(param_info.param.name); });
+
+TEST(CpuMatchesReferenceAttention, RandomMixedBatch) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+    BatchSpec spec = mixed_spec(DType::bf16, 2, seed);
+    spec.kv_dtype = kv;
+    SyntheticBatch sb(spec);
+    sb.fill_index_random(seed);
+    sb.fill_attention_random(seed + 1);
+    const MsaConfig config = config_for(2);
+    HostTensor topk, ref_out, ref_lse, cpu_out, cpu_lse;
+    M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::cpu}, &topk));
+    M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk, {Backend::reference}, &ref_out, &ref_lse));
+    M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk, {Backend::cpu}, &cpu_out, &cpu_lse));
+    const AttentionComparison c = compare_attention(ref_out.view(), cpu_out.view(), ref_lse.view(), cpu_lse.view());
+    EXPECT_TRUE(c.ok(1e-3)) << to_string(kv) << ": " << describe(c);
+  }
+}
+
+TEST(CpuThreads, ResultsAreIdenticalFor1And2And8Threads) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  SyntheticBatch sb(mixed_spec(DType::bf16, 4, seed));
+  sb.fill_index_random(seed);
+  sb.fill_attention_random(seed + 1);
+  const MsaConfig config = config_for(4);
+  HostTensor topk[3], scores[3], out[3], lse[3];
+  const int threads[3] = {1, 2, 8};
+  for (int i = 0; i < 3; ++i) {
+    const RunOptions options{Backend::cpu, threads[i]};
+    M3SA_ASSERT_OK(run_index_topk(config, sb, options, &topk[i]));
+    M3SA_ASSERT_OK(run_score_blocks(config, sb, options, &scores[i]));
+    M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk[i], options, &out[i], &lse[i]));
+  }
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(std::memcmp(topk[0].data<int32_t>(), topk[i].data<int32_t>(), topk[0].bytes()), 0) << threads[i];
+    EXPECT_EQ(std::memcmp(scores[0].data<float>(), scores[i].data<float>(), scores[0].bytes()), 0) << threads[i];
+    EXPECT_EQ(std::memcmp(out[0].data<uint16_t>(), out[i].data<uint16_t>(), out[0].bytes()), 0) << threads[i];
+    EXPECT_EQ(std::memcmp(lse[0].data<float>(), lse[i].data<float>(), lse[0].bytes()), 0) << threads[i];
+  }
+}
+
+TEST(CpuThreads, RunUsesNoMoreThreadsThanPlanned) {
+  SyntheticBatch sb(mixed_spec(DType::bf16, 1, 3));
+  sb.fill_index_integers(3, -3, 3);
+  PlanRequest request = plan_request(OpKind::index_topk, config_for(1), sb, {Backend::cpu, 1});
+  PlannedOp planned(request);
+  M3SA_ASSERT_OK(planned.status);
+  HostTensor topk(DType::i32, {1, sb.num_tokens(), 16});
+  // Asking for more threads than the workspace was sized for must stay within the plan's.
+  M3SA_ASSERT_OK(index_topk(planned.plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()},
+                            planned.workspace(), ExecContext{8, nullptr}));
+  HostTensor ref;
+  M3SA_ASSERT_OK(run_index_topk(config_for(1), sb, {Backend::reference}, &ref));
+  EXPECT_EQ(compare_topk(ref.view(), topk.view(), TensorView{}).mismatched_rows, 0);
+}
+
+}  // namespace
+}  // namespace m3sa::testing
