@@ -16,10 +16,12 @@
 namespace m3sa::cpu {
 namespace {
 
+constexpr int kValueChunk = 16;  // value rows widened together and accumulated in one pass
+
 struct AttentionScratch {
   float* q;        // [16, 128] the group's query rows
   float* logits;   // [K * 128, 16] key-major: one dot_rows call fills a key's column of heads
-  float* row;      // [128] one key or value row in fp32
+  float* rows;     // [kValueChunk, 128] key or value rows in fp32
   float* acc;      // [16, 128]
   int64_t* keys;   // [K * 128] visible key positions
 };
@@ -28,7 +30,7 @@ AttentionScratch carve_thread(detail::WorkspaceCarver& carver, int top_k) {
   AttentionScratch s;
   s.q = carver.take<float>(kMaxGqaGroup * kHeadDim);
   s.logits = carver.take<float>(int64_t{top_k} * kBlockTokens * kMaxGqaGroup);
-  s.row = carver.take<float>(kHeadDim);
+  s.rows = carver.take<float>(kValueChunk * kHeadDim);
   s.acc = carver.take<float>(kMaxGqaGroup * kHeadDim);
   s.keys = carver.take<int64_t>(int64_t{top_k} * kBlockTokens);
   return s;
@@ -83,8 +85,8 @@ void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& arg
       for (int64_t n = 0; n < num_keys; ++n) {
         const int64_t page = batch.page(kv_table, r, s.keys[n] / kBlockTokens);
         load_row(args.k_cache.dtype, row_address(args.k_cache, {page, s.keys[n] % kBlockTokens, g}), args.k_scale,
-                 s.row);
-        dot_rows(s.q, group, s.row, s.logits + n * group);
+                 s.rows);
+        dot_rows(s.q, group, s.rows, s.logits + n * group);
       }
       float max_logit[kMaxGqaGroup], denominator[kMaxGqaGroup];
       for (int h = 0; h < group; ++h) {
@@ -98,11 +100,14 @@ void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& arg
         }
       }
       std::fill(s.acc, s.acc + group * kHeadDim, 0.f);
-      for (int64_t n = 0; n < num_keys; ++n) {
-        const int64_t page = batch.page(kv_table, r, s.keys[n] / kBlockTokens);
-        load_row(args.v_cache.dtype, row_address(args.v_cache, {page, s.keys[n] % kBlockTokens, g}), args.v_scale,
-                 s.row);
-        axpy_rows(s.acc, group, s.logits + n * group, 1, s.row);
+      for (int64_t n0 = 0; n0 < num_keys; n0 += kValueChunk) {
+        const int chunk = static_cast<int>(std::min<int64_t>(kValueChunk, num_keys - n0));
+        for (int i = 0; i < chunk; ++i) {
+          const int64_t key = s.keys[n0 + i];
+          load_row(args.v_cache.dtype, row_address(args.v_cache, {batch.page(kv_table, r, key / kBlockTokens), key % kBlockTokens, g}),
+                   args.v_scale, s.rows + i * kHeadDim);
+        }
+        accumulate_weighted_rows(s.acc, group, s.logits + n0 * group, group, s.rows, chunk);
       }
       for (int h = 0; h < group; ++h) {
         const int64_t qh = int64_t{g} * group + h;

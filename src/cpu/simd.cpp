@@ -57,13 +57,24 @@ M3SA_CPU_CLONES void dot_rows(const float* rows, int num_rows, const float* key,
   }
 }
 
-M3SA_CPU_CLONES void axpy_rows(float* acc, int num_rows, const float* weights, int64_t weight_stride,
-                               const float* value) {
+M3SA_CPU_CLONES void accumulate_weighted_rows(float* acc, int num_rows, const float* weights, int64_t weight_stride,
+                                              const float* values, int num_values) {
+  constexpr int kSlice = 32;  // four AVX2 registers of accumulators per pass over the values
   for (int i = 0; i < num_rows; ++i) {
-    const float w = weights[i * weight_stride];
-    float* a = acc + i * kHeadDim;
+    for (int d0 = 0; d0 < kHeadDim; d0 += kSlice) {
+      float sum[kSlice];
+      float* a = acc + i * kHeadDim + d0;
 #pragma omp simd
-    for (int d = 0; d < kHeadDim; ++d) a[d] += w * value[d];
+      for (int d = 0; d < kSlice; ++d) sum[d] = a[d];
+      for (int n = 0; n < num_values; ++n) {
+        const float w = weights[n * weight_stride + i];
+        const float* v = values + n * kHeadDim + d0;
+#pragma omp simd
+        for (int d = 0; d < kSlice; ++d) sum[d] += w * v[d];
+      }
+#pragma omp simd
+      for (int d = 0; d < kSlice; ++d) a[d] = sum[d];
+    }
   }
 }
 

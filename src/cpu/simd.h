@@ -20,7 +20,10 @@ void load_row(DType dtype, const void* row, float scale, float* out);
 // out[i] = dot(rows[i], key) for i < num_rows; rows are [num_rows][128] contiguous.
 void dot_rows(const float* rows, int num_rows, const float* key, float* out);
 
-// acc[i][:] += weights[i] * value[:] for i < num_rows; acc is [num_rows][128].
-void axpy_rows(float* acc, int num_rows, const float* weights, int64_t weight_stride, const float* value);
+// acc[i][:] += sum over n < num_values of weights[n * weight_stride + i] * values[n][:], for
+// i < num_rows. acc is [num_rows][128], values [num_values][128]: each acc row is loaded and stored
+// once per call, not once per value row.
+void accumulate_weighted_rows(float* acc, int num_rows, const float* weights, int64_t weight_stride,
+                              const float* values, int num_values);
 
 }  // namespace m3sa::cpu

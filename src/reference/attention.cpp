@@ -59,13 +59,15 @@ void sparse_attention(const SparseAttentionArgs& args, Workspace workspace) {
           max_logit = std::max(max_logit, logits[n]);
         }
         double denominator = 0;
-        for (int64_t n = 0; n < num_keys; ++n) denominator += std::exp(logits[n] - max_logit);
+        for (int64_t n = 0; n < num_keys; ++n) {
+          logits[n] = std::exp(logits[n] - max_logit);  // from here on: unnormalised weights
+          denominator += logits[n];
+        }
         for (int d = 0; d < kHeadDim; ++d) {
           double acc = 0;
           for (int64_t n = 0; n < num_keys; ++n) {
             const int64_t page = batch.page(kv_table, r, keys[n] / kBlockTokens);
-            acc += std::exp(logits[n] - max_logit) *
-                   load_cache(args.v_cache, page, keys[n] % kBlockTokens, g, d) * args.v_scale;
+            acc += logits[n] * load_cache(args.v_cache, page, keys[n] % kBlockTokens, g, d) * args.v_scale;
           }
           const double value = num_keys == 0 ? 0.0 : acc / denominator;
           args.out.ptr<uint16_t>()[args.out.offset({t, qh, d})] = float_to_bf16_bits(static_cast<float>(value));

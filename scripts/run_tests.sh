@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds everything (every .cu included where nvcc exists), checks that a consumer project builds
+# against the installed package and that the CUDA-free configuration builds, then runs all tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+source scripts/env.sh
+
+cmake --preset default -DM3SA_WERROR=ON
+cmake --build --preset default -j "$M3SA_JOBS"
+
+echo "[m3sa] install + consumer smoke test" >&2
+rm -rf build/_install build/consumer
+cmake --install build --prefix build/_install >/dev/null
+cmake -S tests/consumer -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/_install" >/dev/null
+cmake --build build/consumer >/dev/null
+./build/consumer/m3sa_consumer
+
+if command -v nvcc >/dev/null 2>&1; then
+  echo "[m3sa] CUDA-free configuration (-DM3SA_ENABLE_CUDA=OFF)" >&2
+  cmake --preset cpu-only -DM3SA_WERROR=ON >/dev/null
+  cmake --build --preset cpu-only --target m3sa m3sa_cli -j "$M3SA_JOBS" >/dev/null
+fi
+
+echo "[m3sa] tests: $(ctest --test-dir build -N -L cpu | tail -1 | sed 's/Total //') labelled cpu, $(ctest --test-dir build -N -L gpu | tail -1 | sed 's/Total //') labelled gpu" >&2
+ctest --test-dir build --output-on-failure -j "$M3SA_JOBS"
