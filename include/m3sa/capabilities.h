@@ -18,7 +18,8 @@ Status supports(Backend backend, const MsaConfig& config, DType cache_dtype = DT
 int cuda_device_count();
 bool cuda_backend_built();
 
-// cuda where supported, else cpu.
+// cuda where supported, else cpu: for every op of the pipeline, or for one op.
 Backend best_available_backend(const MsaConfig& config, DType cache_dtype = DType::bf16);
+Backend best_available_backend(OpKind op, const MsaConfig& config, DType cache_dtype = DType::bf16);
 
 }  // namespace m3sa

@@ -30,6 +30,8 @@ struct OpPlan {
   PlanRequest request = {};
   int num_threads = 1;         // resolved thread count the workspace is sized for
   size_t workspace_bytes = 0;  // caller allocates at least this much on the backend's device
+  int cuda_sm_count = 0;       // CUDA: the device's SMs, read at plan time
+  int cuda_block_splits = 1;   // CUDA: block ranges per row tile (the grid's y extent)
 };
 
 Status make_plan(const PlanRequest& request, OpPlan* plan);
@@ -93,5 +95,13 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
                   const ExecContext& ctx = {});
 Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Workspace workspace,
                         const ExecContext& ctx = {});
+
+// Device-side validation (contract §8): CUDA kernels never read out of bounds; on bad metadata
+// (page id out of range, seq_len beyond the block table, slot beyond the cache) they skip the read
+// and set bits in a flag kept in the workspace, cleared at the start of every run. This reads the
+// flag of the last run on `ctx.stream` (it synchronises that stream: not for use inside capture).
+// Bits: 1 page id out of range, 2 seq_len beyond the block table or q_len > seq_len, 4 bad slot.
+// Host backends validate their data up front, so their flag is always 0.
+Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx, int32_t* flags);
 
 }  // namespace m3sa

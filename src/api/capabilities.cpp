@@ -2,13 +2,13 @@
 
 #include "common/check.h"
 #include "common/supported_configs.h"
+#ifdef M3SA_HAVE_CUDA
+#include "cuda/backend.h"
+#endif
 
 namespace m3sa {
 
 #ifdef M3SA_HAVE_CUDA
-namespace cuda {
-int visible_device_count();  // src/cuda/device_query.cu
-}
 int cuda_device_count() { return cuda::visible_device_count(); }
 #else
 int cuda_device_count() { return 0; }
@@ -36,6 +36,10 @@ Status supports(Backend backend, const MsaConfig& config, DType cache_dtype) {
                     OpKind::sparse_attention})
     M3SA_RETURN_IF_ERROR(supports(backend, op, config, cache_dtype));
   return {};
+}
+
+Backend best_available_backend(OpKind op, const MsaConfig& config, DType cache_dtype) {
+  return supports(Backend::cuda, op, config, cache_dtype).ok() ? Backend::cuda : Backend::cpu;
 }
 
 Backend best_available_backend(const MsaConfig& config, DType cache_dtype) {

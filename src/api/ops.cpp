@@ -9,6 +9,9 @@
 #include "common/check.h"
 #include "common/host_batch.h"
 #include "cpu/cpu.h"
+#ifdef M3SA_HAVE_CUDA
+#include "cuda/backend.h"
+#endif
 #include "m3sa/capabilities.h"
 #include "reference/reference.h"
 
@@ -29,14 +32,17 @@ int threads_for(const OpPlan& plan, const ExecContext& ctx) {
   return ctx.num_threads > 0 ? std::min(ctx.num_threads, plan.num_threads) : plan.num_threads;
 }
 
-Status cuda_not_built(OpKind op) {
-  return Status::unsupported(to_string(op), "the CUDA backend has no kernels in this build");
-}
+#ifdef M3SA_HAVE_CUDA
+#define M3SA_CUDA_DISPATCH(call) return cuda::call
+#else
+#define M3SA_CUDA_DISPATCH(call) return Status::unsupported("backend cuda", "m3sa was built without it")
+#endif
 
 int64_t rows_of(const BatchMetadata& batch) { return batch.num_tokens; }
 
 Status check_index_cache(const OpPlan& plan, const TensorView& cache, DeviceKind device) {
   M3SA_RETURN_IF_ERROR(check_tensor(cache, {"index_k_cache", {DType::bf16, DType::fp8_e4m3}, {kAtLeastOne, kBlockTokens, kHeadDim}, "[num_pages, 128, 128]"}, device));
+  M3SA_RETURN_IF_ERROR(detail::check_vector_rows(cache, "index_k_cache", device));
   if (cache.dtype != plan.request.cache_dtype)
     return Status::invalid_argument("index_k_cache", detail::concat("dtype ", to_string(plan.request.cache_dtype), " (the plan's cache_dtype)"),
                                     cache.describe());
@@ -46,6 +52,7 @@ Status check_index_cache(const OpPlan& plan, const TensorView& cache, DeviceKind
 Status check_index_q(const OpPlan& plan, const TensorView& q, int64_t tokens, DeviceKind device) {
   const int64_t heads = plan.request.config.num_index_heads;
   M3SA_RETURN_IF_ERROR(check_tensor(q, {"index_q", {DType::bf16, DType::fp8_e4m3}, {tokens, heads, kHeadDim}, "[num_tokens, num_index_heads, 128]"}, device));
+  M3SA_RETURN_IF_ERROR(detail::check_vector_rows(q, "index_q", device));
   if (q.dtype != plan.request.cache_dtype)
     return Status::invalid_argument("index_q", detail::concat("dtype ", to_string(plan.request.cache_dtype), " (index-Q follows the index cache dtype)"),
                                     q.describe());
@@ -109,8 +116,14 @@ Status make_plan(const PlanRequest& request, OpPlan* plan) {
       result.num_threads = request.num_threads > 0 ? request.num_threads : cpu::default_num_threads();
       result.workspace_bytes = cpu::workspace_bytes(request, result.num_threads);
       break;
-    case Backend::cuda:
-      return cuda_not_built(request.op);
+    case Backend::cuda: {
+#ifdef M3SA_HAVE_CUDA
+      M3SA_RETURN_IF_ERROR(with_op(request.op, cuda::make_plan(request, &result)));
+      break;
+#else
+      return Status::unsupported("backend cuda", "m3sa was built without it");
+#endif
+    }
   }
   *plan = result;
   return {};
@@ -122,6 +135,7 @@ Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspac
   const auto validate = [&]() -> Status {
     M3SA_RETURN_IF_ERROR(detail::check_run_common(plan, op, workspace, ctx));
     M3SA_RETURN_IF_ERROR(check_tensor(args.index_k, {"index_k", {DType::bf16, DType::f32}, {kAnyExtent, kHeadDim}, "[num_tokens, 128]"}, device));
+    M3SA_RETURN_IF_ERROR(detail::check_vector_rows(args.index_k, "index_k", device));
     const int64_t tokens = args.index_k.shape[0];
     if (tokens > plan.request.capacities.max_tokens)
       return Status::invalid_argument("index_k", detail::concat("at most ", plan.request.capacities.max_tokens, " rows (plan capacity)"), args.index_k.describe());
@@ -146,7 +160,7 @@ Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspac
   switch (plan.request.backend) {
     case Backend::reference: ref::insert_index_k(args); return {};
     case Backend::cpu: cpu::insert_index_k(args, threads_for(plan, ctx)); return {};
-    case Backend::cuda: return cuda_not_built(op);
+    case Backend::cuda: M3SA_CUDA_DISPATCH(insert_index_k(plan, args, workspace, ctx.stream));
   }
   return Status(StatusCode::internal, "unknown backend");
 }
@@ -168,7 +182,7 @@ Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace w
   switch (plan.request.backend) {
     case Backend::reference: ref::score_blocks(plan.request.config, args); return {};
     case Backend::cpu: cpu::score_blocks(plan.request.config, args, workspace, threads_for(plan, ctx)); return {};
-    case Backend::cuda: return cuda_not_built(op);
+    case Backend::cuda: M3SA_CUDA_DISPATCH(score_blocks(plan, args, workspace, ctx.stream));
   }
   return Status(StatusCode::internal, "unknown backend");
 }
@@ -189,7 +203,7 @@ Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, 
   switch (plan.request.backend) {
     case Backend::reference: ref::select_topk_blocks(plan.request.config, args, workspace); return {};
     case Backend::cpu: cpu::select_topk_blocks(plan.request.config, args, workspace, threads_for(plan, ctx)); return {};
-    case Backend::cuda: return cuda_not_built(op);
+    case Backend::cuda: M3SA_CUDA_DISPATCH(select_topk_blocks(plan, args, workspace, ctx.stream));
   }
   return Status(StatusCode::internal, "unknown backend");
 }
@@ -211,7 +225,7 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
   switch (plan.request.backend) {
     case Backend::reference: ref::index_topk(plan.request.config, args, workspace); return {};
     case Backend::cpu: cpu::index_topk(plan.request.config, args, workspace, threads_for(plan, ctx)); return {};
-    case Backend::cuda: return cuda_not_built(op);
+    case Backend::cuda: M3SA_CUDA_DISPATCH(index_topk(plan, args, workspace, ctx.stream));
   }
   return Status(StatusCode::internal, "unknown backend");
 }
@@ -262,9 +276,19 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
   switch (plan.request.backend) {
     case Backend::reference: ref::sparse_attention(args, workspace); return {};
     case Backend::cpu: cpu::sparse_attention(plan.request, args, workspace, threads_for(plan, ctx)); return {};
-    case Backend::cuda: return cuda_not_built(op);
+    case Backend::cuda: return Status::unsupported("backend cuda", "sparse_attention has no CUDA kernel yet");
   }
   return Status(StatusCode::internal, "unknown backend");
+}
+
+Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx, int32_t* flags) {
+  if (flags == nullptr) return Status::invalid_argument("flags", "a non-null int32_t*", "nullptr");
+  *flags = 0;
+  if (plan.request.backend != Backend::cuda) return {};
+  if (workspace.data == nullptr || workspace.bytes < plan.workspace_bytes)
+    return Status::invalid_argument("workspace", detail::concat("the run's workspace (>= ", plan.workspace_bytes, " bytes)"),
+                                    detail::concat(workspace.bytes, " bytes at ", workspace.data));
+  M3SA_CUDA_DISPATCH(read_device_errors(plan, workspace, ctx.stream, flags));
 }
 
 }  // namespace m3sa

@@ -89,6 +89,15 @@ Status check_disjoint(const TensorView& a, const char* a_name, const TensorView&
   return {};
 }
 
+Status check_vector_rows(const TensorView& t, const char* name, DeviceKind device) {
+  if (device != DeviceKind::cuda || !t.present()) return {};
+  const size_t elem = dtype_size(t.dtype);
+  bool aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  for (int d = 0; d + 1 < t.rank; ++d) aligned = aligned && (t.strides[d] * elem) % 16 == 0;
+  if (!aligned) return Status::invalid_argument(name, "a 16-byte aligned pointer and row strides that are multiples of 16 bytes", t.describe());
+  return {};
+}
+
 Status check_config(const MsaConfig& c) {
   if (c.top_k < 1 || c.top_k > kMaxTopK)
     return Status::invalid_argument("config.top_k", detail::concat("1..", kMaxTopK), std::to_string(c.top_k));

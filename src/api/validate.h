@@ -35,6 +35,9 @@ Status check_batch(const OpPlan& plan, const BatchMetadata& batch, DeviceKind de
 Status check_block_table_pages(const BatchMetadata& batch, const TensorView& table, const char* name,
                                int64_t num_pages);
 
+// CUDA kernels move 16-byte vectors: rows must start on 16-byte boundaries.
+Status check_vector_rows(const TensorView& t, const char* name, DeviceKind device);
+
 DeviceKind device_of(Backend backend);
 bool host_readable(DeviceKind device);
 

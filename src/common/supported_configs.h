@@ -34,9 +34,8 @@ inline constexpr bool kCudaBuilt = false;
 inline constexpr BackendCapability kSupportedConfigs[] = {
     {Backend::reference, true, false, kAllOps, 1, 32, 16, true, true, ""},
     {Backend::cpu, true, false, kAllOps, 1, 32, 16, true, true, ""},
-    {Backend::cuda, kCudaBuilt, true, 0u, 16, 32, 16, true, false,
-     "no CUDA kernels are in this version of m3sa yet (they land with the CUDA indexer work); "
-     "use Backend::cpu"},
+    {Backend::cuda, kCudaBuilt, true, kAllOps & ~op_bit(OpKind::sparse_attention), 1, 32, 16, true, false,
+     "sparse_attention has no CUDA kernel yet; run it on Backend::cpu"},
 };
 
 inline const BackendCapability& capability(Backend backend) {

@@ -15,7 +15,7 @@ SyntheticBatch::SyntheticBatch(const BatchSpec& spec) : spec_(spec) {
     max_blocks = std::max(max_blocks, blocks);
   }
   num_pages_ = std::max(num_pages_, 1);
-  width_ = max_blocks + spec.extra_columns;
+  width_ = std::max(max_blocks + spec.extra_columns, spec.min_width);
 
   cu_q_lens.reset(DType::i32, {requests + 1});
   seq_lens.reset(DType::i32, {requests});

@@ -23,6 +23,7 @@ struct BatchSpec {
   bool shuffle_pages = true;
   bool separate_kv_table = true;  // false: the KV cache uses the index cache's block table
   int extra_columns = 0;          // block-table width beyond what the longest request needs
+  int min_width = 0;              // block-table width at least this
   uint64_t seed = 1;
 };
 

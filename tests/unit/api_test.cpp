@@ -47,9 +47,10 @@ TEST(Api, CudaBackendSaysWhyItIsUnavailable) {
   EXPECT_EQ(s.code(), StatusCode::unsupported);
   EXPECT_NE(s.message().find("backend cuda"), std::string::npos) << s.message();
   EXPECT_EQ(best_available_backend(MsaConfig{}), Backend::cpu);
-  PlanRequest request = small_request(OpKind::index_topk, Backend::cuda);
+  PlanRequest request = small_request(OpKind::sparse_attention, Backend::cuda);  // no CUDA kernel yet
   OpPlan plan;
   EXPECT_EQ(make_plan(request, &plan).code(), StatusCode::unsupported);
+  EXPECT_EQ(best_available_backend(OpKind::sparse_attention, MsaConfig{}), Backend::cpu);
 }
 
 TEST(Api, PlansSizeWorkspacesFromCapacitiesOnly) {

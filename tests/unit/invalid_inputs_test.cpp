@@ -103,7 +103,7 @@ const std::vector<InvalidCase>& cases() {
       {"F32CacheDtype", O::index_topk, [](ValidSetup& s) { s.request.cache_dtype = DType::f32; }, "cache_dtype"},
       {"NegativeThreads", O::index_topk, [](ValidSetup& s) { s.request.num_threads = -3; }, "num_threads"},
       {"NullPlanPointer", O::index_topk, [](ValidSetup& s) { s.null_plan = true; }, "plan: expected a non-null OpPlan*"},
-      {"CudaBackendWithoutKernels", O::index_topk, [](ValidSetup& s) { s.request.backend = Backend::cuda; }, "backend cuda", StatusCode::unsupported},
+      {"CudaBackendWithoutAttentionKernel", O::sparse_attention, [](ValidSetup& s) { s.request.backend = Backend::cuda; }, "backend cuda", StatusCode::unsupported},
       {"PlanForAnotherOp", O::index_topk, [](ValidSetup& s) { s.plan_for_other_op = true; }, "a plan made for index_topk"},
       // Workspace.
       {"WorkspaceTooSmall", O::index_topk, [](ValidSetup& s) { s.workspace_shortfall = 64; }, "workspace.bytes"},

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "bench.h"
 #include "demo.h"
 #include "m3sa/m3sa.h"
 
@@ -49,6 +50,12 @@ int main(int argc, char** argv) {
   demo_cmd->add_flag("--reference-full", demo.reference_full, "also time the reference on the whole batch (slow)");
   demo_cmd->add_option("--seed", demo.seed, "data seed");
 
+  m3sa::cli::BenchOptions bench;
+  CLI::App* bench_cmd = app.add_subcommand("bench", "Time the CUDA indexer ops against ceilings measured in the same run");
+  bench_cmd->add_option("--set", bench.set, "full or quick")->check(CLI::IsMember({"full", "quick"}));
+  bench_cmd->add_option("--json", bench.json_path, "also write the records as JSON to this file");
+  bench_cmd->add_option("--filter", bench.filter, "only cases whose name contains this text");
+
   app.add_subcommand("info", "Show the build, the visible devices and what each backend supports");
 
   try {
@@ -62,5 +69,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (demo_cmd->parsed()) return m3sa::cli::run_demo(demo);
+  if (bench_cmd->parsed()) return m3sa::cli::run_bench(bench);
   return print_info();
 }

@@ -1,0 +1,38 @@
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace m3sa::cuda {
+
+// max that propagates NaN (contract §4: a block with any NaN product scores NaN).
+__device__ __forceinline__ float nan_propagating_max(float a, float b) {
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+}
+
+// Scores ordered as unsigned integers: larger is better, NaN below -inf, -0 equal to +0.
+__device__ __forceinline__ uint32_t rank_key(float score) {
+  if (score != score) return 0u;
+  const uint32_t bits = __float_as_uint(score == 0.f ? 0.f : score);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// The packed-token -> request map: last r with cu_q_lens[r] <= t.
+__device__ __forceinline__ int request_of_token(const int32_t* cu_q_lens, int num_requests, int t) {
+  int lo = 0, hi = num_requests - 1, found = 0;
+  while (lo <= hi) {
+    const int mid = (lo + hi) >> 1;
+    if (cu_q_lens[mid] <= t) found = mid, lo = mid + 1;
+    else hi = mid - 1;
+  }
+  return found;
+}
+
+// Exact widening of 2 stored values to a bf16 pair (e4m3 and bf16 both fit bf16 exactly).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+}  // namespace m3sa::cuda

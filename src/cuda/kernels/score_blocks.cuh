@@ -1,0 +1,176 @@
+#pragma once
+// Block scoring on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), portable to SM80+.
+// One CTA = one row tile (up to 64 query rows: tokens x index heads of one request) times one
+// range of its causal blocks; the 4 warps own 16 rows each and share every 128x128 key block
+// staged in shared memory. e4m3 inputs are widened to bf16 on the way in (exact), so products and
+// fp32 accumulation are the same as for bf16 data.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "cuda/indexer_params.h"
+#include "cuda/kernels/common.cuh"
+
+namespace m3sa::cuda {
+
+inline constexpr int kScoreThreads = 128;
+inline constexpr int kTileRows = 64;
+inline constexpr int kSmemStride = 128 + 8;  // bf16 elements per staged row: +16 B kills bank conflicts
+inline constexpr int kScoreSmemBytes = (kTileRows + 128) * kSmemStride * 2;
+
+// Copies 16-byte chunks of a 128-element stored row into a staged bf16 row (16 B aligned).
+template <typename StoredT>
+struct Staging;
+
+template <>
+struct Staging<__nv_bfloat16> {
+  static constexpr int kChunks = 16;  // 256 B per row
+  __device__ static void copy(uint32_t* dst_row, const __nv_bfloat16* src_row, int chunk) {
+    reinterpret_cast<uint4*>(dst_row)[chunk] = __ldg(reinterpret_cast<const uint4*>(src_row) + chunk);
+  }
+};
+
+template <>
+struct Staging<__nv_fp8_e4m3> {
+  static constexpr int kChunks = 8;  // 128 B per row, widened to 256 B
+  __device__ static void copy(uint32_t* dst_row, const __nv_fp8_e4m3* src_row, int chunk) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(src_row) + chunk);
+    const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&v);
+    uint32_t out[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3));
+      const float2 f = __half22float2(h);
+      out[i] = pack_bf16x2(f.x, f.y);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(dst_row) + 2 * chunk;
+    dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+    dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+  }
+};
+
+// Stages rows [0, rows) (row i at src + row_offset(i)) as bf16 into dst[i][0..128); rows in
+// [rows, padded_rows) become zeros.
+template <typename StoredT, typename RowOffset>
+__device__ __forceinline__ void stage_rows(uint32_t* dst, const StoredT* src, int rows, int padded_rows,
+                                           RowOffset row_offset) {
+  constexpr int kChunks = Staging<StoredT>::kChunks;
+  for (int i = threadIdx.x; i < padded_rows * kChunks; i += kScoreThreads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    uint32_t* dst_row = dst + row * (kSmemStride / 2);
+    if (row < rows) {
+      Staging<StoredT>::copy(dst_row, src + row_offset(row), chunk);
+    } else {
+      constexpr int kUint4PerChunk = 16 / kChunks;  // 1 for bf16, 2 for e4m3
+#pragma unroll
+      for (int k = 0; k < kUint4PerChunk; ++k) reinterpret_cast<uint4*>(dst_row)[chunk * kUint4PerChunk + k] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <typename StoredT>
+__global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __grid_constant__ ScoreBlocksParams p) {
+  if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
+  extern __shared__ uint32_t smem[];
+  uint32_t* q_s = smem;                                  // [64][136] bf16
+  uint32_t* k_s = smem + kTileRows * (kSmemStride / 2);  // [128][136] bf16
+
+  const RowTile tile = p.tiles[blockIdx.x];
+  const int r = tile.request;
+  const int q_begin = p.cu_q_lens[r];
+  const int q_len = p.cu_q_lens[r + 1] - q_begin;
+  const int seq_len = p.seq_lens[r];
+  if (seq_len > p.block_table_width * 128 || (seq_len > 0 && q_len > seq_len)) {
+    if (threadIdx.x == 0 && blockIdx.y == 0) atomicOr(p.error_flags, kSeqLenBeyondTable);
+    return;
+  }
+  const int first_pos = seq_len - q_len + (tile.token_begin - q_begin);  // position of the tile's first token
+  const int rows = tile.token_count * p.heads;
+  const int last_pos = first_pos + tile.token_count - 1;
+  const int n_max = seq_len == 0 ? 0 : last_pos / 128 + 1;  // causal blocks of the tile's last token; padding: none
+  const int per_split = (n_max + p.splits - 1) / p.splits;
+  const int b_begin = blockIdx.y * per_split;
+  const int b_end = min(n_max, b_begin + per_split);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int row0 = warp * 16 + g, row1 = row0 + 8;
+  const int pos0 = first_pos + row0 / p.heads, pos1 = first_pos + row1 / p.heads;
+
+  if (b_begin < b_end) {
+    const int heads = p.heads;
+    const int64_t q_token = p.q_stride_token, q_head = p.q_stride_head;
+    stage_rows(q_s, static_cast<const StoredT*>(p.index_q) + tile.token_begin * q_token, rows, kTileRows,
+               [=](int row) { return (row / heads) * q_token + (row % heads) * q_head; });
+    __syncthreads();
+    uint32_t a[8][4];  // this warp's 16 query rows as A fragments, all 8 k-steps
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      const int col = ks * 8 + c;  // in bf16 pairs
+      a[ks][0] = q_s[row0 * (kSmemStride / 2) + col];
+      a[ks][1] = q_s[row1 * (kSmemStride / 2) + col];
+      a[ks][2] = q_s[row0 * (kSmemStride / 2) + col + 4];
+      a[ks][3] = q_s[row1 * (kSmemStride / 2) + col + 4];
+    }
+    for (int b = b_begin; b < b_end; ++b) {
+      const int page = p.block_table[r * p.block_table_stride + b];
+      const bool page_ok = page >= 0 && page < p.num_pages;
+      const int keys = min(128, min(seq_len - b * 128, last_pos - b * 128 + 1));
+      if (!page_ok && threadIdx.x == 0) atomicOr(p.error_flags, kPageOutOfRange);
+      __syncthreads();  // the previous block's reads of k_s are done
+      const int64_t k_token = p.cache_stride_token;
+      stage_rows(k_s, static_cast<const StoredT*>(p.index_k_cache) + (page_ok ? page * p.cache_stride_page : 0),
+                 page_ok ? keys : 0, 128, [=](int row) { return row * k_token; });
+      __syncthreads();
+      float m0 = -INFINITY, m1 = -INFINITY;
+      if (warp * 16 < rows) {
+#pragma unroll 2
+        for (int nt = 0; nt < 16; ++nt) {
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+          const uint32_t* krow = k_s + (nt * 8 + g) * (kSmemStride / 2);
+#pragma unroll
+          for (int ks = 0; ks < 8; ++ks) mma_bf16_16816(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
+          const int j = b * 128 + nt * 8 + 2 * c;  // key positions j, j + 1
+          if (j < b * 128 + keys) {
+            if (j <= pos0) m0 = nan_propagating_max(m0, acc[0]);
+            if (j <= pos1) m1 = nan_propagating_max(m1, acc[2]);
+          }
+          if (j + 1 < b * 128 + keys) {
+            if (j + 1 <= pos0) m0 = nan_propagating_max(m0, acc[1]);
+            if (j + 1 <= pos1) m1 = nan_propagating_max(m1, acc[3]);
+          }
+        }
+      }
+      m0 = nan_propagating_max(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+      m0 = nan_propagating_max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+      m1 = nan_propagating_max(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+      m1 = nan_propagating_max(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+      if (c == 0 && page_ok) {
+        if (row0 < rows)
+          p.scores[(row0 % p.heads) * p.score_stride_head + (tile.token_begin + row0 / p.heads) * p.score_stride_token +
+                   b * p.score_stride_block] = m0 * p.scale;
+        if (row1 < rows)
+          p.scores[(row1 % p.heads) * p.score_stride_head + (tile.token_begin + row1 / p.heads) * p.score_stride_token +
+                   b * p.score_stride_block] = m1 * p.scale;
+      }
+    }
+  }
+  if (p.fill_tail) {  // columns [n_max, width): no visible key for any row of the tile
+    const int tail = p.score_width - n_max;
+    const int per_tail = (tail + p.splits - 1) / p.splits;
+    const int t_begin = n_max + blockIdx.y * per_tail, t_end = min(p.score_width, t_begin + per_tail);
+    for (int i = threadIdx.x; i < rows * max(0, t_end - t_begin); i += kScoreThreads) {
+      const int row = i % rows, b = t_begin + i / rows;
+      p.scores[(row % p.heads) * p.score_stride_head + (tile.token_begin + row / p.heads) * p.score_stride_token +
+               b * p.score_stride_block] = -INFINITY;
+    }
+  }
+}
+
+}  // namespace m3sa::cuda

@@ -1,0 +1,15 @@
+#pragma once
+// Kernel launchers, one per translation unit. Each returns the launch's cudaError_t.
+#include <cuda_runtime.h>
+
+#include "cuda/indexer_params.h"
+
+namespace m3sa::cuda {
+
+cudaError_t launch_schedule_tiles(const ScheduleParams& params, cudaStream_t stream);
+cudaError_t launch_score_blocks_bf16(const ScoreBlocksParams& params, dim3 grid, cudaStream_t stream);
+cudaError_t launch_score_blocks_fp8(const ScoreBlocksParams& params, dim3 grid, cudaStream_t stream);
+cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream);
+cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity, cudaStream_t stream);
+
+}  // namespace m3sa::cuda

@@ -1,0 +1,349 @@
+// The CUDA indexer against the host backends. Small cases compare with the reference; large ones
+// with the CPU backend, which the cpu suite holds to the reference (identical selections on
+// integer data, near-ties only on random data). Every device output is poisoned before each run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "gpu/device_tensor.h"
+#include "support/test_util.h"
+
+namespace m3sa::testing {
+namespace {
+
+#define M3SA_SKIP_WITHOUT_CUDA()                                                                   \
+  do {                                                                                             \
+    if (!cuda_backend_built()) GTEST_SKIP() << "m3sa was built without the CUDA backend";           \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (no driver or no device)"; \
+  } while (0)
+
+// The index branch of a SyntheticBatch on the device.
+struct DeviceBatch {
+  DeviceTensor cu_q_lens, seq_lens, block_table, index_q, index_k_cache;
+  int num_requests, num_decode, decode_q_len, num_tokens;
+  explicit DeviceBatch(const SyntheticBatch& sb)
+      : cu_q_lens(sb.cu_q_lens), seq_lens(sb.seq_lens), block_table(sb.block_table), index_q(sb.index_q),
+        index_k_cache(sb.index_k_cache), num_requests(sb.batch().num_requests), num_decode(sb.spec().num_decode),
+        decode_q_len(sb.spec().decode_q_len), num_tokens(sb.num_tokens()) {}
+  BatchMetadata batch() const {
+    return {cu_q_lens.view(), seq_lens.view(), block_table.view(), num_requests, num_decode, decode_q_len, num_tokens};
+  }
+};
+
+struct CudaRun {
+  OpPlan plan;
+  std::unique_ptr<DeviceWorkspace> workspace;
+};
+
+CudaRun cuda_plan(OpKind op, const MsaConfig& config, const SyntheticBatch& sb) {
+  CudaRun run;
+  PlanRequest request = plan_request(op, config, sb, {Backend::cuda});
+  const Status s = make_plan(request, &run.plan);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  run.workspace = std::make_unique<DeviceWorkspace>(run.plan.workspace_bytes);
+  return run;
+}
+
+void expect_no_device_errors(const CudaRun& run) {
+  int32_t flags = -1;
+  const Status s = read_device_errors(run.plan, run.workspace->get(), {}, &flags);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(flags, 0);
+}
+
+HostTensor cuda_index_topk(const MsaConfig& config, const SyntheticBatch& sb, const DeviceBatch& db, CudaRun* reuse = nullptr) {
+  CudaRun local;
+  CudaRun& run = reuse ? *reuse : (local = cuda_plan(OpKind::index_topk, config, sb));
+  DeviceTensor topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
+  const Status s = index_topk(run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()}, run.workspace->get());
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_no_device_errors(run);
+  return topk.download();
+}
+
+HostTensor cuda_score_blocks(const MsaConfig& config, const SyntheticBatch& sb, const DeviceBatch& db) {
+  CudaRun run = cuda_plan(OpKind::score_blocks, config, sb);
+  DeviceTensor scores(DType::f32, {config.num_index_heads, sb.num_tokens(), sb.width()}, 0xff);
+  const Status s = score_blocks(run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), scores.view()}, run.workspace->get());
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_no_device_errors(run);
+  return scores.download();
+}
+
+HostTensor cuda_select(const MsaConfig& config, const SyntheticBatch& sb, const DeviceBatch& db, const HostTensor& scores) {
+  CudaRun run = cuda_plan(OpKind::select_topk_blocks, config, sb);
+  DeviceTensor d_scores(scores);
+  DeviceTensor topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
+  const Status s = select_topk_blocks(run.plan, {d_scores.view(), db.batch(), topk.view()}, run.workspace->get());
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return topk.download();
+}
+
+bool same_bytes(const HostTensor& a, const HostTensor& b) {
+  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
+}
+
+struct IndexerCase {
+  const char* name;
+  BatchSpec spec;
+  MsaConfig config;
+  bool integers;        // integer data: every sum exact, selections and scores must match exactly
+  bool use_reference;   // small enough for the reference; else the CPU backend is the oracle
+};
+
+MsaConfig cfg(int heads, int k = 16, int local = 1, int init = 0) {
+  MsaConfig c;
+  c.num_index_heads = heads, c.top_k = k, c.local_blocks = local, c.init_blocks = init;
+  return c;
+}
+
+BatchSpec decode_spec(std::vector<int32_t> seq_lens, int heads, DType dtype, int q_len = 1) {
+  BatchSpec s;
+  s.seq_lens = seq_lens;
+  s.q_lens.assign(seq_lens.size(), q_len);
+  s.num_decode = static_cast<int>(seq_lens.size());
+  s.decode_q_len = q_len;
+  s.index_heads = heads;
+  s.index_dtype = dtype;
+  return s;
+}
+
+BatchSpec random_decode_spec(int batch, int max_len, int heads, DType dtype, uint64_t seed, int padding = 0) {
+  Rng rng(seed);
+  std::vector<int32_t> lens;
+  for (int i = 0; i < batch; ++i) lens.push_back(i < padding ? 0 : rng.uniform_int(1, max_len));
+  return decode_spec(lens, heads, dtype);
+}
+
+BatchSpec mixed_spec(int heads, DType dtype) {
+  BatchSpec s;
+  s.q_lens = {2, 2, 2, 700, 33, 1};
+  s.seq_lens = {9000, 130, 0, 5700, 33, 200};
+  s.num_decode = 3;
+  s.decode_q_len = 2;
+  s.index_heads = heads;
+  s.index_dtype = dtype;
+  return s;
+}
+
+std::vector<IndexerCase> indexer_cases() {
+  const DType bf = DType::bf16, f8 = DType::fp8_e4m3;
+  BatchSpec prefill_long;
+  prefill_long.q_lens = {4096};
+  prefill_long.seq_lens = {64 * 1024};
+  prefill_long.index_heads = 1;
+  return {
+      {"DecodeBoundaryLengthsH4", decode_spec({1, 127, 128, 129, 2049, 0}, 4, bf), cfg(4), true, true},
+      {"DecodeBoundaryLengthsFp8", decode_spec({1, 127, 128, 129, 2049, 0}, 4, f8), cfg(4), true, true},
+      {"DecodeB64RandomLengthsH1", random_decode_spec(64, 40000, 1, bf, 7, 8), cfg(1), true, false},
+      {"DecodeB64RandomLengthsRandomData", random_decode_spec(64, 40000, 1, bf, 8, 8), cfg(1), false, false},
+      {"DecodeB256H4", random_decode_spec(256, 9000, 4, bf, 9, 16), cfg(4), true, false},
+      {"DecodeB256H4Fp8RandomData", random_decode_spec(256, 9000, 4, f8, 10, 16), cfg(4), false, false},
+      {"DecodeMtp4", decode_spec({5000, 300, 7000}, 4, bf, 4), cfg(4), true, true},
+      {"DecodeMtp16", decode_spec({5000, 16, 20000}, 2, bf, 16), cfg(2), true, false},
+      {"MixedDecodePrefillH4", mixed_spec(4, bf), cfg(4), true, false},
+      {"MixedDecodePrefillFp8RandomData", mixed_spec(4, f8), cfg(4), false, false},
+      {"MixedK32Local2Init1", mixed_spec(3, bf), cfg(3, 32, 2, 1), true, false},
+      {"MixedK8NoLocal", mixed_spec(2, bf), cfg(2, 8, 0, 0), true, false},
+      {"MixedK1", mixed_spec(1, bf), cfg(1, 1, 1, 0), true, false},
+      {"MixedH16", mixed_spec(16, bf), cfg(16), true, false},
+      {"Prefill4kAfter60k", prefill_long, cfg(1), true, false},
+      {"DecodeMillionTokens", decode_spec({1 << 20, 1000}, 1, bf), cfg(1), true, false},
+      {"DecodeMillionTokensFp8RandomData", decode_spec({1 << 20}, 1, f8), cfg(1), false, false},
+  };
+}
+
+class GpuIndexer : public ::testing::TestWithParam<IndexerCase> {};
+
+TEST_P(GpuIndexer, MatchesHostBackend) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const IndexerCase& c = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  BatchSpec spec = c.spec;
+  spec.seed = seed;
+  SyntheticBatch sb(spec);
+  if (c.integers) sb.fill_index_integers(seed, -3, 3);
+  else sb.fill_index_random(seed);
+  const RunOptions oracle{c.use_reference ? Backend::reference : Backend::cpu};
+  HostTensor want_topk, want_scores;
+  M3SA_ASSERT_OK(run_index_topk(c.config, sb, oracle, &want_topk));
+  M3SA_ASSERT_OK(run_score_blocks(c.config, sb, oracle, &want_scores));
+
+  const DeviceBatch db(sb);
+  const HostTensor got_topk = cuda_index_topk(c.config, sb, db);
+  const HostTensor got_scores = cuda_score_blocks(c.config, sb, db);
+  const TopkComparison cmp = compare_topk(want_topk.view(), got_topk.view(), c.integers ? TensorView{} : want_scores.view());
+  std::printf("[ %s ] %s: %s\n", c.name, to_string(oracle.backend), describe(cmp).c_str());
+  EXPECT_TRUE(cmp.ok()) << describe(cmp);
+  if (c.integers) {
+    EXPECT_EQ(cmp.identical_rows, cmp.rows);
+    EXPECT_TRUE(same_bytes(want_scores, got_scores)) << "integer-valued scores must be bit-identical";
+  }
+  // The two-step path on the device equals index_topk.
+  EXPECT_TRUE(same_bytes(cuda_select(c.config, sb, db, got_scores), got_topk));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuIndexer, ::testing::ValuesIn(indexer_cases()),
+                         [](const ::testing::TestParamInfo<IndexerCase>& param_info) { return std::string(param_info.param.name); });
+
+TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  SyntheticBatch sb(decode_spec({40 * 128, 3000, 129, 0}, 2, DType::bf16));
+  HostTensor scores(DType::f32, {2, sb.num_tokens(), sb.width()});
+  Rng rng(test_seed());
+  const float specials[] = {NAN, INFINITY, -INFINITY, 0.f, -0.f, 1.f, 2.f};
+  for (int64_t i = 0; i < scores.view().numel(); ++i) scores.data<float>()[i] = specials[rng.uniform_int(0, 6)];
+  for (MsaConfig config : {cfg(2), cfg(2, 32, 3, 2), cfg(2, 5, 0, 0)}) {
+    HostTensor want;
+    M3SA_ASSERT_OK(run_select_topk_blocks(config, sb, scores, {Backend::reference}, &want));
+    const DeviceBatch db(sb);
+    EXPECT_TRUE(same_bytes(want, cuda_select(config, sb, db, scores))) << "K " << config.top_k;
+  }
+}
+
+TEST(GpuIndexerSmall, InsertIndexKIsBitExactAndSkipsPadding) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  for (DType dtype : {DType::bf16, DType::fp8_e4m3})
+    for (DType row_dtype : {DType::bf16, DType::f32}) {
+      const int tokens = 300, pages = 4;
+      HostTensor rows(row_dtype, {tokens, kHeadDim}), slots(DType::i64, {tokens}), cache(dtype, {pages, kBlockTokens, kHeadDim});
+      Rng rng(test_seed());
+      for (int64_t i = 0; i < rows.view().numel(); ++i) store(row_dtype, rows.view().data, i, static_cast<float>(rng.normal() * 300));
+      for (int t = 0; t < tokens; ++t) slots.data<int64_t>()[t] = t % 7 == 3 ? -1 : (t * 37) % (pages * kBlockTokens);
+      cache.fill_bytes(0x11);
+      HostTensor want(dtype, {pages, kBlockTokens, kHeadDim});
+      std::memcpy(want.view().data, cache.view().data, cache.bytes());
+      PlanRequest request;
+      request.op = OpKind::insert_index_k;
+      request.cache_dtype = dtype;
+      request.capacities = {1, tokens, 1};
+      request.backend = Backend::reference;
+      PlannedOp ref(request);
+      M3SA_ASSERT_OK(insert_index_k(ref.plan, {rows.view(), slots.view(), want.view()}, ref.workspace()));
+      request.backend = Backend::cuda;
+      OpPlan plan;
+      M3SA_ASSERT_OK(make_plan(request, &plan));
+      DeviceWorkspace ws(plan.workspace_bytes);
+      DeviceTensor d_rows(rows), d_slots(slots), d_cache(cache);
+      M3SA_ASSERT_OK(insert_index_k(plan, {d_rows.view(), d_slots.view(), d_cache.view()}, ws.get()));
+      M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_TRUE(same_bytes(want, d_cache.download())) << to_string(dtype) << " from " << to_string(row_dtype);
+    }
+}
+
+TEST(GpuIndexerSmall, BadPageIdsAreReportedNotRead) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  SyntheticBatch sb(decode_spec({1000, 3000}, 1, DType::bf16));
+  sb.fill_index_integers(1, -2, 2);
+  DeviceBatch db(sb);
+  HostTensor table = db.block_table.download();
+  table.data<int32_t>()[1] = 1 << 20;  // request 0, block 1
+  db.block_table.upload(table);
+  CudaRun run = cuda_plan(OpKind::index_topk, cfg(1), sb);
+  DeviceTensor topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
+  M3SA_ASSERT_OK(index_topk(run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()}, run.workspace->get()));
+  int32_t flags = 0;
+  M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace->get(), {}, &flags));
+  EXPECT_EQ(flags & 1, 1);
+}
+
+TEST(GpuIndexerSmall, TwentyRunsAreBitwiseIdentical) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  SyntheticBatch sb(mixed_spec(4, DType::bf16));
+  sb.fill_index_random(test_seed());
+  const DeviceBatch db(sb);
+  CudaRun run = cuda_plan(OpKind::index_topk, cfg(4), sb);
+  const HostTensor first = cuda_index_topk(cfg(4), sb, db, &run);
+  const HostTensor first_scores = cuda_score_blocks(cfg(4), sb, db);
+  for (int i = 1; i < 20; ++i) {
+    ASSERT_TRUE(same_bytes(first, cuda_index_topk(cfg(4), sb, db, &run))) << "run " << i;
+    ASSERT_TRUE(same_bytes(first_scores, cuda_score_blocks(cfg(4), sb, db))) << "run " << i;
+  }
+}
+
+TEST(GpuIndexerSmall, CapturedDecodeReplaysOnRewrittenInputs) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // Capacity batch: 32 decode requests; the second data set changes lengths, pages and keys.
+  BatchSpec a = random_decode_spec(32, 8000, 4, DType::bf16, seed, 2);
+  a.min_width = 80;  // one block-table width for both data sets
+  SyntheticBatch sa(a);
+  sa.fill_index_random(seed);
+  BatchSpec b = random_decode_spec(32, 80 * 128, 4, DType::bf16, seed + 1, 5);
+  b.min_width = 80;
+  SyntheticBatch sb(b);
+  sb.fill_index_random(seed + 2);
+  ASSERT_EQ(sa.width(), sb.width());
+  ASSERT_GE(sa.num_pages(), 1);
+
+  // Device buffers sized for the larger of the two caches.
+  const int pages = std::max(sa.num_pages(), sb.num_pages());
+  HostTensor cache_a(DType::bf16, {pages, kBlockTokens, kHeadDim}), cache_b(DType::bf16, {pages, kBlockTokens, kHeadDim});
+  cache_a.fill_bytes(0), cache_b.fill_bytes(0);
+  std::memcpy(cache_a.view().data, sa.index_k_cache.view().data, sa.index_k_cache.bytes());
+  std::memcpy(cache_b.view().data, sb.index_k_cache.view().data, sb.index_k_cache.bytes());
+  DeviceBatch db(sa);
+  DeviceTensor cache(cache_a);
+  const MsaConfig config = cfg(4);
+  CudaRun run = cuda_plan(OpKind::index_topk, config, sa);
+  DeviceTensor topk(DType::i32, {4, sa.num_tokens(), 16}, 0x5a);
+  const IndexTopkArgs args{db.index_q.view(), cache.view(), db.batch(), topk.view()};
+
+  cudaStream_t stream;
+  M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const Status captured = index_topk(run.plan, args, run.workspace->get(), {0, stream});
+  M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  M3SA_ASSERT_OK(captured);
+  M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+
+  // Replay on data set A, then rewrite seq_lens, block table, index-Q and the cache in place.
+  M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+  M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  HostTensor want_a;
+  M3SA_ASSERT_OK(run_index_topk(config, sa, {Backend::cpu}, &want_a));
+  EXPECT_EQ(compare_topk(want_a.view(), topk.download().view(), TensorView{}).mismatched_rows, 0);
+
+  db.seq_lens.upload(sb.seq_lens);
+  db.block_table.upload(sb.block_table);
+  db.index_q.upload(sb.index_q);
+  cache.upload(cache_b);
+  topk.fill(0x5a);
+  M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+  M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  const HostTensor replayed = topk.download();
+  topk.fill(0x5a);
+  M3SA_ASSERT_OK(index_topk(run.plan, args, run.workspace->get(), {0, stream}));  // eager on the new data
+  M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(same_bytes(replayed, topk.download()));
+  HostTensor want_b, want_b_scores;
+  M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::cpu}, &want_b));
+  M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::cpu}, &want_b_scores));
+  const TopkComparison cmp = compare_topk(want_b.view(), replayed.view(), want_b_scores.view());
+  EXPECT_TRUE(cmp.ok()) << describe(cmp);
+
+  for (int i = 0; i < 1000; ++i) {
+    M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    if (i % 100 == 99) {
+      M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+      ASSERT_TRUE(same_bytes(replayed, topk.download())) << "replay " << i;
+    }
+  }
+  M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  ASSERT_TRUE(same_bytes(replayed, topk.download()));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace m3sa::testing
