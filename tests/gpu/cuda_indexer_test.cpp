@@ -96,6 +96,8 @@ struct IndexerCase {
   bool use_reference;   // small enough for the reference; else the CPU backend is the oracle
 };
 
+void PrintTo(const IndexerCase& c, std::ostream* os) { *os << c.name; }
+
 MsaConfig cfg(int heads, int k = 16, int local = 1, int init = 0) {
   MsaConfig c;
   c.num_index_heads = heads, c.top_k = k, c.local_blocks = local, c.init_blocks = init;

@@ -41,6 +41,8 @@ struct Case {
   bool reduce;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class CpuMatchesReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CpuMatchesReference, IndexTopkAndScores) {

@@ -15,31 +15,27 @@ namespace m3sa::cuda {
 inline constexpr int kScoreThreads = 128;
 inline constexpr int kTileRows = 64;
 inline constexpr int kSmemStride = 128 + 8;  // bf16 elements per staged row: +16 B kills bank conflicts
-inline constexpr int kScoreSmemBytes = (kTileRows + 128) * kSmemStride * 2;
+inline constexpr int kScoreSmemBytes = (kTileRows + 128) * kSmemStride * 2 + 4 * 16 * 4;  // + partial row maxima
 
-// Copies 16-byte chunks of a 128-element stored row into a staged bf16 row (16 B aligned).
+// 16-byte chunks of a 128-element stored row: loaded raw, stored into a staged bf16 row.
 template <typename StoredT>
 struct Staging;
 
 template <>
 struct Staging<__nv_bfloat16> {
   static constexpr int kChunks = 16;  // 256 B per row
-  __device__ static void copy(uint32_t* dst_row, const __nv_bfloat16* src_row, int chunk) {
-    reinterpret_cast<uint4*>(dst_row)[chunk] = __ldg(reinterpret_cast<const uint4*>(src_row) + chunk);
-  }
+  __device__ static void store(uint32_t* dst_row, int chunk, uint4 raw) { reinterpret_cast<uint4*>(dst_row)[chunk] = raw; }
 };
 
 template <>
 struct Staging<__nv_fp8_e4m3> {
   static constexpr int kChunks = 8;  // 128 B per row, widened to 256 B
-  __device__ static void copy(uint32_t* dst_row, const __nv_fp8_e4m3* src_row, int chunk) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(src_row) + chunk);
-    const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&v);
+  __device__ static void store(uint32_t* dst_row, int chunk, uint4 raw) {
+    const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
     uint32_t out[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3));
-      const float2 f = __half22float2(h);
+      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
       out[i] = pack_bf16x2(f.x, f.y);
     }
     uint4* dst = reinterpret_cast<uint4*>(dst_row) + 2 * chunk;
@@ -47,6 +43,11 @@ struct Staging<__nv_fp8_e4m3> {
     dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
   }
 };
+
+template <typename StoredT>
+__device__ __forceinline__ uint4 load_chunk(const StoredT* row, int chunk) {
+  return __ldg(reinterpret_cast<const uint4*>(row) + chunk);
+}
 
 // Stages rows [0, rows) (row i at src + row_offset(i)) as bf16 into dst[i][0..128); rows in
 // [rows, padded_rows) become zeros.
@@ -56,16 +57,34 @@ __device__ __forceinline__ void stage_rows(uint32_t* dst, const StoredT* src, in
   constexpr int kChunks = Staging<StoredT>::kChunks;
   for (int i = threadIdx.x; i < padded_rows * kChunks; i += kScoreThreads) {
     const int row = i / kChunks, chunk = i % kChunks;
-    uint32_t* dst_row = dst + row * (kSmemStride / 2);
-    if (row < rows) {
-      Staging<StoredT>::copy(dst_row, src + row_offset(row), chunk);
-    } else {
-      constexpr int kUint4PerChunk = 16 / kChunks;  // 1 for bf16, 2 for e4m3
-#pragma unroll
-      for (int k = 0; k < kUint4PerChunk; ++k) reinterpret_cast<uint4*>(dst_row)[chunk * kUint4PerChunk + k] = make_uint4(0, 0, 0, 0);
-    }
+    const uint4 raw = row < rows ? load_chunk(src + row_offset(row), chunk) : make_uint4(0, 0, 0, 0);
+    Staging<StoredT>::store(dst + row * (kSmemStride / 2), chunk, raw);
   }
 }
+
+// One 128-key block in flight: every thread holds its share of the raw chunks in registers, so
+// all of a block's loads are issued back to back and overlap the MMAs of the previous block.
+template <typename StoredT>
+struct KeyBlockPrefetch {
+  static constexpr int kChunks = Staging<StoredT>::kChunks;
+  static constexpr int kPerThread = 128 * kChunks / kScoreThreads;
+  uint4 raw[kPerThread];
+
+  __device__ void load(const StoredT* page_base, int64_t token_stride, int keys) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int idx = threadIdx.x + i * kScoreThreads, row = idx / kChunks, chunk = idx % kChunks;
+      raw[i] = row < keys ? load_chunk(page_base + row * token_stride, chunk) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  __device__ void store(uint32_t* k_s) const {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int idx = threadIdx.x + i * kScoreThreads, row = idx / kChunks, chunk = idx % kChunks;
+      Staging<StoredT>::store(k_s + row * (kSmemStride / 2), chunk, raw[i]);
+    }
+  }
+};
 
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -98,10 +117,17 @@ __global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __gri
   const int b_begin = blockIdx.y * per_split;
   const int b_end = min(n_max, b_begin + per_split);
 
+  // Warps split the work of a key block: G groups of 16 query rows (G = 1, 2 or 4 as the tile
+  // needs), each served by 4 / G warps that take disjoint 8-key column tiles.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
-  const int row0 = warp * 16 + g, row1 = row0 + 8;
+  const int groups = rows <= 16 ? 1 : (rows <= 32 ? 2 : 4);
+  const int warps_per_group = 4 / groups;
+  const int group = warp / warps_per_group, slice = warp % warps_per_group;
+  const int tiles_per_warp = 16 / warps_per_group;
+  const int row0 = group * 16 + g, row1 = row0 + 8;
   const int pos0 = first_pos + row0 / p.heads, pos1 = first_pos + row1 / p.heads;
+  float* partial = reinterpret_cast<float*>(smem + (kTileRows + 128) * (kSmemStride / 2));  // [4 warps][16 rows]
 
   if (b_begin < b_end) {
     const int heads = p.heads;
@@ -118,20 +144,32 @@ __global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __gri
       a[ks][2] = q_s[row0 * (kSmemStride / 2) + col + 4];
       a[ks][3] = q_s[row1 * (kSmemStride / 2) + col + 4];
     }
+    const StoredT* cache = static_cast<const StoredT*>(p.index_k_cache);
+    const auto block_keys = [&](int b) { return min(128, min(seq_len - b * 128, last_pos - b * 128 + 1)); };
+    const auto block_page = [&](int b) { return p.block_table[r * p.block_table_stride + b]; };
+    const auto page_valid = [&](int page) { return page >= 0 && page < p.num_pages; };
+    KeyBlockPrefetch<StoredT> prefetch;
+    {
+      const int page = block_page(b_begin);
+      prefetch.load(cache + (page_valid(page) ? page * p.cache_stride_page : 0), p.cache_stride_token,
+                    page_valid(page) ? block_keys(b_begin) : 0);
+    }
     for (int b = b_begin; b < b_end; ++b) {
-      const int page = p.block_table[r * p.block_table_stride + b];
-      const bool page_ok = page >= 0 && page < p.num_pages;
-      const int keys = min(128, min(seq_len - b * 128, last_pos - b * 128 + 1));
+      const int page = block_page(b);
+      const bool page_ok = page_valid(page);
+      const int keys = block_keys(b);
       if (!page_ok && threadIdx.x == 0) atomicOr(p.error_flags, kPageOutOfRange);
-      __syncthreads();  // the previous block's reads of k_s are done
-      const int64_t k_token = p.cache_stride_token;
-      stage_rows(k_s, static_cast<const StoredT*>(p.index_k_cache) + (page_ok ? page * p.cache_stride_page : 0),
-                 page_ok ? keys : 0, 128, [=](int row) { return row * k_token; });
+      __syncthreads();  // every warp is done with the previous block's k_s and partial maxima
+      prefetch.store(k_s);
       __syncthreads();
+      if (b + 1 < b_end) {  // next block's loads fly while this block's MMAs run
+        const int next = block_page(b + 1);
+        prefetch.load(cache + (page_valid(next) ? next * p.cache_stride_page : 0), p.cache_stride_token,
+                      page_valid(next) ? block_keys(b + 1) : 0);
+      }
       float m0 = -INFINITY, m1 = -INFINITY;
-      if (warp * 16 < rows) {
-#pragma unroll 2
-        for (int nt = 0; nt < 16; ++nt) {
+      if (group * 16 < rows) {
+        for (int nt = slice * tiles_per_warp; nt < (slice + 1) * tiles_per_warp; ++nt) {
           float acc[4] = {0.f, 0.f, 0.f, 0.f};
           const uint32_t* krow = k_s + (nt * 8 + g) * (kSmemStride / 2);
 #pragma unroll
@@ -151,13 +189,17 @@ __global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __gri
       m0 = nan_propagating_max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
       m1 = nan_propagating_max(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
       m1 = nan_propagating_max(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-      if (c == 0 && page_ok) {
-        if (row0 < rows)
-          p.scores[(row0 % p.heads) * p.score_stride_head + (tile.token_begin + row0 / p.heads) * p.score_stride_token +
-                   b * p.score_stride_block] = m0 * p.scale;
-        if (row1 < rows)
-          p.scores[(row1 % p.heads) * p.score_stride_head + (tile.token_begin + row1 / p.heads) * p.score_stride_token +
-                   b * p.score_stride_block] = m1 * p.scale;
+      if (c == 0) {
+        partial[warp * 16 + g] = m0;
+        partial[warp * 16 + g + 8] = m1;
+      }
+      __syncthreads();
+      if (static_cast<int>(threadIdx.x) < rows && page_ok) {  // thread i finishes row i across its group's warps
+        const int row = threadIdx.x, row_group = row / 16;
+        float m = -INFINITY;
+        for (int s = 0; s < warps_per_group; ++s) m = nan_propagating_max(m, partial[(row_group * warps_per_group + s) * 16 + row % 16]);
+        p.scores[(row % p.heads) * p.score_stride_head + (tile.token_begin + row / p.heads) * p.score_stride_token +
+                 b * p.score_stride_block] = m * p.scale;
       }
     }
   }
