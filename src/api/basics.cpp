@@ -2,6 +2,7 @@
 #include <sstream>
 
 #include "common/check.h"
+#include "m3sa_build_commit.h"  // generated at build time
 #include "m3sa/ops.h"
 #include "m3sa/status.h"
 #include "m3sa/tensor_view.h"

@@ -1,16 +1,24 @@
 #pragma once
 // Block scoring on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), portable to SM80+.
 // One CTA = one row tile (up to 64 query rows: tokens x index heads of one request) times one
-// range of its causal blocks; the 4 warps own 16 rows each and share every 128x128 key block
-// staged in shared memory. e4m3 inputs are widened to bf16 on the way in (exact), so products and
-// fp32 accumulation are the same as for bf16 data.
+// range of its causal blocks; its 4 warps share every 128x128 key block staged in shared memory.
+// e4m3 data runs on the e4m3 MMA (m16n8k32) where the target has it (SM89+); on older targets it
+// is widened to bf16 on the way in (exact), so products and accumulation match the bf16 path.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include "cuda/indexer_params.h"
 #include "cuda/kernels/common.cuh"
 
 namespace m3sa::cuda {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+inline constexpr bool kHaveFp8Mma = true;
+#else
+inline constexpr bool kHaveFp8Mma = false;
+#endif
 
 inline constexpr int kScoreThreads = 128;
 inline constexpr int kTileRows = 64;
@@ -29,18 +37,22 @@ struct Staging<__nv_bfloat16> {
 
 template <>
 struct Staging<__nv_fp8_e4m3> {
-  static constexpr int kChunks = 8;  // 128 B per row, widened to 256 B
+  static constexpr int kChunks = 8;  // 128 B per row: kept as bytes for the e4m3 MMA, else widened to 256 B
   __device__ static void store(uint32_t* dst_row, int chunk, uint4 raw) {
-    const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
-    uint32_t out[8];
+    if constexpr (kHaveFp8Mma) {
+      reinterpret_cast<uint4*>(dst_row)[chunk] = raw;
+    } else {
+      const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
+      uint32_t out[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
-      out[i] = pack_bf16x2(f.x, f.y);
+      for (int i = 0; i < 8; ++i) {
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
+        out[i] = pack_bf16x2(f.x, f.y);
+      }
+      uint4* dst = reinterpret_cast<uint4*>(dst_row) + 2 * chunk;
+      dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+      dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
     }
-    uint4* dst = reinterpret_cast<uint4*>(dst_row) + 2 * chunk;
-    dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
-    dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
   }
 };
 
@@ -93,8 +105,21 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// e4m3 x e4m3 -> fp32, 16x8x32. Same register pattern as the bf16 MMA: word k/4 of a row.
+__device__ __forceinline__ void mma_e4m3_16832(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
 template <typename StoredT>
 __global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __grid_constant__ ScoreBlocksParams p) {
+  // 32-bit words per 16x8 MMA step along k: 16 bf16 or 32 e4m3 values; 8 or 4 steps per 128 dims.
+  constexpr bool kFp8Mma = kHaveFp8Mma && std::is_same_v<StoredT, __nv_fp8_e4m3>;
+  constexpr int kSteps = kFp8Mma ? 4 : 8;
   if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
   extern __shared__ uint32_t smem[];
   uint32_t* q_s = smem;                                  // [64][136] bf16
@@ -135,9 +160,9 @@ __global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __gri
     stage_rows(q_s, static_cast<const StoredT*>(p.index_q) + tile.token_begin * q_token, rows, kTileRows,
                [=](int row) { return (row / heads) * q_token + (row % heads) * q_head; });
     __syncthreads();
-    uint32_t a[8][4];  // this warp's 16 query rows as A fragments, all 8 k-steps
+    uint32_t a[kSteps][4];  // this warp's 16 query rows as A fragments, all k-steps
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
+    for (int ks = 0; ks < kSteps; ++ks) {
       const int col = ks * 8 + c;  // in bf16 pairs
       a[ks][0] = q_s[row0 * (kSmemStride / 2) + col];
       a[ks][1] = q_s[row1 * (kSmemStride / 2) + col];
@@ -173,7 +198,10 @@ __global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __gri
           float acc[4] = {0.f, 0.f, 0.f, 0.f};
           const uint32_t* krow = k_s + (nt * 8 + g) * (kSmemStride / 2);
 #pragma unroll
-          for (int ks = 0; ks < 8; ++ks) mma_bf16_16816(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
+          for (int ks = 0; ks < kSteps; ++ks) {
+            if constexpr (kFp8Mma) mma_e4m3_16832(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
+            else mma_bf16_16816(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
+          }
           const int j = b * 128 + nt * 8 + 2 * c;  // key positions j, j + 1
           if (j < b * 128 + keys) {
             if (j <= pos0) m0 = nan_propagating_max(m0, acc[0]);
