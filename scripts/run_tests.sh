@@ -12,14 +12,14 @@ cmake --build --preset default -j "$M3SA_JOBS"
 echo "[m3sa] install + consumer smoke test" >&2
 rm -rf build/_install build/consumer
 cmake --install build --prefix build/_install >/dev/null
-cmake -S tests/consumer -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/_install" >/dev/null
-cmake --build build/consumer >/dev/null
+{ cmake -S tests/consumer -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/_install" && cmake --build build/consumer; } \
+    > build/consumer.log 2>&1 || { cat build/consumer.log; exit 1; }
 ./build/consumer/m3sa_consumer
 
 if command -v nvcc >/dev/null 2>&1; then
   echo "[m3sa] CUDA-free configuration (-DM3SA_ENABLE_CUDA=OFF)" >&2
-  cmake --preset cpu-only -DM3SA_WERROR=ON >/dev/null
-  cmake --build --preset cpu-only --target m3sa m3sa_cli -j "$M3SA_JOBS" >/dev/null
+  { cmake --preset cpu-only -DM3SA_WERROR=ON && cmake --build --preset cpu-only --target m3sa m3sa_cli -j "$M3SA_JOBS"; } \
+      > build/cpu-only.log 2>&1 || { cat build/cpu-only.log; exit 1; }
 fi
 
 echo "[m3sa] tests: $(ctest --test-dir build -N -L cpu | tail -1 | sed 's/Total //') labelled cpu, $(ctest --test-dir build -N -L gpu | tail -1 | sed 's/Total //') labelled gpu" >&2

@@ -40,6 +40,21 @@ int threads_for(const OpPlan& plan, const ExecContext& ctx) {
 
 int64_t rows_of(const BatchMetadata& batch) { return batch.num_tokens; }
 
+// Every op's body: common run checks and the op's own validation (errors prefixed with the op's
+// name), then the plan's backend.
+template <typename Validate, typename OnReference, typename OnCpu, typename OnCuda>
+Status validate_and_dispatch(OpKind op, const OpPlan& plan, const Workspace& workspace, const ExecContext& ctx,
+                             Validate validate, OnReference on_reference, OnCpu on_cpu, OnCuda on_cuda) {
+  M3SA_RETURN_IF_ERROR(with_op(op, detail::check_run_common(plan, op, workspace, ctx)));
+  M3SA_RETURN_IF_ERROR(with_op(op, validate()));
+  switch (plan.request.backend) {
+    case Backend::reference: on_reference(); return {};
+    case Backend::cpu: on_cpu(); return {};
+    case Backend::cuda: return with_op(op, on_cuda());
+  }
+  return Status(StatusCode::internal, "unknown backend");
+}
+
 Status check_index_cache(const OpPlan& plan, const TensorView& cache, DeviceKind device) {
   M3SA_RETURN_IF_ERROR(check_tensor(cache, {"index_k_cache", {DType::bf16, DType::fp8_e4m3}, {kAtLeastOne, kBlockTokens, kHeadDim}, "[num_pages, 128, 128]"}, device));
   M3SA_RETURN_IF_ERROR(detail::check_vector_rows(cache, "index_k_cache", device));
@@ -132,156 +147,142 @@ Status make_plan(const PlanRequest& request, OpPlan* plan) {
 Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace, const ExecContext& ctx) {
   const OpKind op = OpKind::insert_index_k;
   const DeviceKind device = detail::device_of(plan.request.backend);
-  const auto validate = [&]() -> Status {
-    M3SA_RETURN_IF_ERROR(detail::check_run_common(plan, op, workspace, ctx));
-    M3SA_RETURN_IF_ERROR(check_tensor(args.index_k, {"index_k", {DType::bf16, DType::f32}, {kAnyExtent, kHeadDim}, "[num_tokens, 128]"}, device));
-    M3SA_RETURN_IF_ERROR(detail::check_vector_rows(args.index_k, "index_k", device));
-    const int64_t tokens = args.index_k.shape[0];
-    if (tokens > plan.request.capacities.max_tokens)
-      return Status::invalid_argument("index_k", detail::concat("at most ", plan.request.capacities.max_tokens, " rows (plan capacity)"), args.index_k.describe());
-    M3SA_RETURN_IF_ERROR(check_tensor(args.slot_mapping, {"slot_mapping", {DType::i64}, {tokens}, "[num_tokens]", false}, device));
-    TensorView cache = args.index_k_cache;
-    M3SA_RETURN_IF_ERROR(check_index_cache(plan, cache, device));
-    M3SA_RETURN_IF_ERROR(check_tensor(cache, {"index_k_cache", {cache.dtype}, {kAtLeastOne, kBlockTokens, kHeadDim}, "[num_pages, 128, 128]", true, true}, device));
-    M3SA_RETURN_IF_ERROR(check_disjoint(cache, "index_k_cache", args.index_k, "index_k"));
-    M3SA_RETURN_IF_ERROR(check_disjoint(cache, "index_k_cache", args.slot_mapping, "slot_mapping"));
-    if (detail::host_readable(device)) {
-      const int64_t slots = cache.shape[0] * kBlockTokens;
-      for (int64_t t = 0; t < tokens; ++t) {
-        const int64_t slot = args.slot_mapping.ptr<const int64_t>()[t * args.slot_mapping.strides[0]];
-        if (slot >= slots)
-          return Status::invalid_argument("slot_mapping", detail::concat("slots < num_pages x 128 = ", slots, ", or < 0 to skip"),
-                                          detail::concat(slot, " at row ", t));
+  return validate_and_dispatch(
+      op, plan, workspace, ctx,
+      [&]() -> Status {
+      M3SA_RETURN_IF_ERROR(check_tensor(args.index_k, {"index_k", {DType::bf16, DType::f32}, {kAnyExtent, kHeadDim}, "[num_tokens, 128]"}, device));
+      M3SA_RETURN_IF_ERROR(detail::check_vector_rows(args.index_k, "index_k", device));
+      const int64_t tokens = args.index_k.shape[0];
+      if (tokens > plan.request.capacities.max_tokens)
+        return Status::invalid_argument("index_k", detail::concat("at most ", plan.request.capacities.max_tokens, " rows (plan capacity)"), args.index_k.describe());
+      M3SA_RETURN_IF_ERROR(check_tensor(args.slot_mapping, {"slot_mapping", {DType::i64}, {tokens}, "[num_tokens]", false}, device));
+      TensorView cache = args.index_k_cache;
+      M3SA_RETURN_IF_ERROR(check_index_cache(plan, cache, device));
+      M3SA_RETURN_IF_ERROR(check_tensor(cache, {"index_k_cache", {cache.dtype}, {kAtLeastOne, kBlockTokens, kHeadDim}, "[num_pages, 128, 128]", true, true}, device));
+      M3SA_RETURN_IF_ERROR(check_disjoint(cache, "index_k_cache", args.index_k, "index_k"));
+      M3SA_RETURN_IF_ERROR(check_disjoint(cache, "index_k_cache", args.slot_mapping, "slot_mapping"));
+      if (detail::host_readable(device)) {
+        const int64_t slots = cache.shape[0] * kBlockTokens;
+        for (int64_t t = 0; t < tokens; ++t) {
+          const int64_t slot = args.slot_mapping.ptr<const int64_t>()[t * args.slot_mapping.strides[0]];
+          if (slot >= slots)
+            return Status::invalid_argument("slot_mapping", detail::concat("slots < num_pages x 128 = ", slots, ", or < 0 to skip"),
+                                            detail::concat(slot, " at row ", t));
+        }
       }
-    }
-    return {};
-  };
-  M3SA_RETURN_IF_ERROR(with_op(op, validate()));
-  switch (plan.request.backend) {
-    case Backend::reference: ref::insert_index_k(args); return {};
-    case Backend::cpu: cpu::insert_index_k(args, threads_for(plan, ctx)); return {};
-    case Backend::cuda: M3SA_CUDA_DISPATCH(insert_index_k(plan, args, workspace, ctx.stream));
-  }
-  return Status(StatusCode::internal, "unknown backend");
+      return {};
+      },
+      [&] { ref::insert_index_k(args); },
+      [&] { cpu::insert_index_k(args, threads_for(plan, ctx)); },
+      [&]() -> Status { M3SA_CUDA_DISPATCH(insert_index_k(plan, args, workspace, ctx.stream)); });
 }
 
 Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace, const ExecContext& ctx) {
   const OpKind op = OpKind::score_blocks;
   const DeviceKind device = detail::device_of(plan.request.backend);
-  const auto validate = [&]() -> Status {
-    M3SA_RETURN_IF_ERROR(detail::check_run_common(plan, op, workspace, ctx));
-    M3SA_RETURN_IF_ERROR(check_index_cache(plan, args.index_k_cache, device));
-    M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, args.index_k_cache.shape[0]));
-    M3SA_RETURN_IF_ERROR(check_index_q(plan, args.index_q, rows_of(args.batch), device));
-    M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, true, device));
-    M3SA_RETURN_IF_ERROR(check_disjoint(args.scores, "scores", args.index_q, "index_q"));
-    M3SA_RETURN_IF_ERROR(check_disjoint(args.scores, "scores", args.index_k_cache, "index_k_cache"));
-    return {};
-  };
-  M3SA_RETURN_IF_ERROR(with_op(op, validate()));
-  switch (plan.request.backend) {
-    case Backend::reference: ref::score_blocks(plan.request.config, args); return {};
-    case Backend::cpu: cpu::score_blocks(plan.request.config, args, workspace, threads_for(plan, ctx)); return {};
-    case Backend::cuda: M3SA_CUDA_DISPATCH(score_blocks(plan, args, workspace, ctx.stream));
-  }
-  return Status(StatusCode::internal, "unknown backend");
+  return validate_and_dispatch(
+      op, plan, workspace, ctx,
+      [&]() -> Status {
+      M3SA_RETURN_IF_ERROR(check_index_cache(plan, args.index_k_cache, device));
+      M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, args.index_k_cache.shape[0]));
+      M3SA_RETURN_IF_ERROR(check_index_q(plan, args.index_q, rows_of(args.batch), device));
+      M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, true, device));
+      M3SA_RETURN_IF_ERROR(check_disjoint(args.scores, "scores", args.index_q, "index_q"));
+      M3SA_RETURN_IF_ERROR(check_disjoint(args.scores, "scores", args.index_k_cache, "index_k_cache"));
+      return {};
+      },
+      [&] { ref::score_blocks(plan.request.config, args); },
+      [&] { cpu::score_blocks(plan.request.config, args, workspace, threads_for(plan, ctx)); },
+      [&]() -> Status { M3SA_CUDA_DISPATCH(score_blocks(plan, args, workspace, ctx.stream)); });
 }
 
 Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace,
                           const ExecContext& ctx) {
   const OpKind op = OpKind::select_topk_blocks;
   const DeviceKind device = detail::device_of(plan.request.backend);
-  const auto validate = [&]() -> Status {
-    M3SA_RETURN_IF_ERROR(detail::check_run_common(plan, op, workspace, ctx));
-    M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, -1));
-    M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, false, device));
-    M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, rows_of(args.batch), device));
-    M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.scores, "scores"));
-    return {};
-  };
-  M3SA_RETURN_IF_ERROR(with_op(op, validate()));
-  switch (plan.request.backend) {
-    case Backend::reference: ref::select_topk_blocks(plan.request.config, args, workspace); return {};
-    case Backend::cpu: cpu::select_topk_blocks(plan.request.config, args, workspace, threads_for(plan, ctx)); return {};
-    case Backend::cuda: M3SA_CUDA_DISPATCH(select_topk_blocks(plan, args, workspace, ctx.stream));
-  }
-  return Status(StatusCode::internal, "unknown backend");
+  return validate_and_dispatch(
+      op, plan, workspace, ctx,
+      [&]() -> Status {
+      M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, -1));
+      M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, false, device));
+      M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, rows_of(args.batch), device));
+      M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.scores, "scores"));
+      return {};
+      },
+      [&] { ref::select_topk_blocks(plan.request.config, args, workspace); },
+      [&] { cpu::select_topk_blocks(plan.request.config, args, workspace, threads_for(plan, ctx)); },
+      [&]() -> Status { M3SA_CUDA_DISPATCH(select_topk_blocks(plan, args, workspace, ctx.stream)); });
 }
 
 Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace, const ExecContext& ctx) {
   const OpKind op = OpKind::index_topk;
   const DeviceKind device = detail::device_of(plan.request.backend);
-  const auto validate = [&]() -> Status {
-    M3SA_RETURN_IF_ERROR(detail::check_run_common(plan, op, workspace, ctx));
-    M3SA_RETURN_IF_ERROR(check_index_cache(plan, args.index_k_cache, device));
-    M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, args.index_k_cache.shape[0]));
-    M3SA_RETURN_IF_ERROR(check_index_q(plan, args.index_q, rows_of(args.batch), device));
-    M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, rows_of(args.batch), device));
-    M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.index_q, "index_q"));
-    M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.index_k_cache, "index_k_cache"));
-    return {};
-  };
-  M3SA_RETURN_IF_ERROR(with_op(op, validate()));
-  switch (plan.request.backend) {
-    case Backend::reference: ref::index_topk(plan.request.config, args, workspace); return {};
-    case Backend::cpu: cpu::index_topk(plan.request.config, args, workspace, threads_for(plan, ctx)); return {};
-    case Backend::cuda: M3SA_CUDA_DISPATCH(index_topk(plan, args, workspace, ctx.stream));
-  }
-  return Status(StatusCode::internal, "unknown backend");
+  return validate_and_dispatch(
+      op, plan, workspace, ctx,
+      [&]() -> Status {
+      M3SA_RETURN_IF_ERROR(check_index_cache(plan, args.index_k_cache, device));
+      M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, args.index_k_cache.shape[0]));
+      M3SA_RETURN_IF_ERROR(check_index_q(plan, args.index_q, rows_of(args.batch), device));
+      M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, rows_of(args.batch), device));
+      M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.index_q, "index_q"));
+      M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.index_k_cache, "index_k_cache"));
+      return {};
+      },
+      [&] { ref::index_topk(plan.request.config, args, workspace); },
+      [&] { cpu::index_topk(plan.request.config, args, workspace, threads_for(plan, ctx)); },
+      [&]() -> Status { M3SA_CUDA_DISPATCH(index_topk(plan, args, workspace, ctx.stream)); });
 }
 
 Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Workspace workspace,
                         const ExecContext& ctx) {
   const OpKind op = OpKind::sparse_attention;
   const DeviceKind device = detail::device_of(plan.request.backend);
-  const auto validate = [&]() -> Status {
-    M3SA_RETURN_IF_ERROR(detail::check_run_common(plan, op, workspace, ctx));
-    const DType kv = plan.request.cache_dtype;
-    M3SA_RETURN_IF_ERROR(check_tensor(args.k_cache, {"k_cache", {kv}, {kAtLeastOne, kBlockTokens, kAtLeastOne, kHeadDim}, "[num_pages, 128, num_kv_heads, 128] (plan cache_dtype)"}, device));
-    const int64_t pages = args.k_cache.shape[0], kv_heads = args.k_cache.shape[2];
-    M3SA_RETURN_IF_ERROR(check_tensor(args.v_cache, {"v_cache", {kv}, {pages, kBlockTokens, kv_heads, kHeadDim}, "like k_cache"}, device));
-    const bool separate_table = args.kv_block_table.present();
-    M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, separate_table ? -1 : pages));
-    const int64_t tokens = rows_of(args.batch);
-    M3SA_RETURN_IF_ERROR(check_tensor(args.q, {"q", {DType::bf16}, {tokens, kAtLeastOne, kHeadDim}, "[num_tokens, num_q_heads, 128]"}, device));
-    const int64_t q_heads = args.q.shape[1];
-    if (q_heads % kv_heads != 0 || q_heads / kv_heads > kMaxGqaGroup)
-      return Status::invalid_argument("q", detail::concat("num_q_heads a multiple of num_kv_heads (", kv_heads, ") with at most ", kMaxGqaGroup, " per KV head"),
-                                      args.q.describe());
-    if (kv_heads != plan.request.config.num_index_heads)
-      return Status::invalid_argument("k_cache", detail::concat("num_kv_heads == config.num_index_heads (", plan.request.config.num_index_heads,
-                                                                "): KV head g reads index head g's selection"),
-                                      args.k_cache.describe());
-    if (!(args.k_scale > 0.f) || !std::isfinite(args.k_scale))
-      return Status::invalid_argument("k_scale", "a finite value > 0", std::to_string(args.k_scale));
-    if (!(args.v_scale > 0.f) || !std::isfinite(args.v_scale))
-      return Status::invalid_argument("v_scale", "a finite value > 0", std::to_string(args.v_scale));
-    M3SA_RETURN_IF_ERROR(check_tensor(args.topk, {"topk", {DType::i32}, {kv_heads, tokens, plan.request.config.top_k}, "[num_kv_heads, num_tokens, top_k]", false}, device));
-    M3SA_RETURN_IF_ERROR(detail::check_optional_tensor(args.kv_block_table, {"kv_block_table", {DType::i32}, {args.batch.num_requests, kAtLeastOne}, "[num_requests, max_blocks]", false}, device));
-    M3SA_RETURN_IF_ERROR(check_tensor(args.out, {"out", {DType::bf16}, {tokens, q_heads, kHeadDim}, "[num_tokens, num_q_heads, 128]", true, true}, device));
-    M3SA_RETURN_IF_ERROR(detail::check_optional_tensor(args.lse, {"lse", {DType::f32}, {tokens, q_heads}, "[num_tokens, num_q_heads]", false, true}, device));
-    const std::pair<const TensorView*, const char*> inputs[] = {{&args.q, "q"}, {&args.k_cache, "k_cache"}, {&args.v_cache, "v_cache"}, {&args.topk, "topk"}};
-    for (const auto& [input, name] : inputs) {
-      M3SA_RETURN_IF_ERROR(check_disjoint(args.out, "out", *input, name));
-      M3SA_RETURN_IF_ERROR(check_disjoint(args.lse, "lse", *input, name));
-    }
-    M3SA_RETURN_IF_ERROR(check_disjoint(args.out, "out", args.lse, "lse"));
-    if (detail::host_readable(device)) {
-      if (separate_table) M3SA_RETURN_IF_ERROR(detail::check_block_table_pages(args.batch, args.kv_block_table, "kv_block_table", pages));
-      M3SA_RETURN_IF_ERROR(check_topk_contents(args));
-    }
-    return {};
-  };
-  M3SA_RETURN_IF_ERROR(with_op(op, validate()));
-  switch (plan.request.backend) {
-    case Backend::reference: ref::sparse_attention(args, workspace); return {};
-    case Backend::cpu: cpu::sparse_attention(plan.request, args, workspace, threads_for(plan, ctx)); return {};
-    case Backend::cuda: return Status::unsupported("backend cuda", "sparse_attention has no CUDA kernel yet");
-  }
-  return Status(StatusCode::internal, "unknown backend");
+  return validate_and_dispatch(
+      op, plan, workspace, ctx,
+      [&]() -> Status {
+      const DType kv = plan.request.cache_dtype;
+      M3SA_RETURN_IF_ERROR(check_tensor(args.k_cache, {"k_cache", {kv}, {kAtLeastOne, kBlockTokens, kAtLeastOne, kHeadDim}, "[num_pages, 128, num_kv_heads, 128] (plan cache_dtype)"}, device));
+      const int64_t pages = args.k_cache.shape[0], kv_heads = args.k_cache.shape[2];
+      M3SA_RETURN_IF_ERROR(check_tensor(args.v_cache, {"v_cache", {kv}, {pages, kBlockTokens, kv_heads, kHeadDim}, "like k_cache"}, device));
+      const bool separate_table = args.kv_block_table.present();
+      M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, separate_table ? -1 : pages));
+      const int64_t tokens = rows_of(args.batch);
+      M3SA_RETURN_IF_ERROR(check_tensor(args.q, {"q", {DType::bf16}, {tokens, kAtLeastOne, kHeadDim}, "[num_tokens, num_q_heads, 128]"}, device));
+      const int64_t q_heads = args.q.shape[1];
+      if (q_heads % kv_heads != 0 || q_heads / kv_heads > kMaxGqaGroup)
+        return Status::invalid_argument("q", detail::concat("num_q_heads a multiple of num_kv_heads (", kv_heads, ") with at most ", kMaxGqaGroup, " per KV head"),
+                                        args.q.describe());
+      if (kv_heads != plan.request.config.num_index_heads)
+        return Status::invalid_argument("k_cache", detail::concat("num_kv_heads == config.num_index_heads (", plan.request.config.num_index_heads,
+                                                                  "): KV head g reads index head g's selection"),
+                                        args.k_cache.describe());
+      if (!(args.k_scale > 0.f) || !std::isfinite(args.k_scale))
+        return Status::invalid_argument("k_scale", "a finite value > 0", std::to_string(args.k_scale));
+      if (!(args.v_scale > 0.f) || !std::isfinite(args.v_scale))
+        return Status::invalid_argument("v_scale", "a finite value > 0", std::to_string(args.v_scale));
+      M3SA_RETURN_IF_ERROR(check_tensor(args.topk, {"topk", {DType::i32}, {kv_heads, tokens, plan.request.config.top_k}, "[num_kv_heads, num_tokens, top_k]", false}, device));
+      M3SA_RETURN_IF_ERROR(detail::check_optional_tensor(args.kv_block_table, {"kv_block_table", {DType::i32}, {args.batch.num_requests, kAtLeastOne}, "[num_requests, max_blocks]", false}, device));
+      M3SA_RETURN_IF_ERROR(check_tensor(args.out, {"out", {DType::bf16}, {tokens, q_heads, kHeadDim}, "[num_tokens, num_q_heads, 128]", true, true}, device));
+      M3SA_RETURN_IF_ERROR(detail::check_optional_tensor(args.lse, {"lse", {DType::f32}, {tokens, q_heads}, "[num_tokens, num_q_heads]", false, true}, device));
+      const std::pair<const TensorView*, const char*> inputs[] = {{&args.q, "q"}, {&args.k_cache, "k_cache"}, {&args.v_cache, "v_cache"}, {&args.topk, "topk"}};
+      for (const auto& [input, name] : inputs) {
+        M3SA_RETURN_IF_ERROR(check_disjoint(args.out, "out", *input, name));
+        M3SA_RETURN_IF_ERROR(check_disjoint(args.lse, "lse", *input, name));
+      }
+      M3SA_RETURN_IF_ERROR(check_disjoint(args.out, "out", args.lse, "lse"));
+      if (detail::host_readable(device)) {
+        if (separate_table) M3SA_RETURN_IF_ERROR(detail::check_block_table_pages(args.batch, args.kv_block_table, "kv_block_table", pages));
+        M3SA_RETURN_IF_ERROR(check_topk_contents(args));
+      }
+      return {};
+      },
+      [&] { ref::sparse_attention(args, workspace); },
+      [&] { cpu::sparse_attention(plan.request, args, workspace, threads_for(plan, ctx)); },
+      [&]() -> Status { return Status::unsupported("backend cuda", "sparse_attention has no CUDA kernel yet"); });
 }
 
 Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx, int32_t* flags) {
+  (void)ctx;  // only the CUDA backend has a stream to read on
   if (flags == nullptr) return Status::invalid_argument("flags", "a non-null int32_t*", "nullptr");
   *flags = 0;
   if (plan.request.backend != Backend::cuda) return {};

@@ -6,13 +6,6 @@
 namespace m3sa::testing {
 namespace {
 
-// GTEST_SKIP returns from the enclosing function, so this must be a macro used in the test body.
-#define M3SA_SKIP_WITHOUT_CUDA()                                                                        \
-  do {                                                                                                   \
-    if (!cuda_backend_built()) GTEST_SKIP() << "m3sa was built without the CUDA backend";                \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (no driver or no device)";    \
-  } while (0)
-
 TEST(GpuCudaBackend, CapabilityQueryMatchesTheDeviceAndBuild) {
   M3SA_SKIP_WITHOUT_CUDA();
   // With a device present, the answer comes from the capability table.

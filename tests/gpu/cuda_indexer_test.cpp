@@ -13,12 +13,6 @@
 namespace m3sa::testing {
 namespace {
 
-#define M3SA_SKIP_WITHOUT_CUDA()                                                                   \
-  do {                                                                                             \
-    if (!cuda_backend_built()) GTEST_SKIP() << "m3sa was built without the CUDA backend";           \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (no driver or no device)"; \
-  } while (0)
-
 // The index branch of a SyntheticBatch on the device.
 struct DeviceBatch {
   DeviceTensor cu_q_lens, seq_lens, block_table, index_q, index_k_cache;

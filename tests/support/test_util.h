@@ -55,6 +55,13 @@ inline std::string backend_name(const ::testing::TestParamInfo<Backend>& info) {
 // Backends every CPU-side semantic test runs on.
 inline const auto kHostBackends = ::testing::Values(Backend::reference, Backend::cpu);
 
+// GTEST_SKIP returns from the enclosing function, so this is a macro used in the test body.
+#define M3SA_SKIP_WITHOUT_CUDA()                                                                   \
+  do {                                                                                             \
+    if (!::m3sa::cuda_backend_built()) GTEST_SKIP() << "m3sa was built without the CUDA backend";   \
+    if (::m3sa::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (no driver or no device)"; \
+  } while (0)
+
 #define M3SA_ASSERT_OK(expr)                                   \
   do {                                                         \
     const ::m3sa::Status m3sa_test_status_ = (expr);           \
