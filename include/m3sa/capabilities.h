@@ -10,7 +10,8 @@ namespace m3sa {
 
 // OK when `backend` is built, has a device where it needs one, and runs `op` with `config` and
 // `cache_dtype`; otherwise says which requirement is missing.
-Status supports(Backend backend, OpKind op, const MsaConfig& config, DType cache_dtype = DType::bf16);
+Status supports(Backend backend, OpKind op, const MsaConfig& config,
+                DType cache_dtype = DType::bf16);
 // The same for every op of the MSA pipeline.
 Status supports(Backend backend, const MsaConfig& config, DType cache_dtype = DType::bf16);
 
@@ -22,4 +23,4 @@ bool cuda_backend_built();
 Backend best_available_backend(const MsaConfig& config, DType cache_dtype = DType::bf16);
 Backend best_available_backend(OpKind op, const MsaConfig& config, DType cache_dtype = DType::bf16);
 
-}  // namespace m3sa
+} // namespace m3sa

@@ -5,20 +5,20 @@
 
 namespace m3sa {
 
-inline constexpr int kBlockTokens = 128;  // sparse block == KV page, fixed by the model
-inline constexpr int kHeadDim = 128;      // index and main head dim, fixed by the model
+inline constexpr int kBlockTokens = 128; // sparse block == KV page, fixed by the model
+inline constexpr int kHeadDim = 128;     // index and main head dim, fixed by the model
 inline constexpr int kMaxTopK = 32;
 inline constexpr int kMaxIndexHeads = 16;
-inline constexpr int kMaxDecodeQLen = 16;  // MTP draft tokens per decode request
-inline constexpr int kMaxGqaGroup = 16;    // query heads per KV head
+inline constexpr int kMaxDecodeQLen = 16; // MTP draft tokens per decode request
+inline constexpr int kMaxGqaGroup = 16;   // query heads per KV head
 
 struct MsaConfig {
-  int top_k = 16;          // blocks selected per (index head, token), 1..32
-  int local_blocks = 1;    // most recent blocks always selected (the query's own block first)
-  int init_blocks = 0;     // first blocks always selected
-  int num_index_heads = 4; // index-Q heads in this call (4 / TP, at least 1), 1..16
-  float score_scale = 1.f; // positive; selection does not depend on it, exported scores do
-  bool reduce_heads = false;  // HuggingFace parity: one selection from the max over heads
+  int top_k = 16;            // blocks selected per (index head, token), 1..32
+  int local_blocks = 1;      // most recent blocks always selected (the query's own block first)
+  int init_blocks = 0;       // first blocks always selected
+  int num_index_heads = 4;   // index-Q heads in this call (4 / TP, at least 1), 1..16
+  float score_scale = 1.f;   // positive; selection does not depend on it, exported scores do
+  bool reduce_heads = false; // HuggingFace parity: one selection from the max over heads
 };
 
-}  // namespace m3sa
+} // namespace m3sa

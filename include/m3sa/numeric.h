@@ -26,8 +26,9 @@ inline float e4m3_bits_to_float(uint8_t bits) {
   const float sign = (bits & 0x80u) ? -1.f : 1.f;
   const uint32_t exponent = (bits >> 3) & 0xfu;
   const uint32_t mantissa = bits & 0x7u;
-  if (exponent == 0xfu && mantissa == 0x7u) return std::bit_cast<float>(0x7fffffffu);  // NaN, as CUDA decodes it
-  if (exponent == 0) return sign * static_cast<float>(mantissa) * 0x1p-9f;  // subnormal: m * 2^-9
+  if (exponent == 0xfu && mantissa == 0x7u)
+    return std::bit_cast<float>(0x7fffffffu); // NaN, as CUDA decodes it
+  if (exponent == 0) return sign * static_cast<float>(mantissa) * 0x1p-9f; // subnormal: m * 2^-9
   // Normal: build the fp32 bit pattern directly (exponent rebias 7 -> 127), exact.
   const uint32_t f32 = ((bits & 0x80u) << 24) | ((exponent + 120u) << 23) | (mantissa << 20);
   return std::bit_cast<float>(f32);
@@ -39,27 +40,28 @@ inline uint8_t float_to_e4m3_bits(float value) {
   const uint32_t x = std::bit_cast<uint32_t>(value);
   const uint8_t sign = static_cast<uint8_t>((x >> 31) << 7);
   const uint32_t magnitude = x & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return 0x7fu;                                 // NaN
-  if (magnitude > 0x43e80000u) return static_cast<uint8_t>(0x7eu | sign);   // > 464 (or inf): saturate
-  if (magnitude <= 0x3a800000u) return sign;                                // <= 2^-10: rounds to zero
+  if (magnitude > 0x7f800000u) return 0x7fu; // NaN
+  if (magnitude > 0x43e80000u)
+    return static_cast<uint8_t>(0x7eu | sign); // > 464 (or inf): saturate
+  if (magnitude <= 0x3a800000u) return sign;   // <= 2^-10: rounds to zero
   const int exponent = static_cast<int>(magnitude >> 23) - 127;
-  const uint32_t significand = (magnitude & 0x7fffffu) | 0x800000u;  // 24 bits with the hidden one
+  const uint32_t significand = (magnitude & 0x7fffffu) | 0x800000u; // 24 bits with the hidden one
   uint32_t code;
   uint32_t dropped;
   uint32_t half;
-  if (exponent >= -6) {  // normal e4m3: keep 3 mantissa bits
+  if (exponent >= -6) { // normal e4m3: keep 3 mantissa bits
     code = (static_cast<uint32_t>(exponent + 7) << 3) | ((significand >> 20) & 0x7u);
     dropped = significand & 0xfffffu;
     half = 0x80000u;
-  } else {  // subnormal e4m3: count units of 2^-9
-    const int shift = 14 - exponent;  // 21..24
+  } else {                           // subnormal e4m3: count units of 2^-9
+    const int shift = 14 - exponent; // 21..24
     code = significand >> shift;
     dropped = significand & ((1u << shift) - 1u);
     half = 1u << (shift - 1);
   }
-  if (dropped > half || (dropped == half && (code & 1u))) ++code;  // a carry rolls into the exponent
+  if (dropped > half || (dropped == half && (code & 1u))) ++code; // a carry rolls into the exponent
   if (code > 0x7eu) code = 0x7eu;
   return static_cast<uint8_t>(code | sign);
 }
 
-}  // namespace m3sa
+} // namespace m3sa

@@ -1,7 +1,8 @@
 #pragma once
 // The five MSA ops. Each runs in two steps:
-//   make_plan()  on the host, from capacities: sizes the caller-owned workspace, never touches data;
-//   <op>(plan, args, workspace, ctx)  validates, then runs without allocating or synchronising.
+//   make_plan()  on the host, from capacities: sizes the caller-owned workspace, never touches
+//   data; <op>(plan, args, workspace, ctx)  validates, then runs without allocating or
+//   synchronising.
 // The top-k buffer written by index_topk is the one sparse_attention reads (docs/contract.md §5).
 #include <cstddef>
 
@@ -13,7 +14,13 @@
 
 namespace m3sa {
 
-enum class OpKind : uint8_t { insert_index_k, score_blocks, select_topk_blocks, index_topk, sparse_attention };
+enum class OpKind : uint8_t {
+  insert_index_k,
+  score_blocks,
+  select_topk_blocks,
+  index_topk,
+  sparse_attention
+};
 const char* to_string(OpKind op);
 
 struct PlanRequest {
@@ -21,68 +28,69 @@ struct PlanRequest {
   Backend backend = Backend::cpu;
   MsaConfig config = {};
   Capacities capacities = {};
-  DType cache_dtype = DType::bf16;  // index-K cache (indexer ops) or KV cache (attention)
-  int num_threads = 0;              // CPU backend: 0 = OpenMP's default
-  int device_ordinal = 0;           // CUDA backend
+  DType cache_dtype = DType::bf16; // index-K cache (indexer ops) or KV cache (attention)
+  int num_threads = 0;             // CPU backend: 0 = OpenMP's default
+  int device_ordinal = 0;          // CUDA backend
 };
 
 struct OpPlan {
   PlanRequest request = {};
-  int num_threads = 1;         // resolved thread count the workspace is sized for
-  size_t workspace_bytes = 0;  // caller allocates at least this much on the backend's device
-  int cuda_sm_count = 0;       // CUDA: the device's SMs, read at plan time
-  int cuda_block_splits = 1;   // CUDA: block ranges per row tile (the grid's y extent)
+  int num_threads = 1;        // resolved thread count the workspace is sized for
+  size_t workspace_bytes = 0; // caller allocates at least this much on the backend's device
+  int cuda_sm_count = 0;      // CUDA: the device's SMs, read at plan time
+  int cuda_block_splits = 1;  // CUDA: block ranges per row tile (the grid's y extent)
 };
 
 Status make_plan(const PlanRequest& request, OpPlan* plan);
 
 struct Workspace {
-  void* data = nullptr;  // 64-byte aligned memory of at least plan.workspace_bytes
+  void* data = nullptr; // 64-byte aligned memory of at least plan.workspace_bytes
   size_t bytes = 0;
 };
 
 struct ExecContext {
-  int num_threads = 0;     // CPU backend: 0 = the plan's; never more than the plan's
-  void* stream = nullptr;  // CUDA backend: a cudaStream_t (must not be the legacy default stream)
+  int num_threads = 0;    // CPU backend: 0 = the plan's; never more than the plan's
+  void* stream = nullptr; // CUDA backend: a cudaStream_t (must not be the legacy default stream)
 };
 
 struct InsertIndexKArgs {
-  TensorView index_k;        // [T, 128] bf16 or f32, rows of this step's tokens
-  TensorView slot_mapping;   // [T] i64, page * 128 + offset; < 0 skips the row (padding)
-  TensorView index_k_cache;  // [num_pages, 128, 128] bf16 or fp8_e4m3, written in place
+  TensorView index_k;       // [T, 128] bf16 or f32, rows of this step's tokens
+  TensorView slot_mapping;  // [T] i64, page * 128 + offset; < 0 skips the row (padding)
+  TensorView index_k_cache; // [num_pages, 128, 128] bf16 or fp8_e4m3, written in place
 };
 
 struct ScoreBlocksArgs {
-  TensorView index_q;        // [T, H, 128], dtype == cache dtype (bf16 or fp8_e4m3)
-  TensorView index_k_cache;  // [num_pages, 128, 128]
+  TensorView index_q;       // [T, H, 128], dtype == cache dtype (bf16 or fp8_e4m3)
+  TensorView index_k_cache; // [num_pages, 128, 128]
   BatchMetadata batch;
-  TensorView scores;         // [H, T, N] f32, N >= block-table width; -inf past the causal blocks
+  TensorView scores; // [H, T, N] f32, N >= block-table width; -inf past the causal blocks
 };
 
 struct SelectTopkBlocksArgs {
-  TensorView scores;  // [H, T, N] f32
+  TensorView scores; // [H, T, N] f32
   BatchMetadata batch;
-  TensorView topk;    // [H, T, K] i32: ascending logical block ids, -1 padded
+  TensorView topk; // [H, T, K] i32: ascending logical block ids, -1 padded
 };
 
 struct IndexTopkArgs {
-  TensorView index_q;        // [T, H, 128], dtype == cache dtype
-  TensorView index_k_cache;  // [num_pages, 128, 128] bf16 or fp8_e4m3
+  TensorView index_q;       // [T, H, 128], dtype == cache dtype
+  TensorView index_k_cache; // [num_pages, 128, 128] bf16 or fp8_e4m3
   BatchMetadata batch;
-  TensorView topk;           // [H, T, K] i32 (strides free: [T, H, K] works too)
+  TensorView topk; // [H, T, K] i32 (strides free: [T, H, K] works too)
 };
 
 struct SparseAttentionArgs {
-  TensorView q;               // [T, Hq, 128] bf16
-  TensorView k_cache;         // [num_pages, 128, Hkv, 128] bf16 or fp8_e4m3
-  TensorView v_cache;         // [num_pages, 128, Hkv, 128], same dtype as k_cache
-  float k_scale = 1.f;        // per-tensor dequantisation scales
+  TensorView q;        // [T, Hq, 128] bf16
+  TensorView k_cache;  // [num_pages, 128, Hkv, 128] bf16 or fp8_e4m3
+  TensorView v_cache;  // [num_pages, 128, Hkv, 128], same dtype as k_cache
+  float k_scale = 1.f; // per-tensor dequantisation scales
   float v_scale = 1.f;
-  TensorView topk;            // [Hkv, T, K] i32, as written by index_topk
-  BatchMetadata batch;        // batch.block_table maps the index cache's blocks
-  TensorView kv_block_table;  // optional [R, max_blocks] i32 for the KV cache; absent = batch.block_table
-  TensorView out;             // [T, Hq, 128] bf16
-  TensorView lse;             // optional [T, Hq] f32, natural log; -inf for rows with no keys
+  TensorView topk;     // [Hkv, T, K] i32, as written by index_topk
+  BatchMetadata batch; // batch.block_table maps the index cache's blocks
+  TensorView
+      kv_block_table; // optional [R, max_blocks] i32 for the KV cache; absent = batch.block_table
+  TensorView out;     // [T, Hq, 128] bf16
+  TensorView lse;     // optional [T, Hq] f32, natural log; -inf for rows with no keys
 };
 
 Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace,
@@ -102,6 +110,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
 // flag of the last run on `ctx.stream` (it synchronises that stream: not for use inside capture).
 // Bits: 1 page id out of range, 2 seq_len beyond the block table or q_len > seq_len, 4 bad slot.
 // Host backends validate their data up front, so their flag is always 0.
-Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx, int32_t* flags);
+Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx,
+                          int32_t* flags);
 
-}  // namespace m3sa
+} // namespace m3sa

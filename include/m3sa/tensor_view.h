@@ -13,9 +13,9 @@ struct TensorView {
 
   void* data = nullptr;
   DType dtype = DType::f32;
-  int rank = 0;  // 0 with data == nullptr means "absent" for optional arguments
+  int rank = 0; // 0 with data == nullptr means "absent" for optional arguments
   int64_t shape[kMaxRank] = {};
-  int64_t strides[kMaxRank] = {};  // in elements, not bytes
+  int64_t strides[kMaxRank] = {}; // in elements, not bytes
   Device device = {};
 
   // Row-major contiguous view.
@@ -28,10 +28,7 @@ struct TensorView {
   // "bf16 [7, 64, 128] strides [8192, 128, 1] on cpu": used in every error message.
   std::string describe() const;
 
-  template <typename T>
-  T* ptr() const {
-    return static_cast<T*>(data);
-  }
+  template <typename T> T* ptr() const { return static_cast<T*>(data); }
   // Offset in elements of index (i0, i1, ...); unspecified trailing indices are zero.
   int64_t offset(std::initializer_list<int64_t> index) const {
     int64_t off = 0;
@@ -41,4 +38,4 @@ struct TensorView {
   }
 };
 
-}  // namespace m3sa
+} // namespace m3sa

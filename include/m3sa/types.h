@@ -21,4 +21,4 @@ const char* to_string(DeviceKind kind);
 enum class Backend : uint8_t { reference, cpu, cuda };
 const char* to_string(Backend backend);
 
-}  // namespace m3sa
+} // namespace m3sa

@@ -2,29 +2,35 @@
 #include <sstream>
 
 #include "common/check.h"
-#include "m3sa_build_commit.h"  // generated at build time
 #include "m3sa/ops.h"
 #include "m3sa/status.h"
 #include "m3sa/tensor_view.h"
 #include "m3sa/types.h"
 #include "m3sa/version.h"
+#include "m3sa_build_commit.h" // generated at build time
 
 namespace m3sa {
 
 const char* to_string(StatusCode code) {
   switch (code) {
-    case StatusCode::ok: return "ok";
-    case StatusCode::invalid_argument: return "invalid_argument";
-    case StatusCode::unsupported: return "unsupported";
-    case StatusCode::cuda_error: return "cuda_error";
-    case StatusCode::internal: return "internal";
+  case StatusCode::ok:
+    return "ok";
+  case StatusCode::invalid_argument:
+    return "invalid_argument";
+  case StatusCode::unsupported:
+    return "unsupported";
+  case StatusCode::cuda_error:
+    return "cuda_error";
+  case StatusCode::internal:
+    return "internal";
   }
   return "unknown";
 }
 
 Status Status::invalid_argument(const std::string& argument, const std::string& expectation,
                                 const std::string& received) {
-  return {StatusCode::invalid_argument, argument + ": expected " + expectation + ", got " + received};
+  return {StatusCode::invalid_argument,
+          argument + ": expected " + expectation + ", got " + received};
 }
 
 Status Status::unsupported(const std::string& what, const std::string& reason) {
@@ -37,22 +43,32 @@ std::string Status::to_string() const {
 
 const char* to_string(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return "bf16";
-    case DType::fp8_e4m3: return "fp8_e4m3";
-    case DType::f32: return "f32";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
+  case DType::bf16:
+    return "bf16";
+  case DType::fp8_e4m3:
+    return "fp8_e4m3";
+  case DType::f32:
+    return "f32";
+  case DType::i32:
+    return "i32";
+  case DType::i64:
+    return "i64";
   }
   return "unknown-dtype";
 }
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return 2;
-    case DType::fp8_e4m3: return 1;
-    case DType::f32: return 4;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
+  case DType::bf16:
+    return 2;
+  case DType::fp8_e4m3:
+    return 1;
+  case DType::f32:
+    return 4;
+  case DType::i32:
+    return 4;
+  case DType::i64:
+    return 8;
   }
   return 0;
 }
@@ -61,25 +77,34 @@ const char* to_string(DeviceKind kind) { return kind == DeviceKind::cpu ? "cpu" 
 
 const char* to_string(Backend backend) {
   switch (backend) {
-    case Backend::reference: return "reference";
-    case Backend::cpu: return "cpu";
-    case Backend::cuda: return "cuda";
+  case Backend::reference:
+    return "reference";
+  case Backend::cpu:
+    return "cpu";
+  case Backend::cuda:
+    return "cuda";
   }
   return "unknown-backend";
 }
 
 const char* to_string(OpKind op) {
   switch (op) {
-    case OpKind::insert_index_k: return "insert_index_k";
-    case OpKind::score_blocks: return "score_blocks";
-    case OpKind::select_topk_blocks: return "select_topk_blocks";
-    case OpKind::index_topk: return "index_topk";
-    case OpKind::sparse_attention: return "sparse_attention";
+  case OpKind::insert_index_k:
+    return "insert_index_k";
+  case OpKind::score_blocks:
+    return "score_blocks";
+  case OpKind::select_topk_blocks:
+    return "select_topk_blocks";
+  case OpKind::index_topk:
+    return "index_topk";
+  case OpKind::sparse_attention:
+    return "sparse_attention";
   }
   return "unknown-op";
 }
 
-TensorView TensorView::contiguous(const void* data, DType dtype, std::initializer_list<int64_t> shape, Device device) {
+TensorView TensorView::contiguous(const void* data, DType dtype,
+                                  std::initializer_list<int64_t> shape, Device device) {
   TensorView t;
   t.data = const_cast<void*>(data);
   t.dtype = dtype;
@@ -126,4 +151,4 @@ std::string TensorView::describe() const {
 const char* version_string() { return "0.1.0"; }
 const char* build_commit() { return M3SA_BUILD_COMMIT; }
 
-}  // namespace m3sa
+} // namespace m3sa

@@ -35,7 +35,8 @@ int threads_for(const OpPlan& plan, const ExecContext& ctx) {
 #ifdef M3SA_HAVE_CUDA
 #define M3SA_CUDA_DISPATCH(call) return cuda::call
 #else
-#define M3SA_CUDA_DISPATCH(call) return Status::unsupported("backend cuda", "m3sa was built without it")
+#define M3SA_CUDA_DISPATCH(call)                                                                   \
+  return Status::unsupported("backend cuda", "m3sa was built without it")
 #endif
 
 int64_t rows_of(const BatchMetadata& batch) { return batch.num_tokens; }
@@ -43,52 +44,89 @@ int64_t rows_of(const BatchMetadata& batch) { return batch.num_tokens; }
 // Every op's body: common run checks and the op's own validation (errors prefixed with the op's
 // name), then the plan's backend.
 template <typename Validate, typename OnReference, typename OnCpu, typename OnCuda>
-Status validate_and_dispatch(OpKind op, const OpPlan& plan, const Workspace& workspace, const ExecContext& ctx,
-                             Validate validate, OnReference on_reference, OnCpu on_cpu, OnCuda on_cuda) {
+Status validate_and_dispatch(OpKind op, const OpPlan& plan, const Workspace& workspace,
+                             const ExecContext& ctx, Validate validate, OnReference on_reference,
+                             OnCpu on_cpu, OnCuda on_cuda) {
   M3SA_RETURN_IF_ERROR(with_op(op, detail::check_run_common(plan, op, workspace, ctx)));
   M3SA_RETURN_IF_ERROR(with_op(op, validate()));
   switch (plan.request.backend) {
-    case Backend::reference: on_reference(); return {};
-    case Backend::cpu: on_cpu(); return {};
-    case Backend::cuda: return with_op(op, on_cuda());
+  case Backend::reference:
+    on_reference();
+    return {};
+  case Backend::cpu:
+    on_cpu();
+    return {};
+  case Backend::cuda:
+    return with_op(op, on_cuda());
   }
   return Status(StatusCode::internal, "unknown backend");
 }
 
 Status check_index_cache(const OpPlan& plan, const TensorView& cache, DeviceKind device) {
-  M3SA_RETURN_IF_ERROR(check_tensor(cache, {"index_k_cache", {DType::bf16, DType::fp8_e4m3}, {kAtLeastOne, kBlockTokens, kHeadDim}, "[num_pages, 128, 128]"}, device));
+  M3SA_RETURN_IF_ERROR(check_tensor(cache,
+                                    {"index_k_cache",
+                                     {DType::bf16, DType::fp8_e4m3},
+                                     {kAtLeastOne, kBlockTokens, kHeadDim},
+                                     "[num_pages, 128, 128]"},
+                                    device));
   M3SA_RETURN_IF_ERROR(detail::check_vector_rows(cache, "index_k_cache", device));
   if (cache.dtype != plan.request.cache_dtype)
-    return Status::invalid_argument("index_k_cache", detail::concat("dtype ", to_string(plan.request.cache_dtype), " (the plan's cache_dtype)"),
-                                    cache.describe());
+    return Status::invalid_argument(
+        "index_k_cache",
+        detail::concat("dtype ", to_string(plan.request.cache_dtype), " (the plan's cache_dtype)"),
+        cache.describe());
   return {};
 }
 
 Status check_index_q(const OpPlan& plan, const TensorView& q, int64_t tokens, DeviceKind device) {
   const int64_t heads = plan.request.config.num_index_heads;
-  M3SA_RETURN_IF_ERROR(check_tensor(q, {"index_q", {DType::bf16, DType::fp8_e4m3}, {tokens, heads, kHeadDim}, "[num_tokens, num_index_heads, 128]"}, device));
+  M3SA_RETURN_IF_ERROR(check_tensor(q,
+                                    {"index_q",
+                                     {DType::bf16, DType::fp8_e4m3},
+                                     {tokens, heads, kHeadDim},
+                                     "[num_tokens, num_index_heads, 128]"},
+                                    device));
   M3SA_RETURN_IF_ERROR(detail::check_vector_rows(q, "index_q", device));
   if (q.dtype != plan.request.cache_dtype)
-    return Status::invalid_argument("index_q", detail::concat("dtype ", to_string(plan.request.cache_dtype), " (index-Q follows the index cache dtype)"),
+    return Status::invalid_argument("index_q",
+                                    detail::concat("dtype ", to_string(plan.request.cache_dtype),
+                                                   " (index-Q follows the index cache dtype)"),
                                     q.describe());
   return {};
 }
 
-Status check_topk_out(const OpPlan& plan, const TensorView& topk, int64_t tokens, DeviceKind device) {
-  return check_tensor(topk, {"topk", {DType::i32}, {plan.request.config.num_index_heads, tokens, plan.request.config.top_k},
-                             "[num_index_heads, num_tokens, top_k]", false, true}, device);
+Status check_topk_out(const OpPlan& plan, const TensorView& topk, int64_t tokens,
+                      DeviceKind device) {
+  return check_tensor(topk,
+                      {"topk",
+                       {DType::i32},
+                       {plan.request.config.num_index_heads, tokens, plan.request.config.top_k},
+                       "[num_index_heads, num_tokens, top_k]",
+                       false,
+                       true},
+                      device);
 }
 
-Status check_scores(const OpPlan& plan, const TensorView& scores, const BatchMetadata& batch, bool output,
-                    DeviceKind device) {
-  M3SA_RETURN_IF_ERROR(check_tensor(scores, {"scores", {DType::f32}, {plan.request.config.num_index_heads, rows_of(batch), kAtLeastOne},
-                                             "[num_index_heads, num_tokens, N]", false, output}, device));
+Status check_scores(const OpPlan& plan, const TensorView& scores, const BatchMetadata& batch,
+                    bool output, DeviceKind device) {
+  M3SA_RETURN_IF_ERROR(
+      check_tensor(scores,
+                   {"scores",
+                    {DType::f32},
+                    {plan.request.config.num_index_heads, rows_of(batch), kAtLeastOne},
+                    "[num_index_heads, num_tokens, N]",
+                    false,
+                    output},
+                   device));
   if (scores.shape[2] < batch.block_table.shape[1])
-    return Status::invalid_argument("scores", detail::concat("N >= block-table width ", batch.block_table.shape[1]), scores.describe());
+    return Status::invalid_argument(
+        "scores", detail::concat("N >= block-table width ", batch.block_table.shape[1]),
+        scores.describe());
   return {};
 }
 
-// Contract §5 output format for rows sparse_attention reads: ascending ids of causal blocks, then -1.
+// Contract §5 output format for rows sparse_attention reads: ascending ids of causal blocks, then
+// -1.
 Status check_topk_contents(const SparseAttentionArgs& args) {
   const detail::HostBatch batch(args.batch);
   const TensorView& topk = args.topk;
@@ -104,92 +142,122 @@ Status check_topk_contents(const SparseAttentionArgs& args) {
         const int32_t b = topk.ptr<const int32_t>()[topk.offset({h, t, k})];
         const bool ok = b == -1 ? true : (!padding && b > previous && b < n);
         if (!ok)
-          return Status::invalid_argument("topk", detail::concat("ascending unique block ids in [0, ", n, ") then -1 (contract §5) for head ", h, " token ", t),
+          return Status::invalid_argument("topk",
+                                          detail::concat("ascending unique block ids in [0, ", n,
+                                                         ") then -1 (contract §5) for head ", h,
+                                                         " token ", t),
                                           detail::concat(b, " in slot ", k));
-        if (b == -1) padding = true;
-        else previous = b;
+        if (b == -1)
+          padding = true;
+        else
+          previous = b;
       }
     }
   }
   return {};
 }
 
-}  // namespace
+} // namespace
 
 Status make_plan(const PlanRequest& request, OpPlan* plan) {
   if (plan == nullptr) return Status::invalid_argument("plan", "a non-null OpPlan*", "nullptr");
   M3SA_RETURN_IF_ERROR(with_op(request.op, detail::check_plan_request(request)));
-  M3SA_RETURN_IF_ERROR(with_op(request.op, supports(request.backend, request.op, request.config, request.cache_dtype)));
+  M3SA_RETURN_IF_ERROR(with_op(
+      request.op, supports(request.backend, request.op, request.config, request.cache_dtype)));
   OpPlan result;
   result.request = request;
   switch (request.backend) {
-    case Backend::reference:
-      result.num_threads = 1;
-      result.workspace_bytes = ref::workspace_bytes(request);
-      break;
-    case Backend::cpu:
-      result.num_threads = request.num_threads > 0 ? request.num_threads : cpu::default_num_threads();
-      result.workspace_bytes = cpu::workspace_bytes(request, result.num_threads);
-      break;
-    case Backend::cuda: {
+  case Backend::reference:
+    result.num_threads = 1;
+    result.workspace_bytes = ref::workspace_bytes(request);
+    break;
+  case Backend::cpu:
+    result.num_threads = request.num_threads > 0 ? request.num_threads : cpu::default_num_threads();
+    result.workspace_bytes = cpu::workspace_bytes(request, result.num_threads);
+    break;
+  case Backend::cuda: {
 #ifdef M3SA_HAVE_CUDA
-      M3SA_RETURN_IF_ERROR(with_op(request.op, cuda::make_plan(request, &result)));
-      break;
+    M3SA_RETURN_IF_ERROR(with_op(request.op, cuda::make_plan(request, &result)));
+    break;
 #else
-      return Status::unsupported("backend cuda", "m3sa was built without it");
+    return Status::unsupported("backend cuda", "m3sa was built without it");
 #endif
-    }
+  }
   }
   *plan = result;
   return {};
 }
 
-Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace, const ExecContext& ctx) {
+Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace,
+                      const ExecContext& ctx) {
   const OpKind op = OpKind::insert_index_k;
   const DeviceKind device = detail::device_of(plan.request.backend);
   return validate_and_dispatch(
       op, plan, workspace, ctx,
       [&]() -> Status {
-      M3SA_RETURN_IF_ERROR(check_tensor(args.index_k, {"index_k", {DType::bf16, DType::f32}, {kAnyExtent, kHeadDim}, "[num_tokens, 128]"}, device));
-      M3SA_RETURN_IF_ERROR(detail::check_vector_rows(args.index_k, "index_k", device));
-      const int64_t tokens = args.index_k.shape[0];
-      if (tokens > plan.request.capacities.max_tokens)
-        return Status::invalid_argument("index_k", detail::concat("at most ", plan.request.capacities.max_tokens, " rows (plan capacity)"), args.index_k.describe());
-      M3SA_RETURN_IF_ERROR(check_tensor(args.slot_mapping, {"slot_mapping", {DType::i64}, {tokens}, "[num_tokens]", false}, device));
-      TensorView cache = args.index_k_cache;
-      M3SA_RETURN_IF_ERROR(check_index_cache(plan, cache, device));
-      M3SA_RETURN_IF_ERROR(check_tensor(cache, {"index_k_cache", {cache.dtype}, {kAtLeastOne, kBlockTokens, kHeadDim}, "[num_pages, 128, 128]", true, true}, device));
-      M3SA_RETURN_IF_ERROR(check_disjoint(cache, "index_k_cache", args.index_k, "index_k"));
-      M3SA_RETURN_IF_ERROR(check_disjoint(cache, "index_k_cache", args.slot_mapping, "slot_mapping"));
-      if (detail::host_readable(device)) {
-        const int64_t slots = cache.shape[0] * kBlockTokens;
-        for (int64_t t = 0; t < tokens; ++t) {
-          const int64_t slot = args.slot_mapping.ptr<const int64_t>()[t * args.slot_mapping.strides[0]];
-          if (slot >= slots)
-            return Status::invalid_argument("slot_mapping", detail::concat("slots < num_pages x 128 = ", slots, ", or < 0 to skip"),
-                                            detail::concat(slot, " at row ", t));
+        M3SA_RETURN_IF_ERROR(check_tensor(
+            args.index_k,
+            {"index_k", {DType::bf16, DType::f32}, {kAnyExtent, kHeadDim}, "[num_tokens, 128]"},
+            device));
+        M3SA_RETURN_IF_ERROR(detail::check_vector_rows(args.index_k, "index_k", device));
+        const int64_t tokens = args.index_k.shape[0];
+        if (tokens > plan.request.capacities.max_tokens)
+          return Status::invalid_argument("index_k",
+                                          detail::concat("at most ",
+                                                         plan.request.capacities.max_tokens,
+                                                         " rows (plan capacity)"),
+                                          args.index_k.describe());
+        M3SA_RETURN_IF_ERROR(
+            check_tensor(args.slot_mapping,
+                         {"slot_mapping", {DType::i64}, {tokens}, "[num_tokens]", false}, device));
+        TensorView cache = args.index_k_cache;
+        M3SA_RETURN_IF_ERROR(check_index_cache(plan, cache, device));
+        M3SA_RETURN_IF_ERROR(check_tensor(cache,
+                                          {"index_k_cache",
+                                           {cache.dtype},
+                                           {kAtLeastOne, kBlockTokens, kHeadDim},
+                                           "[num_pages, 128, 128]",
+                                           true,
+                                           true},
+                                          device));
+        M3SA_RETURN_IF_ERROR(check_disjoint(cache, "index_k_cache", args.index_k, "index_k"));
+        M3SA_RETURN_IF_ERROR(
+            check_disjoint(cache, "index_k_cache", args.slot_mapping, "slot_mapping"));
+        if (detail::host_readable(device)) {
+          const int64_t slots = cache.shape[0] * kBlockTokens;
+          for (int64_t t = 0; t < tokens; ++t) {
+            const int64_t slot =
+                args.slot_mapping.ptr<const int64_t>()[t * args.slot_mapping.strides[0]];
+            if (slot >= slots)
+              return Status::invalid_argument(
+                  "slot_mapping",
+                  detail::concat("slots < num_pages x 128 = ", slots, ", or < 0 to skip"),
+                  detail::concat(slot, " at row ", t));
+          }
         }
-      }
-      return {};
+        return {};
       },
       [&] { ref::insert_index_k(args); },
       [&] { cpu::insert_index_k(args, threads_for(plan, ctx)); },
       [&]() -> Status { M3SA_CUDA_DISPATCH(insert_index_k(plan, args, workspace, ctx.stream)); });
 }
 
-Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace, const ExecContext& ctx) {
+Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace,
+                    const ExecContext& ctx) {
   const OpKind op = OpKind::score_blocks;
   const DeviceKind device = detail::device_of(plan.request.backend);
   return validate_and_dispatch(
       op, plan, workspace, ctx,
       [&]() -> Status {
-      M3SA_RETURN_IF_ERROR(check_index_cache(plan, args.index_k_cache, device));
-      M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, args.index_k_cache.shape[0]));
-      M3SA_RETURN_IF_ERROR(check_index_q(plan, args.index_q, rows_of(args.batch), device));
-      M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, true, device));
-      M3SA_RETURN_IF_ERROR(check_disjoint(args.scores, "scores", args.index_q, "index_q"));
-      M3SA_RETURN_IF_ERROR(check_disjoint(args.scores, "scores", args.index_k_cache, "index_k_cache"));
-      return {};
+        M3SA_RETURN_IF_ERROR(check_index_cache(plan, args.index_k_cache, device));
+        M3SA_RETURN_IF_ERROR(
+            detail::check_batch(plan, args.batch, device, args.index_k_cache.shape[0]));
+        M3SA_RETURN_IF_ERROR(check_index_q(plan, args.index_q, rows_of(args.batch), device));
+        M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, true, device));
+        M3SA_RETURN_IF_ERROR(check_disjoint(args.scores, "scores", args.index_q, "index_q"));
+        M3SA_RETURN_IF_ERROR(
+            check_disjoint(args.scores, "scores", args.index_k_cache, "index_k_cache"));
+        return {};
       },
       [&] { ref::score_blocks(plan.request.config, args); },
       [&] { cpu::score_blocks(plan.request.config, args, workspace, threads_for(plan, ctx)); },
@@ -203,30 +271,37 @@ Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, 
   return validate_and_dispatch(
       op, plan, workspace, ctx,
       [&]() -> Status {
-      M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, -1));
-      M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, false, device));
-      M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, rows_of(args.batch), device));
-      M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.scores, "scores"));
-      return {};
+        M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, -1));
+        M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, false, device));
+        M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, rows_of(args.batch), device));
+        M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.scores, "scores"));
+        return {};
       },
       [&] { ref::select_topk_blocks(plan.request.config, args, workspace); },
-      [&] { cpu::select_topk_blocks(plan.request.config, args, workspace, threads_for(plan, ctx)); },
-      [&]() -> Status { M3SA_CUDA_DISPATCH(select_topk_blocks(plan, args, workspace, ctx.stream)); });
+      [&] {
+        cpu::select_topk_blocks(plan.request.config, args, workspace, threads_for(plan, ctx));
+      },
+      [&]() -> Status {
+        M3SA_CUDA_DISPATCH(select_topk_blocks(plan, args, workspace, ctx.stream));
+      });
 }
 
-Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace, const ExecContext& ctx) {
+Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace,
+                  const ExecContext& ctx) {
   const OpKind op = OpKind::index_topk;
   const DeviceKind device = detail::device_of(plan.request.backend);
   return validate_and_dispatch(
       op, plan, workspace, ctx,
       [&]() -> Status {
-      M3SA_RETURN_IF_ERROR(check_index_cache(plan, args.index_k_cache, device));
-      M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, args.index_k_cache.shape[0]));
-      M3SA_RETURN_IF_ERROR(check_index_q(plan, args.index_q, rows_of(args.batch), device));
-      M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, rows_of(args.batch), device));
-      M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.index_q, "index_q"));
-      M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.index_k_cache, "index_k_cache"));
-      return {};
+        M3SA_RETURN_IF_ERROR(check_index_cache(plan, args.index_k_cache, device));
+        M3SA_RETURN_IF_ERROR(
+            detail::check_batch(plan, args.batch, device, args.index_k_cache.shape[0]));
+        M3SA_RETURN_IF_ERROR(check_index_q(plan, args.index_q, rows_of(args.batch), device));
+        M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, rows_of(args.batch), device));
+        M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.index_q, "index_q"));
+        M3SA_RETURN_IF_ERROR(
+            check_disjoint(args.topk, "topk", args.index_k_cache, "index_k_cache"));
+        return {};
       },
       [&] { ref::index_topk(plan.request.config, args, workspace); },
       [&] { cpu::index_topk(plan.request.config, args, workspace, threads_for(plan, ctx)); },
@@ -240,56 +315,107 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
   return validate_and_dispatch(
       op, plan, workspace, ctx,
       [&]() -> Status {
-      const DType kv = plan.request.cache_dtype;
-      M3SA_RETURN_IF_ERROR(check_tensor(args.k_cache, {"k_cache", {kv}, {kAtLeastOne, kBlockTokens, kAtLeastOne, kHeadDim}, "[num_pages, 128, num_kv_heads, 128] (plan cache_dtype)"}, device));
-      const int64_t pages = args.k_cache.shape[0], kv_heads = args.k_cache.shape[2];
-      M3SA_RETURN_IF_ERROR(check_tensor(args.v_cache, {"v_cache", {kv}, {pages, kBlockTokens, kv_heads, kHeadDim}, "like k_cache"}, device));
-      const bool separate_table = args.kv_block_table.present();
-      M3SA_RETURN_IF_ERROR(detail::check_batch(plan, args.batch, device, separate_table ? -1 : pages));
-      const int64_t tokens = rows_of(args.batch);
-      M3SA_RETURN_IF_ERROR(check_tensor(args.q, {"q", {DType::bf16}, {tokens, kAtLeastOne, kHeadDim}, "[num_tokens, num_q_heads, 128]"}, device));
-      const int64_t q_heads = args.q.shape[1];
-      if (q_heads % kv_heads != 0 || q_heads / kv_heads > kMaxGqaGroup)
-        return Status::invalid_argument("q", detail::concat("num_q_heads a multiple of num_kv_heads (", kv_heads, ") with at most ", kMaxGqaGroup, " per KV head"),
-                                        args.q.describe());
-      if (kv_heads != plan.request.config.num_index_heads)
-        return Status::invalid_argument("k_cache", detail::concat("num_kv_heads == config.num_index_heads (", plan.request.config.num_index_heads,
-                                                                  "): KV head g reads index head g's selection"),
-                                        args.k_cache.describe());
-      if (!(args.k_scale > 0.f) || !std::isfinite(args.k_scale))
-        return Status::invalid_argument("k_scale", "a finite value > 0", std::to_string(args.k_scale));
-      if (!(args.v_scale > 0.f) || !std::isfinite(args.v_scale))
-        return Status::invalid_argument("v_scale", "a finite value > 0", std::to_string(args.v_scale));
-      M3SA_RETURN_IF_ERROR(check_tensor(args.topk, {"topk", {DType::i32}, {kv_heads, tokens, plan.request.config.top_k}, "[num_kv_heads, num_tokens, top_k]", false}, device));
-      M3SA_RETURN_IF_ERROR(detail::check_optional_tensor(args.kv_block_table, {"kv_block_table", {DType::i32}, {args.batch.num_requests, kAtLeastOne}, "[num_requests, max_blocks]", false}, device));
-      M3SA_RETURN_IF_ERROR(check_tensor(args.out, {"out", {DType::bf16}, {tokens, q_heads, kHeadDim}, "[num_tokens, num_q_heads, 128]", true, true}, device));
-      M3SA_RETURN_IF_ERROR(detail::check_optional_tensor(args.lse, {"lse", {DType::f32}, {tokens, q_heads}, "[num_tokens, num_q_heads]", false, true}, device));
-      const std::pair<const TensorView*, const char*> inputs[] = {{&args.q, "q"}, {&args.k_cache, "k_cache"}, {&args.v_cache, "v_cache"}, {&args.topk, "topk"}};
-      for (const auto& [input, name] : inputs) {
-        M3SA_RETURN_IF_ERROR(check_disjoint(args.out, "out", *input, name));
-        M3SA_RETURN_IF_ERROR(check_disjoint(args.lse, "lse", *input, name));
-      }
-      M3SA_RETURN_IF_ERROR(check_disjoint(args.out, "out", args.lse, "lse"));
-      if (detail::host_readable(device)) {
-        if (separate_table) M3SA_RETURN_IF_ERROR(detail::check_block_table_pages(args.batch, args.kv_block_table, "kv_block_table", pages));
-        M3SA_RETURN_IF_ERROR(check_topk_contents(args));
-      }
-      return {};
+        const DType kv = plan.request.cache_dtype;
+        M3SA_RETURN_IF_ERROR(
+            check_tensor(args.k_cache,
+                         {"k_cache",
+                          {kv},
+                          {kAtLeastOne, kBlockTokens, kAtLeastOne, kHeadDim},
+                          "[num_pages, 128, num_kv_heads, 128] (plan cache_dtype)"},
+                         device));
+        const int64_t pages = args.k_cache.shape[0], kv_heads = args.k_cache.shape[2];
+        M3SA_RETURN_IF_ERROR(check_tensor(
+            args.v_cache,
+            {"v_cache", {kv}, {pages, kBlockTokens, kv_heads, kHeadDim}, "like k_cache"}, device));
+        const bool separate_table = args.kv_block_table.present();
+        M3SA_RETURN_IF_ERROR(
+            detail::check_batch(plan, args.batch, device, separate_table ? -1 : pages));
+        const int64_t tokens = rows_of(args.batch);
+        M3SA_RETURN_IF_ERROR(check_tensor(
+            args.q,
+            {"q", {DType::bf16}, {tokens, kAtLeastOne, kHeadDim}, "[num_tokens, num_q_heads, 128]"},
+            device));
+        const int64_t q_heads = args.q.shape[1];
+        if (q_heads % kv_heads != 0 || q_heads / kv_heads > kMaxGqaGroup)
+          return Status::invalid_argument("q",
+                                          detail::concat("num_q_heads a multiple of num_kv_heads (",
+                                                         kv_heads, ") with at most ", kMaxGqaGroup,
+                                                         " per KV head"),
+                                          args.q.describe());
+        if (kv_heads != plan.request.config.num_index_heads)
+          return Status::invalid_argument(
+              "k_cache",
+              detail::concat("num_kv_heads == config.num_index_heads (",
+                             plan.request.config.num_index_heads,
+                             "): KV head g reads index head g's selection"),
+              args.k_cache.describe());
+        if (!(args.k_scale > 0.f) || !std::isfinite(args.k_scale))
+          return Status::invalid_argument("k_scale", "a finite value > 0",
+                                          std::to_string(args.k_scale));
+        if (!(args.v_scale > 0.f) || !std::isfinite(args.v_scale))
+          return Status::invalid_argument("v_scale", "a finite value > 0",
+                                          std::to_string(args.v_scale));
+        M3SA_RETURN_IF_ERROR(check_tensor(args.topk,
+                                          {"topk",
+                                           {DType::i32},
+                                           {kv_heads, tokens, plan.request.config.top_k},
+                                           "[num_kv_heads, num_tokens, top_k]",
+                                           false},
+                                          device));
+        M3SA_RETURN_IF_ERROR(detail::check_optional_tensor(args.kv_block_table,
+                                                           {"kv_block_table",
+                                                            {DType::i32},
+                                                            {args.batch.num_requests, kAtLeastOne},
+                                                            "[num_requests, max_blocks]",
+                                                            false},
+                                                           device));
+        M3SA_RETURN_IF_ERROR(check_tensor(args.out,
+                                          {"out",
+                                           {DType::bf16},
+                                           {tokens, q_heads, kHeadDim},
+                                           "[num_tokens, num_q_heads, 128]",
+                                           true,
+                                           true},
+                                          device));
+        M3SA_RETURN_IF_ERROR(detail::check_optional_tensor(
+            args.lse,
+            {"lse", {DType::f32}, {tokens, q_heads}, "[num_tokens, num_q_heads]", false, true},
+            device));
+        const std::pair<const TensorView*, const char*> inputs[] = {{&args.q, "q"},
+                                                                    {&args.k_cache, "k_cache"},
+                                                                    {&args.v_cache, "v_cache"},
+                                                                    {&args.topk, "topk"}};
+        for (const auto& [input, name] : inputs) {
+          M3SA_RETURN_IF_ERROR(check_disjoint(args.out, "out", *input, name));
+          M3SA_RETURN_IF_ERROR(check_disjoint(args.lse, "lse", *input, name));
+        }
+        M3SA_RETURN_IF_ERROR(check_disjoint(args.out, "out", args.lse, "lse"));
+        if (detail::host_readable(device)) {
+          if (separate_table)
+            M3SA_RETURN_IF_ERROR(detail::check_block_table_pages(args.batch, args.kv_block_table,
+                                                                 "kv_block_table", pages));
+          M3SA_RETURN_IF_ERROR(check_topk_contents(args));
+        }
+        return {};
       },
       [&] { ref::sparse_attention(args, workspace); },
       [&] { cpu::sparse_attention(plan.request, args, workspace, threads_for(plan, ctx)); },
-      [&]() -> Status { return Status::unsupported("backend cuda", "sparse_attention has no CUDA kernel yet"); });
+      [&]() -> Status {
+        return Status::unsupported("backend cuda", "sparse_attention has no CUDA kernel yet");
+      });
 }
 
-Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx, int32_t* flags) {
-  (void)ctx;  // only the CUDA backend has a stream to read on
+Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx,
+                          int32_t* flags) {
+  (void)ctx; // only the CUDA backend has a stream to read on
   if (flags == nullptr) return Status::invalid_argument("flags", "a non-null int32_t*", "nullptr");
   *flags = 0;
   if (plan.request.backend != Backend::cuda) return {};
   if (workspace.data == nullptr || workspace.bytes < plan.workspace_bytes)
-    return Status::invalid_argument("workspace", detail::concat("the run's workspace (>= ", plan.workspace_bytes, " bytes)"),
-                                    detail::concat(workspace.bytes, " bytes at ", workspace.data));
+    return Status::invalid_argument(
+        "workspace", detail::concat("the run's workspace (>= ", plan.workspace_bytes, " bytes)"),
+        detail::concat(workspace.bytes, " bytes at ", workspace.data));
   M3SA_CUDA_DISPATCH(read_device_errors(plan, workspace, ctx.stream, flags));
 }
 
-}  // namespace m3sa
+} // namespace m3sa

@@ -33,9 +33,10 @@ bool is_non_overlapping(const TensorView& t) {
   int n = 0;
   for (int d = 0; d < t.rank; ++d)
     if (t.shape[d] > 1) order[n++] = d;
-  for (int i = 1; i < n; ++i)  // insertion sort by stride (at most 4 dims)
-    for (int j = i; j > 0 && t.strides[order[j]] < t.strides[order[j - 1]]; --j) std::swap(order[j], order[j - 1]);
-  int64_t span = 1;  // elements covered by the dims already placed
+  for (int i = 1; i < n; ++i) // insertion sort by stride (at most 4 dims)
+    for (int j = i; j > 0 && t.strides[order[j]] < t.strides[order[j - 1]]; --j)
+      std::swap(order[j], order[j - 1]);
+  int64_t span = 1; // elements covered by the dims already placed
   for (int i = 0; i < n; ++i) {
     if (t.strides[order[i]] < span) return false;
     span = t.strides[order[i]] * t.shape[order[i]];
@@ -43,9 +44,11 @@ bool is_non_overlapping(const TensorView& t) {
   return true;
 }
 
-}  // namespace
+} // namespace
 
-DeviceKind device_of(Backend backend) { return backend == Backend::cuda ? DeviceKind::cuda : DeviceKind::cpu; }
+DeviceKind device_of(Backend backend) {
+  return backend == Backend::cuda ? DeviceKind::cuda : DeviceKind::cpu;
+}
 bool host_readable(DeviceKind device) { return device == DeviceKind::cpu; }
 
 Status check_tensor(const TensorView& t, const TensorRule& rule, DeviceKind device) {
@@ -59,10 +62,12 @@ Status check_tensor(const TensorView& t, const TensorRule& rule, DeviceKind devi
     return fail("dtype " + dtype_list(rule.dtypes));
   int d = 0;
   for (int64_t extent : rule.shape) {
-    if (t.shape[d] < 0) return fail(detail::concat("non-negative extents; dim ", d, " is ", t.shape[d]));
+    if (t.shape[d] < 0)
+      return fail(detail::concat("non-negative extents; dim ", d, " is ", t.shape[d]));
     if (extent >= 0 && t.shape[d] != extent) return fail(detail::concat("dim ", d, " == ", extent));
     if (extent == kAtLeastOne && t.shape[d] < 1) return fail(detail::concat("dim ", d, " >= 1"));
-    if (t.strides[d] < 0) return fail(detail::concat("non-negative strides; stride ", d, " is ", t.strides[d]));
+    if (t.strides[d] < 0)
+      return fail(detail::concat("non-negative strides; stride ", d, " is ", t.strides[d]));
     ++d;
   }
   if (t.device.kind != device)
@@ -70,7 +75,8 @@ Status check_tensor(const TensorView& t, const TensorRule& rule, DeviceKind devi
   if (t.data == nullptr && t.numel() > 0) return fail("a non-null data pointer");
   if (rule.rows_contiguous && t.rank > 0 && t.shape[t.rank - 1] > 1 && t.strides[t.rank - 1] != 1)
     return fail("stride 1 in the last dim");
-  if (rule.is_output && !is_non_overlapping(t)) return fail("strides that do not alias elements of an output");
+  if (rule.is_output && !is_non_overlapping(t))
+    return fail("strides that do not alias elements of an output");
   return {};
 }
 
@@ -78,14 +84,16 @@ Status check_optional_tensor(const TensorView& t, const TensorRule& rule, Device
   return t.present() ? check_tensor(t, rule, device) : Status{};
 }
 
-Status check_disjoint(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
+Status check_disjoint(const TensorView& a, const char* a_name, const TensorView& b,
+                      const char* b_name) {
   if (!a.present() || !b.present() || a.numel() == 0 || b.numel() == 0) return {};
   uintptr_t a0, a1, b0, b1;
   byte_range(a, &a0, &a1);
   byte_range(b, &b0, &b1);
   if (a0 < b1 && b0 < a1)
-    return Status::invalid_argument(a_name, detail::concat("memory disjoint from ", b_name),
-                                    detail::concat("overlapping byte ranges [", a0, ", ", a1, ") and [", b0, ", ", b1, ")"));
+    return Status::invalid_argument(
+        a_name, detail::concat("memory disjoint from ", b_name),
+        detail::concat("overlapping byte ranges [", a0, ", ", a1, ") and [", b0, ", ", b1, ")"));
   return {};
 }
 
@@ -94,13 +102,17 @@ Status check_vector_rows(const TensorView& t, const char* name, DeviceKind devic
   const size_t elem = dtype_size(t.dtype);
   bool aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
   for (int d = 0; d + 1 < t.rank; ++d) aligned = aligned && (t.strides[d] * elem) % 16 == 0;
-  if (!aligned) return Status::invalid_argument(name, "a 16-byte aligned pointer and row strides that are multiples of 16 bytes", t.describe());
+  if (!aligned)
+    return Status::invalid_argument(
+        name, "a 16-byte aligned pointer and row strides that are multiples of 16 bytes",
+        t.describe());
   return {};
 }
 
 Status check_config(const MsaConfig& c) {
   if (c.top_k < 1 || c.top_k > kMaxTopK)
-    return Status::invalid_argument("config.top_k", detail::concat("1..", kMaxTopK), std::to_string(c.top_k));
+    return Status::invalid_argument("config.top_k", detail::concat("1..", kMaxTopK),
+                                    std::to_string(c.top_k));
   if (c.local_blocks < 0)
     return Status::invalid_argument("config.local_blocks", ">= 0", std::to_string(c.local_blocks));
   if (c.init_blocks < 0)
@@ -113,7 +125,8 @@ Status check_config(const MsaConfig& c) {
     return Status::invalid_argument("config.num_index_heads", detail::concat("1..", kMaxIndexHeads),
                                     std::to_string(c.num_index_heads));
   if (!(c.score_scale > 0.f) || !std::isfinite(c.score_scale))
-    return Status::invalid_argument("config.score_scale", "a finite value > 0", std::to_string(c.score_scale));
+    return Status::invalid_argument("config.score_scale", "a finite value > 0",
+                                    std::to_string(c.score_scale));
   return {};
 }
 
@@ -121,26 +134,32 @@ Status check_plan_request(const PlanRequest& request) {
   M3SA_RETURN_IF_ERROR(check_config(request.config));
   const Capacities& cap = request.capacities;
   if (cap.max_requests < 1 || cap.max_requests > INT32_MAX)
-    return Status::invalid_argument("capacities.max_requests", "1..2^31-1", std::to_string(cap.max_requests));
+    return Status::invalid_argument("capacities.max_requests", "1..2^31-1",
+                                    std::to_string(cap.max_requests));
   if (cap.max_tokens < 1 || cap.max_tokens > INT32_MAX)
-    return Status::invalid_argument("capacities.max_tokens", "1..2^31-1", std::to_string(cap.max_tokens));
+    return Status::invalid_argument("capacities.max_tokens", "1..2^31-1",
+                                    std::to_string(cap.max_tokens));
   if (cap.max_blocks_per_request < 1 || cap.max_blocks_per_request > (int64_t{1} << 20))
     return Status::invalid_argument("capacities.max_blocks_per_request", "1..2^20 (128M tokens)",
                                     std::to_string(cap.max_blocks_per_request));
   if (request.cache_dtype != DType::bf16 && request.cache_dtype != DType::fp8_e4m3)
-    return Status::invalid_argument("cache_dtype", "bf16 or fp8_e4m3", to_string(request.cache_dtype));
+    return Status::invalid_argument("cache_dtype", "bf16 or fp8_e4m3",
+                                    to_string(request.cache_dtype));
   if (request.num_threads < 0)
-    return Status::invalid_argument("num_threads", ">= 0 (0 = OpenMP default)", std::to_string(request.num_threads));
+    return Status::invalid_argument("num_threads", ">= 0 (0 = OpenMP default)",
+                                    std::to_string(request.num_threads));
   return {};
 }
 
-Status check_run_common(const OpPlan& plan, OpKind op, const Workspace& workspace, const ExecContext& ctx) {
+Status check_run_common(const OpPlan& plan, OpKind op, const Workspace& workspace,
+                        const ExecContext& ctx) {
   if (plan.request.op != op)
     return Status::invalid_argument("plan", detail::concat("a plan made for ", to_string(op)),
                                     detail::concat("a plan for ", to_string(plan.request.op)));
   if (workspace.bytes < plan.workspace_bytes)
-    return Status::invalid_argument("workspace.bytes", detail::concat(">= plan.workspace_bytes (", plan.workspace_bytes, ")"),
-                                    std::to_string(workspace.bytes));
+    return Status::invalid_argument(
+        "workspace.bytes", detail::concat(">= plan.workspace_bytes (", plan.workspace_bytes, ")"),
+        std::to_string(workspace.bytes));
   if (plan.workspace_bytes > 0 && workspace.data == nullptr)
     return Status::invalid_argument("workspace.data", "a non-null pointer", "nullptr");
   if (reinterpret_cast<uintptr_t>(workspace.data) % 64 != 0)
@@ -151,13 +170,15 @@ Status check_run_common(const OpPlan& plan, OpKind op, const Workspace& workspac
   return {};
 }
 
-Status check_block_table_pages(const BatchMetadata& batch, const TensorView& table, const char* name,
-                               int64_t num_pages) {
+Status check_block_table_pages(const BatchMetadata& batch, const TensorView& table,
+                               const char* name, int64_t num_pages) {
   const HostBatch host(batch);
   for (int r = 0; r < batch.num_requests; ++r) {
     const int64_t blocks = (int64_t{host.seq_len(r)} + kBlockTokens - 1) / kBlockTokens;
     if (blocks > table.shape[1])
-      return Status::invalid_argument(name, detail::concat("at least ", blocks, " blocks for request ", r, " (seq_len ", host.seq_len(r), ")"),
+      return Status::invalid_argument(name,
+                                      detail::concat("at least ", blocks, " blocks for request ", r,
+                                                     " (seq_len ", host.seq_len(r), ")"),
                                       detail::concat(table.shape[1], " columns"));
     for (int64_t b = 0; b < blocks; ++b) {
       const int32_t page = host.page(table, r, b);
@@ -169,54 +190,85 @@ Status check_block_table_pages(const BatchMetadata& batch, const TensorView& tab
   return {};
 }
 
-Status check_batch(const OpPlan& plan, const BatchMetadata& batch, DeviceKind device, int64_t num_pages) {
+Status check_batch(const OpPlan& plan, const BatchMetadata& batch, DeviceKind device,
+                   int64_t num_pages) {
   const Capacities& cap = plan.request.capacities;
   const int64_t r_count = batch.num_requests;
   if (r_count < 0 || r_count > cap.max_requests)
-    return Status::invalid_argument("batch.num_requests", detail::concat("0..", cap.max_requests, " (plan capacity; re-plan outside graph capture)"),
-                                    std::to_string(r_count));
+    return Status::invalid_argument(
+        "batch.num_requests",
+        detail::concat("0..", cap.max_requests, " (plan capacity; re-plan outside graph capture)"),
+        std::to_string(r_count));
   if (batch.num_decode_requests < 0 || batch.num_decode_requests > r_count)
-    return Status::invalid_argument("batch.num_decode_requests", detail::concat("0..num_requests (", r_count, ")"),
+    return Status::invalid_argument("batch.num_decode_requests",
+                                    detail::concat("0..num_requests (", r_count, ")"),
                                     std::to_string(batch.num_decode_requests));
   if (batch.decode_q_len < 1 || batch.decode_q_len > kMaxDecodeQLen)
-    return Status::invalid_argument("batch.decode_q_len", detail::concat("1..", kMaxDecodeQLen), std::to_string(batch.decode_q_len));
+    return Status::invalid_argument("batch.decode_q_len", detail::concat("1..", kMaxDecodeQLen),
+                                    std::to_string(batch.decode_q_len));
   if (batch.num_tokens < 0 || batch.num_tokens > cap.max_tokens)
-    return Status::invalid_argument("batch.num_tokens", detail::concat("0..", cap.max_tokens, " (plan capacity)"),
+    return Status::invalid_argument("batch.num_tokens",
+                                    detail::concat("0..", cap.max_tokens, " (plan capacity)"),
                                     std::to_string(batch.num_tokens));
-  M3SA_RETURN_IF_ERROR(check_tensor(batch.cu_q_lens, {"batch.cu_q_lens", {DType::i32}, {r_count + 1}, "[num_requests + 1]", false}, device));
-  M3SA_RETURN_IF_ERROR(check_tensor(batch.seq_lens, {"batch.seq_lens", {DType::i32}, {r_count}, "[num_requests]", false}, device));
-  M3SA_RETURN_IF_ERROR(check_tensor(batch.block_table, {"batch.block_table", {DType::i32}, {r_count, kAtLeastOne}, "[num_requests, max_blocks]", false}, device));
+  M3SA_RETURN_IF_ERROR(check_tensor(
+      batch.cu_q_lens,
+      {"batch.cu_q_lens", {DType::i32}, {r_count + 1}, "[num_requests + 1]", false}, device));
+  M3SA_RETURN_IF_ERROR(
+      check_tensor(batch.seq_lens,
+                   {"batch.seq_lens", {DType::i32}, {r_count}, "[num_requests]", false}, device));
+  M3SA_RETURN_IF_ERROR(check_tensor(batch.block_table,
+                                    {"batch.block_table",
+                                     {DType::i32},
+                                     {r_count, kAtLeastOne},
+                                     "[num_requests, max_blocks]",
+                                     false},
+                                    device));
   if (batch.block_table.shape[1] > cap.max_blocks_per_request)
-    return Status::invalid_argument("batch.block_table", detail::concat("at most ", cap.max_blocks_per_request, " columns (plan capacity)"),
-                                    batch.block_table.describe());
-  if (!host_readable(device)) return {};  // device-side checks report through the error flag
+    return Status::invalid_argument(
+        "batch.block_table",
+        detail::concat("at most ", cap.max_blocks_per_request, " columns (plan capacity)"),
+        batch.block_table.describe());
+  if (!host_readable(device)) return {}; // device-side checks report through the error flag
 
   const HostBatch host(batch);
   if (host.q_begin(0) != 0)
-    return Status::invalid_argument("batch.cu_q_lens", "cu_q_lens[0] == 0", std::to_string(host.q_begin(0)));
+    return Status::invalid_argument("batch.cu_q_lens", "cu_q_lens[0] == 0",
+                                    std::to_string(host.q_begin(0)));
   for (int r = 0; r < r_count; ++r) {
     const int32_t q_len = host.q_len(r), seq_len = host.seq_len(r);
     if (q_len < 0)
       return Status::invalid_argument("batch.cu_q_lens", "non-decreasing values",
-                                      detail::concat("cu_q_lens[", r + 1, "] = ", host.q_begin(r + 1), " < cu_q_lens[", r, "] = ", host.q_begin(r)));
+                                      detail::concat("cu_q_lens[", r + 1,
+                                                     "] = ", host.q_begin(r + 1), " < cu_q_lens[",
+                                                     r, "] = ", host.q_begin(r)));
     if (r < batch.num_decode_requests && q_len != batch.decode_q_len)
-      return Status::invalid_argument("batch.cu_q_lens", detail::concat("q_len == decode_q_len (", batch.decode_q_len, ") for every decode request"),
+      return Status::invalid_argument("batch.cu_q_lens",
+                                      detail::concat("q_len == decode_q_len (", batch.decode_q_len,
+                                                     ") for every decode request"),
                                       detail::concat("q_len ", q_len, " for request ", r));
     if (seq_len < 0)
-      return Status::invalid_argument("batch.seq_lens", ">= 0 (0 marks a padding row)", detail::concat(seq_len, " for request ", r));
-    if (seq_len > 0 && q_len > seq_len)
-      return Status::invalid_argument("batch.seq_lens", detail::concat("seq_len >= q_len (", q_len, ") for request ", r),
-                                      std::to_string(seq_len));
-    if (int64_t{seq_len} > batch.block_table.shape[1] * kBlockTokens)
-      return Status::invalid_argument("batch.seq_lens", detail::concat("<= block-table capacity ", batch.block_table.shape[1], " x 128 = ",
-                                                                       batch.block_table.shape[1] * kBlockTokens, " tokens"),
+      return Status::invalid_argument("batch.seq_lens", ">= 0 (0 marks a padding row)",
                                       detail::concat(seq_len, " for request ", r));
+    if (seq_len > 0 && q_len > seq_len)
+      return Status::invalid_argument(
+          "batch.seq_lens", detail::concat("seq_len >= q_len (", q_len, ") for request ", r),
+          std::to_string(seq_len));
+    if (int64_t{seq_len} > batch.block_table.shape[1] * kBlockTokens)
+      return Status::invalid_argument(
+          "batch.seq_lens",
+          detail::concat("<= block-table capacity ", batch.block_table.shape[1],
+                         " x 128 = ", batch.block_table.shape[1] * kBlockTokens, " tokens"),
+          detail::concat(seq_len, " for request ", r));
   }
   if (host.q_begin(static_cast<int>(r_count)) != batch.num_tokens)
-    return Status::invalid_argument("batch.cu_q_lens", detail::concat("cu_q_lens[num_requests] == num_tokens (", batch.num_tokens, ")"),
-                                    std::to_string(host.q_begin(static_cast<int>(r_count))));
-  if (num_pages >= 0) M3SA_RETURN_IF_ERROR(check_block_table_pages(batch, batch.block_table, "batch.block_table", num_pages));
+    return Status::invalid_argument(
+        "batch.cu_q_lens",
+        detail::concat("cu_q_lens[num_requests] == num_tokens (", batch.num_tokens, ")"),
+        std::to_string(host.q_begin(static_cast<int>(r_count))));
+  if (num_pages >= 0)
+    M3SA_RETURN_IF_ERROR(
+        check_block_table_pages(batch, batch.block_table, "batch.block_table", num_pages));
   return {};
 }
 
-}  // namespace m3sa::detail
+} // namespace m3sa::detail

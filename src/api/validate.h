@@ -14,26 +14,29 @@ inline constexpr int64_t kAtLeastOne = -2;
 struct TensorRule {
   const char* name;
   std::initializer_list<DType> dtypes;
-  std::initializer_list<int64_t> shape;  // extents, kAnyExtent or kAtLeastOne
-  const char* shape_text;                // "[T, H, 128]"
-  bool rows_contiguous = true;           // last dim has stride 1
-  bool is_output = false;                // must not overlap itself
+  std::initializer_list<int64_t> shape; // extents, kAnyExtent or kAtLeastOne
+  const char* shape_text;               // "[T, H, 128]"
+  bool rows_contiguous = true;          // last dim has stride 1
+  bool is_output = false;               // must not overlap itself
 };
 
 Status check_tensor(const TensorView& t, const TensorRule& rule, DeviceKind device);
 Status check_optional_tensor(const TensorView& t, const TensorRule& rule, DeviceKind device);
-Status check_disjoint(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name);
+Status check_disjoint(const TensorView& a, const char* a_name, const TensorView& b,
+                      const char* b_name);
 
 Status check_config(const MsaConfig& config);
 Status check_plan_request(const PlanRequest& request);
-Status check_run_common(const OpPlan& plan, OpKind op, const Workspace& workspace, const ExecContext& ctx);
+Status check_run_common(const OpPlan& plan, OpKind op, const Workspace& workspace,
+                        const ExecContext& ctx);
 
 // Batch metadata against the plan's capacities; when host-readable, its contents too. `num_pages`
 // bounds the pages of `block_table` that will be read; -1 skips that check.
-Status check_batch(const OpPlan& plan, const BatchMetadata& batch, DeviceKind device, int64_t num_pages);
+Status check_batch(const OpPlan& plan, const BatchMetadata& batch, DeviceKind device,
+                   int64_t num_pages);
 // Page ids of a (second) block table for the blocks each request's seq_len covers.
-Status check_block_table_pages(const BatchMetadata& batch, const TensorView& table, const char* name,
-                               int64_t num_pages);
+Status check_block_table_pages(const BatchMetadata& batch, const TensorView& table,
+                               const char* name, int64_t num_pages);
 
 // CUDA kernels move 16-byte vectors: rows must start on 16-byte boundaries.
 Status check_vector_rows(const TensorView& t, const char* name, DeviceKind device);
@@ -41,4 +44,4 @@ Status check_vector_rows(const TensorView& t, const char* name, DeviceKind devic
 DeviceKind device_of(Backend backend);
 bool host_readable(DeviceKind device);
 
-}  // namespace m3sa::detail
+} // namespace m3sa::detail

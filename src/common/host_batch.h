@@ -15,13 +15,16 @@ struct HostBatch {
   int32_t q_len(int r) const { return at(batch_.cu_q_lens, r + 1) - at(batch_.cu_q_lens, r); }
   int32_t seq_len(int r) const { return at(batch_.seq_lens, r); }
   int64_t block_table_width() const { return batch_.block_table.shape[1]; }
-  // The request that owns packed token t (cu_q_lens is non-decreasing: the last r with q_begin <= t).
+  // The request that owns packed token t (cu_q_lens is non-decreasing: the last r with q_begin <=
+  // t).
   int request_of_token(int64_t t) const {
     int lo = 0, hi = batch_.num_requests - 1, found = 0;
     while (lo <= hi) {
       const int mid = lo + (hi - lo) / 2;
-      if (q_begin(mid) <= t) found = mid, lo = mid + 1;
-      else hi = mid - 1;
+      if (q_begin(mid) <= t)
+        found = mid, lo = mid + 1;
+      else
+        hi = mid - 1;
     }
     return found;
   }
@@ -30,9 +33,11 @@ struct HostBatch {
   }
   int32_t page(int r, int64_t block) const { return page(batch_.block_table, r, block); }
 
- private:
-  static int32_t at(const TensorView& v, int64_t i) { return v.ptr<const int32_t>()[i * v.strides[0]]; }
+private:
+  static int32_t at(const TensorView& v, int64_t i) {
+    return v.ptr<const int32_t>()[i * v.strides[0]];
+  }
   const BatchMetadata& batch_;
 };
 
-}  // namespace m3sa::detail
+} // namespace m3sa::detail

@@ -10,19 +10,19 @@ namespace m3sa::detail {
 
 constexpr uint32_t op_bit(OpKind op) { return 1u << static_cast<uint32_t>(op); }
 inline constexpr uint32_t kAllOps = op_bit(OpKind::insert_index_k) | op_bit(OpKind::score_blocks) |
-                                    op_bit(OpKind::select_topk_blocks) | op_bit(OpKind::index_topk) |
-                                    op_bit(OpKind::sparse_attention);
+                                    op_bit(OpKind::select_topk_blocks) |
+                                    op_bit(OpKind::index_topk) | op_bit(OpKind::sparse_attention);
 
 struct BackendCapability {
   Backend backend;
-  bool built;              // compiled into this library
-  bool needs_cuda_device;  // runs only where a CUDA device is visible
-  uint32_t ops;            // op_bit() mask
+  bool built;             // compiled into this library
+  bool needs_cuda_device; // runs only where a CUDA device is visible
+  uint32_t ops;           // op_bit() mask
   int min_top_k, max_top_k;
   int max_index_heads;
-  bool fp8_cache;          // fp8_e4m3 index-K / KV caches
+  bool fp8_cache; // fp8_e4m3 index-K / KV caches
   bool reduce_heads;
-  const char* missing_ops_reason;  // why an op outside `ops` is absent
+  const char* missing_ops_reason; // why an op outside `ops` is absent
 };
 
 #ifdef M3SA_HAVE_CUDA
@@ -34,14 +34,14 @@ inline constexpr bool kCudaBuilt = false;
 inline constexpr BackendCapability kSupportedConfigs[] = {
     {Backend::reference, true, false, kAllOps, 1, 32, 16, true, true, ""},
     {Backend::cpu, true, false, kAllOps, 1, 32, 16, true, true, ""},
-    {Backend::cuda, kCudaBuilt, true, kAllOps & ~op_bit(OpKind::sparse_attention), 1, 32, 16, true, false,
-     "sparse_attention has no CUDA kernel yet; run it on Backend::cpu"},
+    {Backend::cuda, kCudaBuilt, true, kAllOps & ~op_bit(OpKind::sparse_attention), 1, 32, 16, true,
+     false, "sparse_attention has no CUDA kernel yet; run it on Backend::cpu"},
 };
 
 inline const BackendCapability& capability(Backend backend) {
   for (const auto& row : kSupportedConfigs)
     if (row.backend == backend) return row;
-  return kSupportedConfigs[0];  // unreachable for valid enum values
+  return kSupportedConfigs[0]; // unreachable for valid enum values
 }
 
-}  // namespace m3sa::detail
+} // namespace m3sa::detail

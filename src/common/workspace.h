@@ -8,12 +8,11 @@
 namespace m3sa::detail {
 
 class WorkspaceCarver {
- public:
+public:
   static constexpr size_t kAlignment = 64;
   explicit WorkspaceCarver(void* base = nullptr) : base_(static_cast<char*>(base)) {}
 
-  template <typename T>
-  T* take(size_t count) {
+  template <typename T> T* take(size_t count) {
     offset_ = (offset_ + kAlignment - 1) / kAlignment * kAlignment;
     T* region = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
     offset_ += count * sizeof(T);
@@ -21,9 +20,9 @@ class WorkspaceCarver {
   }
   size_t bytes_used() const { return (offset_ + kAlignment - 1) / kAlignment * kAlignment; }
 
- private:
+private:
   char* base_;
   size_t offset_ = 0;
 };
 
-}  // namespace m3sa::detail
+} // namespace m3sa::detail

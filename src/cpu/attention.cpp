@@ -16,14 +16,14 @@
 namespace m3sa::cpu {
 namespace {
 
-constexpr int kValueChunk = 16;  // value rows widened together and accumulated in one pass
+constexpr int kValueChunk = 16; // value rows widened together and accumulated in one pass
 
 struct AttentionScratch {
-  float* q;        // [16, 128] the group's query rows
-  float* logits;   // [K * 128, 16] key-major: one dot_rows call fills a key's column of heads
-  float* rows;     // [kValueChunk, 128] key or value rows in fp32
-  float* acc;      // [16, 128]
-  int64_t* keys;   // [K * 128] visible key positions
+  float* q;      // [16, 128] the group's query rows
+  float* logits; // [K * 128, 16] key-major: one dot_rows call fills a key's column of heads
+  float* rows;   // [kValueChunk, 128] key or value rows in fp32
+  float* acc;    // [16, 128]
+  int64_t* keys; // [K * 128] visible key positions
 };
 
 AttentionScratch carve_thread(detail::WorkspaceCarver& carver, int top_k) {
@@ -40,7 +40,7 @@ const char* row_address(const TensorView& t, std::initializer_list<int64_t> inde
   return static_cast<const char*>(t.data) + t.offset(index) * dtype_size(t.dtype);
 }
 
-}  // namespace
+} // namespace
 
 size_t attention_workspace_bytes(const PlanRequest& request, int num_threads) {
   detail::WorkspaceCarver carver;
@@ -48,10 +48,11 @@ size_t attention_workspace_bytes(const PlanRequest& request, int num_threads) {
   return carver.bytes_used();
 }
 
-void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& args, Workspace workspace,
-                      int num_threads) {
+void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& args,
+                      Workspace workspace, int num_threads) {
   const detail::HostBatch batch(args.batch);
-  const TensorView& kv_table = args.kv_block_table.present() ? args.kv_block_table : args.batch.block_table;
+  const TensorView& kv_table =
+      args.kv_block_table.present() ? args.kv_block_table : args.batch.block_table;
   const int num_kv_heads = static_cast<int>(args.k_cache.shape[2]);
   const int group = static_cast<int>(args.q.shape[1]) / num_kv_heads;
   const int64_t top_k = args.topk.shape[2];
@@ -80,18 +81,20 @@ void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& arg
         for (int64_t j = int64_t{b} * kBlockTokens; j < end; ++j) s.keys[num_keys++] = j;
       }
       for (int h = 0; h < group; ++h)
-        load_row(DType::bf16, row_address(args.q, {t, g * group + h}), softmax_scale, s.q + h * kHeadDim);
+        load_row(DType::bf16, row_address(args.q, {t, g * group + h}), softmax_scale,
+                 s.q + h * kHeadDim);
 
       for (int64_t n = 0; n < num_keys; ++n) {
         const int64_t page = batch.page(kv_table, r, s.keys[n] / kBlockTokens);
-        load_row(args.k_cache.dtype, row_address(args.k_cache, {page, s.keys[n] % kBlockTokens, g}), args.k_scale,
-                 s.rows);
+        load_row(args.k_cache.dtype, row_address(args.k_cache, {page, s.keys[n] % kBlockTokens, g}),
+                 args.k_scale, s.rows);
         dot_rows(s.q, group, s.rows, s.logits + n * group);
       }
       float max_logit[kMaxGqaGroup], denominator[kMaxGqaGroup];
       for (int h = 0; h < group; ++h) {
         max_logit[h] = -std::numeric_limits<float>::infinity();
-        for (int64_t n = 0; n < num_keys; ++n) max_logit[h] = std::max(max_logit[h], s.logits[n * group + h]);
+        for (int64_t n = 0; n < num_keys; ++n)
+          max_logit[h] = std::max(max_logit[h], s.logits[n * group + h]);
         denominator[h] = 0.f;
         for (int64_t n = 0; n < num_keys; ++n) {
           float& w = s.logits[n * group + h];
@@ -104,7 +107,9 @@ void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& arg
         const int chunk = static_cast<int>(std::min<int64_t>(kValueChunk, num_keys - n0));
         for (int i = 0; i < chunk; ++i) {
           const int64_t key = s.keys[n0 + i];
-          load_row(args.v_cache.dtype, row_address(args.v_cache, {batch.page(kv_table, r, key / kBlockTokens), key % kBlockTokens, g}),
+          load_row(args.v_cache.dtype,
+                   row_address(args.v_cache, {batch.page(kv_table, r, key / kBlockTokens),
+                                              key % kBlockTokens, g}),
                    args.v_scale, s.rows + i * kHeadDim);
         }
         accumulate_weighted_rows(s.acc, group, s.logits + n0 * group, group, s.rows, chunk);
@@ -113,13 +118,15 @@ void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& arg
         const int64_t qh = int64_t{g} * group + h;
         const float inverse = num_keys == 0 ? 0.f : 1.f / denominator[h];
         uint16_t* out = args.out.ptr<uint16_t>() + args.out.offset({t, qh});
-        for (int d = 0; d < kHeadDim; ++d) out[d] = float_to_bf16_bits(s.acc[h * kHeadDim + d] * inverse);
+        for (int d = 0; d < kHeadDim; ++d)
+          out[d] = float_to_bf16_bits(s.acc[h * kHeadDim + d] * inverse);
         if (args.lse.present())
           args.lse.ptr<float>()[args.lse.offset({t, qh})] =
-              num_keys == 0 ? -std::numeric_limits<float>::infinity() : max_logit[h] + std::log(denominator[h]);
+              num_keys == 0 ? -std::numeric_limits<float>::infinity()
+                            : max_logit[h] + std::log(denominator[h]);
       }
     }
   }
 }
 
-}  // namespace m3sa::cpu
+} // namespace m3sa::cpu

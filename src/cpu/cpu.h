@@ -12,11 +12,13 @@ size_t workspace_bytes(const PlanRequest& request, int num_threads);
 size_t attention_workspace_bytes(const PlanRequest& request, int num_threads);
 
 void insert_index_k(const InsertIndexKArgs& args, int num_threads);
-void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args, Workspace workspace, int num_threads);
-void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& args, Workspace workspace,
-                        int num_threads);
-void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace workspace, int num_threads);
-void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& args, Workspace workspace,
-                      int num_threads);
+void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args, Workspace workspace,
+                  int num_threads);
+void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& args,
+                        Workspace workspace, int num_threads);
+void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace workspace,
+                int num_threads);
+void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& args,
+                      Workspace workspace, int num_threads);
 
-}  // namespace m3sa::cpu
+} // namespace m3sa::cpu

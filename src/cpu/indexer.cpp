@@ -20,18 +20,18 @@ namespace m3sa::cpu {
 namespace {
 
 using detail::HostBatch;
-constexpr int kTileRows = 64;  // query rows (token x head) scored together
+constexpr int kTileRows = 64; // query rows (token x head) scored together
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Per-thread scratch.
 struct Scratch {
-  float* q_rows;   // [kTileRows, 128]
-  float* k_block;  // [128, 128]
-  float* dots;     // [kTileRows]
-  float* scores;   // [kTileRows, W]
-  float* reduced;  // [W] max over heads (reduce_heads)
-  uint32_t* keys;  // [K] running top-K: rank keys
-  int32_t* ids;    // [K] running top-K: block ids
+  float* q_rows;  // [kTileRows, 128]
+  float* k_block; // [128, 128]
+  float* dots;    // [kTileRows]
+  float* scores;  // [kTileRows, W]
+  float* reduced; // [W] max over heads (reduce_heads)
+  uint32_t* keys; // [K] running top-K: rank keys
+  int32_t* ids;   // [K] running top-K: block ids
 };
 
 Scratch carve_thread(detail::WorkspaceCarver& carver, int64_t width, int top_k) {
@@ -63,8 +63,8 @@ uint32_t rank_key(float score) {
 }
 
 // Contract §5 for one row of n causal blocks; out[slot * out_stride].
-void select_row(const MsaConfig& config, const float* scores, int64_t n, const Scratch& s, int32_t* out,
-                int64_t out_stride) {
+void select_row(const MsaConfig& config, const float* scores, int64_t n, const Scratch& s,
+                int32_t* out, int64_t out_stride) {
   const int k = config.top_k;
   int slot = 0;
   if (n <= k) {
@@ -72,7 +72,8 @@ void select_row(const MsaConfig& config, const float* scores, int64_t n, const S
   } else {
     const int fill = k - config.init_blocks - config.local_blocks;
     const int64_t local_begin = n - config.local_blocks;
-    int kept = 0;  // s.keys/s.ids sorted best first; ascending ids make "strictly better" the tie rule
+    int kept =
+        0; // s.keys/s.ids sorted best first; ascending ids make "strictly better" the tie rule
     for (int32_t b = config.init_blocks; b < local_begin && fill > 0; ++b) {
       const uint32_t key = rank_key(scores[b]);
       if (kept == fill && key <= s.keys[fill - 1]) continue;
@@ -102,7 +103,8 @@ float max_ignoring_nan(float a, float b) {
 int64_t causal_blocks(int64_t position) { return position < 0 ? 0 : position / kBlockTokens + 1; }
 
 // Selects for every head of one token from `scores` (head h at scores + h * head_stride).
-void select_token(const MsaConfig& config, const float* scores, int64_t head_stride, int64_t position, const TensorView& topk, int64_t t, const Scratch& s) {
+void select_token(const MsaConfig& config, const float* scores, int64_t head_stride,
+                  int64_t position, const TensorView& topk, int64_t t, const Scratch& s) {
   const int64_t n = causal_blocks(position);
   const int heads = config.num_index_heads;
   if (config.reduce_heads) {
@@ -127,22 +129,26 @@ void score_tile(const MsaConfig& config, const HostBatch& batch, const TensorVie
   const int rows = static_cast<int>((t1 - t0) * heads);
   for (int64_t t = t0; t < t1; ++t)
     for (int h = 0; h < heads; ++h)
-      load_row(q.dtype, static_cast<const char*>(q.data) + q.offset({t, h}) * dtype_size(q.dtype), 1.f,
-               s.q_rows + ((t - t0) * heads + h) * kHeadDim);
+      load_row(q.dtype, static_cast<const char*>(q.data) + q.offset({t, h}) * dtype_size(q.dtype),
+               1.f, s.q_rows + ((t - t0) * heads + h) * kHeadDim);
   std::fill(s.scores, s.scores + rows * width, kNegInf);
-  if (p0 < 0) return;  // padding request: nothing is visible
+  if (p0 < 0) return; // padding request: nothing is visible
   const int64_t p_last = p0 + (t1 - t0) - 1;
   const int64_t seq_len = batch.seq_len(static_cast<int>(r));
   for (int64_t b = 0; b < causal_blocks(p_last); ++b) {
     const int64_t page = batch.page(r, b);
     const int64_t first_key = b * kBlockTokens;
-    const int64_t num_keys = std::min<int64_t>({kBlockTokens, seq_len - first_key, p_last - first_key + 1});
+    const int64_t num_keys =
+        std::min<int64_t>({kBlockTokens, seq_len - first_key, p_last - first_key + 1});
     for (int64_t j = 0; j < num_keys; ++j)
-      load_row(cache.dtype, static_cast<const char*>(cache.data) + cache.offset({page, j}) * dtype_size(cache.dtype),
+      load_row(cache.dtype,
+               static_cast<const char*>(cache.data) +
+                   cache.offset({page, j}) * dtype_size(cache.dtype),
                1.f, s.k_block + j * kHeadDim);
     for (int64_t j = 0; j < num_keys; ++j) {
       dot_rows(s.q_rows, rows, s.k_block + j * kHeadDim, s.dots);
-      // Key first_key + j is visible to the tokens at positions >= it. NaN propagates (contract §4).
+      // Key first_key + j is visible to the tokens at positions >= it. NaN propagates (contract
+      // §4).
       const int64_t first_row = std::max<int64_t>(0, first_key + j - p0) * heads;
       for (int64_t row = first_row; row < rows; ++row) {
         float& best = s.scores[row * width + b];
@@ -155,10 +161,11 @@ void score_tile(const MsaConfig& config, const HostBatch& batch, const TensorVie
     for (int64_t i = 0; i < rows * width; ++i) s.scores[i] *= config.score_scale;
 }
 
-// Runs fn(request, t0, t1, p0, scratch) over tiles of tokens that never cross a request, in parallel.
+// Runs fn(request, t0, t1, p0, scratch) over tiles of tokens that never cross a request, in
+// parallel.
 template <typename Fn>
-void for_each_tile(const MsaConfig& config, const HostBatch& batch, Workspace workspace, int64_t width,
-                   int num_threads, Fn&& fn) {
+void for_each_tile(const MsaConfig& config, const HostBatch& batch, Workspace workspace,
+                   int64_t width, int num_threads, Fn&& fn) {
   const int64_t tile = tile_tokens(config.num_index_heads);
   const int64_t num_tiles = (batch.num_tokens() + tile - 1) / tile;
 #pragma omp parallel num_threads(num_threads)
@@ -181,23 +188,23 @@ void for_each_tile(const MsaConfig& config, const HostBatch& batch, Workspace wo
   }
 }
 
-}  // namespace
+} // namespace
 
 int default_num_threads() { return omp_get_max_threads(); }
 
 size_t workspace_bytes(const PlanRequest& request, int num_threads) {
   detail::WorkspaceCarver carver;
   switch (request.op) {
-    case OpKind::score_blocks:
-    case OpKind::select_topk_blocks:
-    case OpKind::index_topk:
-      for (int i = 0; i < num_threads; ++i)
-        carve_thread(carver, request.capacities.max_blocks_per_request, request.config.top_k);
-      break;
-    case OpKind::sparse_attention:
-      return attention_workspace_bytes(request, num_threads);
-    case OpKind::insert_index_k:
-      break;
+  case OpKind::score_blocks:
+  case OpKind::select_topk_blocks:
+  case OpKind::index_topk:
+    for (int i = 0; i < num_threads; ++i)
+      carve_thread(carver, request.capacities.max_blocks_per_request, request.config.top_k);
+    break;
+  case OpKind::sparse_attention:
+    return attention_workspace_bytes(request, num_threads);
+  case OpKind::insert_index_k:
+    break;
   }
   return carver.bytes_used();
 }
@@ -210,22 +217,27 @@ void insert_index_k(const InsertIndexKArgs& args, int num_threads) {
     const int64_t slot = args.slot_mapping.ptr<const int64_t>()[t * args.slot_mapping.strides[0]];
     if (slot < 0) continue;
     float row[kHeadDim];
-    load_row(k.dtype, static_cast<const char*>(k.data) + k.offset({t}) * dtype_size(k.dtype), 1.f, row);
+    load_row(k.dtype, static_cast<const char*>(k.data) + k.offset({t}) * dtype_size(k.dtype), 1.f,
+             row);
     const int64_t dst = cache.offset({slot / kBlockTokens, slot % kBlockTokens});
     for (int d = 0; d < kHeadDim; ++d) {
-      if (cache.dtype == DType::bf16) cache.ptr<uint16_t>()[dst + d] = float_to_bf16_bits(row[d]);
-      else cache.ptr<uint8_t>()[dst + d] = float_to_e4m3_bits(row[d]);
+      if (cache.dtype == DType::bf16)
+        cache.ptr<uint16_t>()[dst + d] = float_to_bf16_bits(row[d]);
+      else
+        cache.ptr<uint8_t>()[dst + d] = float_to_e4m3_bits(row[d]);
     }
   }
 }
 
-void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args, Workspace workspace, int num_threads) {
+void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args, Workspace workspace,
+                  int num_threads) {
   const HostBatch batch(args.batch);
   const int64_t width = batch.block_table_width();
   const TensorView& out = args.scores;
   for_each_tile(config, batch, workspace, width, num_threads,
                 [&](int r, int64_t t0, int64_t t1, int64_t p0, const Scratch& s) {
-                  score_tile(config, batch, args.index_q, args.index_k_cache, r, t0, t1, p0, width, s);
+                  score_tile(config, batch, args.index_q, args.index_k_cache, r, t0, t1, p0, width,
+                             s);
                   for (int64_t t = t0; t < t1; ++t)
                     for (int h = 0; h < config.num_index_heads; ++h) {
                       const float* row = s.scores + ((t - t0) * config.num_index_heads + h) * width;
@@ -236,21 +248,23 @@ void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args, Workspac
                 });
 }
 
-void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace workspace, int num_threads) {
+void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace workspace,
+                int num_threads) {
   const HostBatch batch(args.batch);
   const int64_t width = batch.block_table_width();
   const int heads = config.num_index_heads;
   for_each_tile(config, batch, workspace, width, num_threads,
                 [&](int r, int64_t t0, int64_t t1, int64_t p0, const Scratch& s) {
-                  score_tile(config, batch, args.index_q, args.index_k_cache, r, t0, t1, p0, width, s);
+                  score_tile(config, batch, args.index_q, args.index_k_cache, r, t0, t1, p0, width,
+                             s);
                   for (int64_t t = t0; t < t1; ++t)
                     select_token(config, s.scores + (t - t0) * heads * width, width,
                                  p0 < 0 ? -1 : p0 + (t - t0), args.topk, t, s);
                 });
 }
 
-void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& args, Workspace workspace,
-                        int num_threads) {
+void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& args,
+                        Workspace workspace, int num_threads) {
   const HostBatch batch(args.batch);
   const int64_t width = batch.block_table_width();
   const TensorView& in = args.scores;
@@ -259,12 +273,13 @@ void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& arg
                 [&](int, int64_t t0, int64_t t1, int64_t p0, const Scratch& s) {
                   for (int64_t t = t0; t < t1; ++t) {
                     const int64_t n = causal_blocks(p0 < 0 ? -1 : p0 + (t - t0));
-                    for (int h = 0; h < heads; ++h)  // gather the strided input into contiguous rows
+                    for (int h = 0; h < heads; ++h) // gather the strided input into contiguous rows
                       for (int64_t b = 0; b < n; ++b)
                         s.scores[h * width + b] = in.ptr<const float>()[in.offset({h, t, b})];
-                    select_token(config, s.scores, width, p0 < 0 ? -1 : p0 + (t - t0), args.topk, t, s);
+                    select_token(config, s.scores, width, p0 < 0 ? -1 : p0 + (t - t0), args.topk, t,
+                                 s);
                   }
                 });
 }
 
-}  // namespace m3sa::cpu
+} // namespace m3sa::cpu

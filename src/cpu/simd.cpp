@@ -13,7 +13,7 @@ struct E4m3Table {
 };
 const E4m3Table kE4m3;
 
-}  // namespace
+} // namespace
 
 M3SA_CPU_CLONES void load_row(DType dtype, const void* row, float scale, float* out) {
   if (dtype == DType::bf16) {
@@ -57,9 +57,10 @@ M3SA_CPU_CLONES void dot_rows(const float* rows, int num_rows, const float* key,
   }
 }
 
-M3SA_CPU_CLONES void accumulate_weighted_rows(float* acc, int num_rows, const float* weights, int64_t weight_stride,
-                                              const float* values, int num_values) {
-  constexpr int kSlice = 32;  // four AVX2 registers of accumulators per pass over the values
+M3SA_CPU_CLONES void accumulate_weighted_rows(float* acc, int num_rows, const float* weights,
+                                              int64_t weight_stride, const float* values,
+                                              int num_values) {
+  constexpr int kSlice = 32; // four AVX2 registers of accumulators per pass over the values
   for (int i = 0; i < num_rows; ++i) {
     for (int d0 = 0; d0 < kHeadDim; d0 += kSlice) {
       float sum[kSlice];
@@ -78,4 +79,4 @@ M3SA_CPU_CLONES void accumulate_weighted_rows(float* acc, int num_rows, const fl
   }
 }
 
-}  // namespace m3sa::cpu
+} // namespace m3sa::cpu

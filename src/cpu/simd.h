@@ -26,4 +26,4 @@ void dot_rows(const float* rows, int num_rows, const float* key, float* out);
 void accumulate_weighted_rows(float* acc, int num_rows, const float* weights, int64_t weight_stride,
                               const float* values, int num_values);
 
-}  // namespace m3sa::cpu
+} // namespace m3sa::cpu

@@ -15,7 +15,8 @@ namespace {
 
 Status cuda_status(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return {};
-  return {StatusCode::cuda_error, detail::concat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error))};
+  return {StatusCode::cuda_error,
+          detail::concat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error))};
 }
 #define M3SA_CUDA_RETURN_IF_ERROR(expr) M3SA_RETURN_IF_ERROR(cuda_status((expr), #expr))
 
@@ -23,10 +24,10 @@ constexpr int kTileRows = 64;
 int tile_tokens(int heads) { return std::max(1, kTileRows / heads); }
 
 struct Layout {
-  int32_t* error_flags = nullptr;  // [1]
-  int32_t* num_tiles = nullptr;    // [1]
-  RowTile* tiles = nullptr;        // [tile_capacity]
-  float* scores = nullptr;         // [H, max_tokens, max_blocks] (index_topk)
+  int32_t* error_flags = nullptr; // [1]
+  int32_t* num_tiles = nullptr;   // [1]
+  RowTile* tiles = nullptr;       // [tile_capacity]
+  float* scores = nullptr;        // [H, max_tokens, max_blocks] (index_topk)
   int64_t tile_capacity = 0;
 };
 
@@ -37,11 +38,14 @@ Layout carve(const PlanRequest& request, void* base, size_t* bytes) {
   l.error_flags = carver.take<int32_t>(1);
   l.num_tiles = carver.take<int32_t>(1);
   const Capacities& cap = request.capacities;
-  l.tile_capacity = (cap.max_tokens + tile_tokens(request.config.num_index_heads) - 1) / tile_tokens(request.config.num_index_heads) +
+  l.tile_capacity = (cap.max_tokens + tile_tokens(request.config.num_index_heads) - 1) /
+                        tile_tokens(request.config.num_index_heads) +
                     cap.max_requests;
-  if (request.op == OpKind::score_blocks || request.op == OpKind::index_topk) l.tiles = carver.take<RowTile>(l.tile_capacity);
+  if (request.op == OpKind::score_blocks || request.op == OpKind::index_topk)
+    l.tiles = carver.take<RowTile>(l.tile_capacity);
   if (request.op == OpKind::index_topk)
-    l.scores = carver.take<float>(int64_t{request.config.num_index_heads} * cap.max_tokens * cap.max_blocks_per_request);
+    l.scores = carver.take<float>(int64_t{request.config.num_index_heads} * cap.max_tokens *
+                                  cap.max_blocks_per_request);
   if (bytes) *bytes = carver.bytes_used();
   return l;
 }
@@ -62,8 +66,9 @@ ScheduleParams schedule_params(const OpPlan& plan, const BatchMetadata& batch, c
 }
 
 // Scores into `scores` with strides (head, token, block) and width; fill_tail for exported scores.
-Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView& cache, const BatchMetadata& batch,
-                      const Layout& l, float* scores, const int64_t (&strides)[3], int64_t width, bool fill_tail,
+Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView& cache,
+                      const BatchMetadata& batch, const Layout& l, float* scores,
+                      const int64_t (&strides)[3], int64_t width, bool fill_tail,
                       cudaStream_t stream) {
   M3SA_CUDA_RETURN_IF_ERROR(launch_schedule_tiles(schedule_params(plan, batch, l), stream));
   ScoreBlocksParams p{};
@@ -93,13 +98,16 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
   p.scale = plan.request.config.score_scale;
   p.error_flags = l.error_flags;
   const dim3 grid(static_cast<unsigned>(l.tile_capacity), static_cast<unsigned>(p.splits));
-  if (cache.dtype == DType::fp8_e4m3) M3SA_CUDA_RETURN_IF_ERROR(launch_score_blocks_fp8(p, grid, stream));
-  else M3SA_CUDA_RETURN_IF_ERROR(launch_score_blocks_bf16(p, grid, stream));
+  if (cache.dtype == DType::fp8_e4m3)
+    M3SA_CUDA_RETURN_IF_ERROR(launch_score_blocks_fp8(p, grid, stream));
+  else
+    M3SA_CUDA_RETURN_IF_ERROR(launch_score_blocks_bf16(p, grid, stream));
   return {};
 }
 
-Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const float* scores, const int64_t (&strides)[3],
-                        int64_t width, const TensorView& topk, int32_t* error_flags, cudaStream_t stream) {
+Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const float* scores,
+                        const int64_t (&strides)[3], int64_t width, const TensorView& topk,
+                        int32_t* error_flags, cudaStream_t stream) {
   SelectTopkParams p{};
   p.score_width = static_cast<int32_t>(width);
   p.error_flags = error_flags;
@@ -124,14 +132,16 @@ Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const fl
   return {};
 }
 
-Layout run_layout(const OpPlan& plan, Workspace workspace) { return carve(plan.request, workspace.data, nullptr); }
+Layout run_layout(const OpPlan& plan, Workspace workspace) {
+  return carve(plan.request, workspace.data, nullptr);
+}
 
-}  // namespace
+} // namespace
 
 int visible_device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver (the CPU-only build machine) or no device: zero devices
+    (void)cudaGetLastError(); // no driver (the CPU-only build machine) or no device: zero devices
     return 0;
   }
   return count;
@@ -139,18 +149,21 @@ int visible_device_count() {
 
 Status make_plan(const PlanRequest& request, OpPlan* plan) {
   int sms = 0;
-  M3SA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, request.device_ordinal));
+  M3SA_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, request.device_ordinal));
   plan->request = request;
   plan->num_threads = 1;
   plan->cuda_sm_count = sms;
   // Enough block ranges per row tile that a batch of max_requests single-tile requests still
   // puts about two CTAs on every SM (decode at batch 1 must fill the GPU).
-  plan->cuda_block_splits = static_cast<int>(std::clamp<int64_t>((2 * sms + request.capacities.max_requests - 1) / request.capacities.max_requests, 1, 128));
+  plan->cuda_block_splits = static_cast<int>(std::clamp<int64_t>(
+      (2 * sms + request.capacities.max_requests - 1) / request.capacities.max_requests, 1, 128));
   carve(request, nullptr, &plan->workspace_bytes);
   return {};
 }
 
-Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace, void* stream) {
+Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace,
+                      void* stream) {
   const Layout l = run_layout(plan, workspace);
   M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.error_flags, 0, sizeof(int32_t), as_stream(stream)));
   InsertIndexKParams p{};
@@ -166,41 +179,49 @@ Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspac
   p.num_pages = static_cast<int32_t>(args.index_k_cache.shape[0]);
   p.cache_is_fp8 = args.index_k_cache.dtype == DType::fp8_e4m3;
   p.error_flags = l.error_flags;
-  M3SA_CUDA_RETURN_IF_ERROR(launch_insert_index_k(p, static_cast<int>(plan.request.capacities.max_tokens), as_stream(stream)));
+  M3SA_CUDA_RETURN_IF_ERROR(launch_insert_index_k(
+      p, static_cast<int>(plan.request.capacities.max_tokens), as_stream(stream)));
   return {};
 }
 
-Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace, void* stream) {
+Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace,
+                    void* stream) {
   const Layout l = run_layout(plan, workspace);
   const TensorView& s = args.scores;
   const int64_t strides[3] = {s.strides[0], s.strides[1], s.strides[2]};
-  return launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l, s.ptr<float>(), strides, s.shape[2], true,
-                        as_stream(stream));
+  return launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l, s.ptr<float>(),
+                        strides, s.shape[2], true, as_stream(stream));
 }
 
-Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace, void* stream) {
+Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace,
+                          void* stream) {
   const Layout l = run_layout(plan, workspace);
   M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.error_flags, 0, sizeof(int32_t), as_stream(stream)));
   const TensorView& s = args.scores;
   const int64_t strides[3] = {s.strides[0], s.strides[1], s.strides[2]};
-  return launch_selection(plan, args.batch, s.ptr<const float>(), strides, s.shape[2], args.topk, l.error_flags, as_stream(stream));
+  return launch_selection(plan, args.batch, s.ptr<const float>(), strides, s.shape[2], args.topk,
+                          l.error_flags, as_stream(stream));
 }
 
-Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace, void* stream) {
+Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace,
+                  void* stream) {
   const Layout l = run_layout(plan, workspace);
   const Capacities& cap = plan.request.capacities;
-  const int64_t strides[3] = {cap.max_tokens * cap.max_blocks_per_request, cap.max_blocks_per_request, 1};
-  M3SA_RETURN_IF_ERROR(launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l, l.scores, strides,
-                                      cap.max_blocks_per_request, false, as_stream(stream)));
-  return launch_selection(plan, args.batch, l.scores, strides, cap.max_blocks_per_request, args.topk, l.error_flags,
-                          as_stream(stream));
+  const int64_t strides[3] = {cap.max_tokens * cap.max_blocks_per_request,
+                              cap.max_blocks_per_request, 1};
+  M3SA_RETURN_IF_ERROR(launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l,
+                                      l.scores, strides, cap.max_blocks_per_request, false,
+                                      as_stream(stream)));
+  return launch_selection(plan, args.batch, l.scores, strides, cap.max_blocks_per_request,
+                          args.topk, l.error_flags, as_stream(stream));
 }
 
 Status read_device_errors(const OpPlan& plan, Workspace workspace, void* stream, int32_t* flags) {
   const Layout l = run_layout(plan, workspace);
-  M3SA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(flags, l.error_flags, sizeof(int32_t), cudaMemcpyDeviceToHost, as_stream(stream)));
+  M3SA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(flags, l.error_flags, sizeof(int32_t),
+                                            cudaMemcpyDeviceToHost, as_stream(stream)));
   M3SA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(as_stream(stream)));
   return {};
 }
 
-}  // namespace m3sa::cuda
+} // namespace m3sa::cuda

@@ -7,10 +7,13 @@ namespace m3sa::cuda {
 int visible_device_count();
 
 Status make_plan(const PlanRequest& request, OpPlan* plan);
-Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace, void* stream);
-Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace, void* stream);
-Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace, void* stream);
+Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace,
+                      void* stream);
+Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace,
+                    void* stream);
+Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace,
+                          void* stream);
 Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace, void* stream);
 Status read_device_errors(const OpPlan& plan, Workspace workspace, void* stream, int32_t* flags);
 
-}  // namespace m3sa::cuda
+} // namespace m3sa::cuda

@@ -9,81 +9,81 @@ namespace m3sa::cuda {
 // Bits of the device-side error flag (contract §8): a kernel that meets bad metadata skips the read
 // and ORs a bit in; read it with m3sa::read_device_errors().
 enum DeviceErrorBits : int32_t {
-  kPageOutOfRange = 1,      // a block-table entry outside [0, num_pages)
-  kSeqLenBeyondTable = 2,   // seq_len > block-table width * 128, or q_len > seq_len
-  kSlotOutOfRange = 4,      // insert_index_k slot >= num_pages * 128
+  kPageOutOfRange = 1,    // a block-table entry outside [0, num_pages)
+  kSeqLenBeyondTable = 2, // seq_len > block-table width * 128, or q_len > seq_len
+  kSlotOutOfRange = 4,    // insert_index_k slot >= num_pages * 128
 };
 
 // One unit of scoring work: consecutive tokens of one request.
 struct RowTile {
   int32_t request;
-  int32_t token_begin;  // packed token index
-  int32_t token_count;  // <= tile_tokens
+  int32_t token_begin; // packed token index
+  int32_t token_count; // <= tile_tokens
   int32_t unused;
 };
 
 struct ScheduleParams {
-  const int32_t* cu_q_lens;  // [R + 1]
-  const int32_t* seq_lens;   // [R]
+  const int32_t* cu_q_lens; // [R + 1]
+  const int32_t* seq_lens;  // [R]
   int32_t num_requests;
-  int32_t tile_tokens;       // tokens per tile: 64 / H rows of 128-d queries
-  int32_t tile_capacity;     // entries in tiles
-  RowTile* tiles;            // [tile_capacity] out
-  int32_t* num_tiles;        // [1] out
-  int32_t* error_flags;      // [1] reset here: the schedule runs first
+  int32_t tile_tokens;   // tokens per tile: 64 / H rows of 128-d queries
+  int32_t tile_capacity; // entries in tiles
+  RowTile* tiles;        // [tile_capacity] out
+  int32_t* num_tiles;    // [1] out
+  int32_t* error_flags;  // [1] reset here: the schedule runs first
 };
 
 struct ScoreBlocksParams {
-  const void* index_q;             // [T, H, 128] bf16 or e4m3 (same as the cache)
+  const void* index_q; // [T, H, 128] bf16 or e4m3 (same as the cache)
   int64_t q_stride_token, q_stride_head;
-  const void* index_k_cache;       // [num_pages, 128, 128]
+  const void* index_k_cache; // [num_pages, 128, 128]
   int64_t cache_stride_page, cache_stride_token;
   int32_t num_pages;
-  const int32_t* cu_q_lens;        // [R + 1]
-  const int32_t* seq_lens;         // [R]
-  const int32_t* block_table;      // [R, width]
+  const int32_t* cu_q_lens;   // [R + 1]
+  const int32_t* seq_lens;    // [R]
+  const int32_t* block_table; // [R, width]
   int64_t block_table_stride;
   int32_t block_table_width;
-  const RowTile* tiles;            // [tile_capacity] from the schedule kernel
-  const int32_t* num_tiles;        // [1]
-  float* scores;                   // [H, T, score_width] out
+  const RowTile* tiles;     // [tile_capacity] from the schedule kernel
+  const int32_t* num_tiles; // [1]
+  float* scores;            // [H, T, score_width] out
   int64_t score_stride_head, score_stride_token, score_stride_block;
   int32_t score_width;
-  int32_t fill_tail;               // 1: write -inf for columns past the tile's causal blocks
+  int32_t fill_tail; // 1: write -inf for columns past the tile's causal blocks
   int32_t heads;
   int32_t tile_tokens;
-  int32_t splits;                  // gridDim.y: block ranges per tile
+  int32_t splits; // gridDim.y: block ranges per tile
   float scale;
-  int32_t* error_flags;            // [1]
+  int32_t* error_flags; // [1]
 };
 
 struct SelectTopkParams {
-  const float* scores;             // [H, T, width]
+  const float* scores; // [H, T, width]
   int64_t score_stride_head, score_stride_token, score_stride_block;
-  int32_t score_width;             // rows needing more causal blocks are refused (error flag)
-  const int32_t* cu_q_lens;        // [R + 1]
-  const int32_t* seq_lens;         // [R]
+  int32_t score_width;      // rows needing more causal blocks are refused (error flag)
+  const int32_t* cu_q_lens; // [R + 1]
+  const int32_t* seq_lens;  // [R]
   int32_t num_requests;
-  int32_t num_tokens;              // live tokens; rows past it are left alone
-  int32_t token_capacity;          // rows per head in the grid
-  int32_t* topk;                   // [H, T, K] out
+  int32_t num_tokens;     // live tokens; rows past it are left alone
+  int32_t token_capacity; // rows per head in the grid
+  int32_t* topk;          // [H, T, K] out
   int64_t topk_stride_head, topk_stride_token, topk_stride_k;
   int32_t heads, top_k, local_blocks, init_blocks;
-  int32_t* error_flags;            // [1]
+  int32_t* error_flags; // [1]
 };
 
 struct InsertIndexKParams {
-  const void* index_k;             // [T, 128] bf16 or f32
+  const void* index_k; // [T, 128] bf16 or f32
   int64_t k_stride_token;
   int32_t k_is_f32;
-  const int64_t* slot_mapping;     // [T]
+  const int64_t* slot_mapping; // [T]
   int64_t slot_stride;
   int32_t num_tokens;
-  void* index_k_cache;             // [num_pages, 128, 128] bf16 or e4m3
+  void* index_k_cache; // [num_pages, 128, 128] bf16 or e4m3
   int64_t cache_stride_page, cache_stride_token;
   int32_t num_pages;
   int32_t cache_is_fp8;
-  int32_t* error_flags;            // [1]
+  int32_t* error_flags; // [1]
 };
 
-}  // namespace m3sa::cuda
+} // namespace m3sa::cuda

@@ -11,9 +11,10 @@ namespace {
 constexpr int kInsertThreads = 256;
 constexpr int kRowsPerCta = kInsertThreads / 16;
 
-__global__ void __launch_bounds__(kInsertThreads) insert_index_k_kernel(const __grid_constant__ InsertIndexKParams p) {
+__global__ void __launch_bounds__(kInsertThreads)
+    insert_index_k_kernel(const __grid_constant__ InsertIndexKParams p) {
   const int t = blockIdx.x * kRowsPerCta + threadIdx.x / 16;
-  const int part = threadIdx.x % 16;  // values [8 * part, 8 * part + 8)
+  const int part = threadIdx.x % 16; // values [8 * part, 8 * part + 8)
   if (t >= p.num_tokens) return;
   const int64_t slot = p.slot_mapping[t * p.slot_stride];
   if (slot < 0) return;
@@ -23,11 +24,14 @@ __global__ void __launch_bounds__(kInsertThreads) insert_index_k_kernel(const __
   }
   float v[8];
   if (p.k_is_f32) {
-    const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.index_k) + t * p.k_stride_token) + 2 * part;
+    const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.index_k) +
+                                                        t * p.k_stride_token) +
+                        2 * part;
     const float4 a = src[0], b = src[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   } else {
-    const uint4 raw = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.index_k) + t * p.k_stride_token)[part];
+    const uint4 raw = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.index_k) +
+                                                     t * p.k_stride_token)[part];
     const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -39,7 +43,9 @@ __global__ void __launch_bounds__(kInsertThreads) insert_index_k_kernel(const __
   if (p.cache_is_fp8) {
     uint16_t out[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i], v[2 * i + 1]), __NV_SATFINITE, __NV_E4M3);
+    for (int i = 0; i < 4; ++i)
+      out[i] =
+          __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i], v[2 * i + 1]), __NV_SATFINITE, __NV_E4M3);
     reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.index_k_cache) + row)[part] =
         make_uint2(out[0] | (uint32_t{out[1]} << 16), out[2] | (uint32_t{out[3]} << 16));
   } else {
@@ -49,7 +55,8 @@ __global__ void __launch_bounds__(kInsertThreads) insert_index_k_kernel(const __
       const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
       out[i] = *reinterpret_cast<const uint32_t*>(&b);
     }
-    reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.index_k_cache) + row)[part] = make_uint4(out[0], out[1], out[2], out[3]);
+    reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.index_k_cache) + row)[part] =
+        make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
 
@@ -68,9 +75,10 @@ __global__ void schedule_tiles_kernel(const __grid_constant__ ScheduleParams p) 
   *p.num_tiles = count;
 }
 
-}  // namespace
+} // namespace
 
-cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity, cudaStream_t stream) {
+cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity,
+                                  cudaStream_t stream) {
   const int grid = (token_capacity + kRowsPerCta - 1) / kRowsPerCta;
   insert_index_k_kernel<<<grid, kInsertThreads, 0, stream>>>(params);
   return cudaGetLastError();
@@ -81,4 +89,4 @@ cudaError_t launch_schedule_tiles(const ScheduleParams& params, cudaStream_t str
   return cudaGetLastError();
 }
 
-}  // namespace m3sa::cuda
+} // namespace m3sa::cuda

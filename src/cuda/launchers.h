@@ -7,9 +7,12 @@
 namespace m3sa::cuda {
 
 cudaError_t launch_schedule_tiles(const ScheduleParams& params, cudaStream_t stream);
-cudaError_t launch_score_blocks_bf16(const ScoreBlocksParams& params, dim3 grid, cudaStream_t stream);
-cudaError_t launch_score_blocks_fp8(const ScoreBlocksParams& params, dim3 grid, cudaStream_t stream);
+cudaError_t launch_score_blocks_bf16(const ScoreBlocksParams& params, dim3 grid,
+                                     cudaStream_t stream);
+cudaError_t launch_score_blocks_fp8(const ScoreBlocksParams& params, dim3 grid,
+                                    cudaStream_t stream);
 cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream);
-cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity, cudaStream_t stream);
+cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity,
+                                  cudaStream_t stream);
 
-}  // namespace m3sa::cuda
+} // namespace m3sa::cuda

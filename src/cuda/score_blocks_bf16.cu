@@ -4,11 +4,14 @@
 
 namespace m3sa::cuda {
 
-cudaError_t launch_score_blocks_bf16(const ScoreBlocksParams& params, dim3 grid, cudaStream_t stream) {
-  const cudaError_t e = cudaFuncSetAttribute(score_blocks_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, kScoreSmemBytes);
+cudaError_t launch_score_blocks_bf16(const ScoreBlocksParams& params, dim3 grid,
+                                     cudaStream_t stream) {
+  const cudaError_t e =
+      cudaFuncSetAttribute(score_blocks_kernel<__nv_bfloat16>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kScoreSmemBytes);
   if (e != cudaSuccess) return e;
   score_blocks_kernel<__nv_bfloat16><<<grid, kScoreThreads, kScoreSmemBytes, stream>>>(params);
   return cudaGetLastError();
 }
 
-}  // namespace m3sa::cuda
+} // namespace m3sa::cuda

@@ -14,4 +14,4 @@ cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stre
   return cudaGetLastError();
 }
 
-}  // namespace m3sa::cuda
+} // namespace m3sa::cuda

@@ -18,11 +18,12 @@ double load_cache(const TensorView& cache, int64_t page, int64_t offset, int64_t
   return e4m3_bits_to_float(cache.ptr<const uint8_t>()[i]);
 }
 
-}  // namespace
+} // namespace
 
 void sparse_attention(const SparseAttentionArgs& args, Workspace workspace) {
   const detail::HostBatch batch(args.batch);
-  const TensorView& kv_table = args.kv_block_table.present() ? args.kv_block_table : args.batch.block_table;
+  const TensorView& kv_table =
+      args.kv_block_table.present() ? args.kv_block_table : args.batch.block_table;
   const int64_t num_q_heads = args.q.shape[1];
   const int64_t num_kv_heads = args.k_cache.shape[2];
   const int64_t group = num_q_heads / num_kv_heads;
@@ -31,7 +32,7 @@ void sparse_attention(const SparseAttentionArgs& args, Workspace workspace) {
 
   detail::WorkspaceCarver carver(workspace.data);
   double* logits = carver.take<double>(top_k * kBlockTokens);
-  int64_t* keys = carver.take<int64_t>(top_k * kBlockTokens);  // absolute key positions
+  int64_t* keys = carver.take<int64_t>(top_k * kBlockTokens); // absolute key positions
 
   for (int r = 0; r < batch.num_requests(); ++r) {
     const int64_t q_len = batch.q_len(r), seq_len = batch.seq_len(r);
@@ -44,7 +45,8 @@ void sparse_attention(const SparseAttentionArgs& args, Workspace workspace) {
         for (int64_t slot = 0; slot < top_k; ++slot) {
           const int32_t b = args.topk.ptr<const int32_t>()[args.topk.offset({g, t, slot})];
           if (b < 0) continue;
-          for (int64_t j = b * kBlockTokens; j < (b + 1) * kBlockTokens && j <= p && j < seq_len; ++j)
+          for (int64_t j = b * kBlockTokens; j < (b + 1) * kBlockTokens && j <= p && j < seq_len;
+               ++j)
             keys[num_keys++] = j;
         }
         double max_logit = -std::numeric_limits<double>::infinity();
@@ -60,17 +62,19 @@ void sparse_attention(const SparseAttentionArgs& args, Workspace workspace) {
         }
         double denominator = 0;
         for (int64_t n = 0; n < num_keys; ++n) {
-          logits[n] = std::exp(logits[n] - max_logit);  // from here on: unnormalised weights
+          logits[n] = std::exp(logits[n] - max_logit); // from here on: unnormalised weights
           denominator += logits[n];
         }
         for (int d = 0; d < kHeadDim; ++d) {
           double acc = 0;
           for (int64_t n = 0; n < num_keys; ++n) {
             const int64_t page = batch.page(kv_table, r, keys[n] / kBlockTokens);
-            acc += logits[n] * load_cache(args.v_cache, page, keys[n] % kBlockTokens, g, d) * args.v_scale;
+            acc += logits[n] * load_cache(args.v_cache, page, keys[n] % kBlockTokens, g, d) *
+                   args.v_scale;
           }
           const double value = num_keys == 0 ? 0.0 : acc / denominator;
-          args.out.ptr<uint16_t>()[args.out.offset({t, qh, d})] = float_to_bf16_bits(static_cast<float>(value));
+          args.out.ptr<uint16_t>()[args.out.offset({t, qh, d})] =
+              float_to_bf16_bits(static_cast<float>(value));
         }
         if (args.lse.present()) {
           args.lse.ptr<float>()[args.lse.offset({t, qh})] =
@@ -82,4 +86,4 @@ void sparse_attention(const SparseAttentionArgs& args, Workspace workspace) {
   }
 }
 
-}  // namespace m3sa::ref
+} // namespace m3sa::ref

@@ -17,14 +17,15 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 double load(DType dtype, const void* base, int64_t offset) {
   if (dtype == DType::bf16) return bf16_bits_to_float(static_cast<const uint16_t*>(base)[offset]);
-  if (dtype == DType::fp8_e4m3) return e4m3_bits_to_float(static_cast<const uint8_t*>(base)[offset]);
+  if (dtype == DType::fp8_e4m3)
+    return e4m3_bits_to_float(static_cast<const uint8_t*>(base)[offset]);
   return static_cast<const float*>(base)[offset];
 }
 
 struct Regions {
-  float* head_scores;  // [H, W] scores of the current token
-  float* row;          // [W] the scores one selection is made from
-  int32_t* order;      // [W] candidate block ids
+  float* head_scores; // [H, W] scores of the current token
+  float* row;         // [W] the scores one selection is made from
+  int32_t* order;     // [W] candidate block ids
 };
 
 Regions carve(detail::WorkspaceCarver& carver, int64_t heads, int64_t width) {
@@ -47,8 +48,8 @@ bool ranks_before(const float* scores, int32_t a, int32_t b) {
 // Contract §5 for one row: `scores` holds the n causal blocks of a token at position p.
 // Forced init blocks < ranked candidates < forced local blocks, so writing the three groups in
 // that order, each ascending, gives the ascending output.
-void select_row(const MsaConfig& config, const float* scores, int64_t n, int32_t* order, int32_t* out,
-                int64_t out_stride) {
+void select_row(const MsaConfig& config, const float* scores, int64_t n, int32_t* order,
+                int32_t* out, int64_t out_stride) {
   const int k = config.top_k;
   int count = 0;
   if (n <= k) {
@@ -103,11 +104,11 @@ void score_row(const MsaConfig& config, const HostBatch& batch, const IndexTopkA
 }
 
 template <typename Fn>
-void for_each_token(const HostBatch& batch, Fn&& fn) {  // fn(request, token, position or -1)
+void for_each_token(const HostBatch& batch, Fn&& fn) { // fn(request, token, position or -1)
   for (int r = 0; r < batch.num_requests(); ++r) {
     const int64_t q_len = batch.q_len(r), seq_len = batch.seq_len(r);
     for (int64_t i = 0; i < q_len; ++i) {
-      const int64_t position = seq_len == 0 ? -1 : seq_len - q_len + i;  // seq_len 0: padding row
+      const int64_t position = seq_len == 0 ? -1 : seq_len - q_len + i; // seq_len 0: padding row
       fn(r, batch.q_begin(r) + i, position);
     }
   }
@@ -120,24 +121,26 @@ void select_token(const MsaConfig& config, const TensorView& topk, int64_t t, in
   if (config.reduce_heads) {
     for (int64_t b = 0; b < width; ++b) {
       ws.row[b] = ws.head_scores[b];
-      for (int h = 1; h < heads; ++h) ws.row[b] = max_ignoring_nan(ws.row[b], ws.head_scores[h * width + b]);
+      for (int h = 1; h < heads; ++h)
+        ws.row[b] = max_ignoring_nan(ws.row[b], ws.head_scores[h * width + b]);
     }
   }
   for (int h = 0; h < heads; ++h) {
     const float* scores = config.reduce_heads ? ws.row : ws.head_scores + h * width;
-    select_row(config, scores, n, ws.order, topk.ptr<int32_t>() + topk.offset({h, t}), topk.strides[2]);
+    select_row(config, scores, n, ws.order, topk.ptr<int32_t>() + topk.offset({h, t}),
+               topk.strides[2]);
   }
 }
 
-}  // namespace
+} // namespace
 
 size_t workspace_bytes(const PlanRequest& request) {
   detail::WorkspaceCarver carver;
   if (request.op == OpKind::index_topk || request.op == OpKind::select_topk_blocks)
     carve(carver, request.config.num_index_heads, request.capacities.max_blocks_per_request);
   if (request.op == OpKind::sparse_attention) {
-    carver.take<double>(int64_t{request.config.top_k} * kBlockTokens);   // logits
-    carver.take<int64_t>(int64_t{request.config.top_k} * kBlockTokens);  // key positions
+    carver.take<double>(int64_t{request.config.top_k} * kBlockTokens);  // logits
+    carver.take<int64_t>(int64_t{request.config.top_k} * kBlockTokens); // key positions
   }
   return carver.bytes_used();
 }
@@ -152,8 +155,10 @@ void insert_index_k(const InsertIndexKArgs& args) {
     for (int d = 0; d < kHeadDim; ++d) {
       const float value = static_cast<float>(load(k.dtype, k.data, k.offset({t, d})));
       const int64_t dst = cache.offset({page, offset, d});
-      if (cache.dtype == DType::bf16) cache.ptr<uint16_t>()[dst] = float_to_bf16_bits(value);
-      else cache.ptr<uint8_t>()[dst] = float_to_e4m3_bits(value);
+      if (cache.dtype == DType::bf16)
+        cache.ptr<uint16_t>()[dst] = float_to_bf16_bits(value);
+      else
+        cache.ptr<uint8_t>()[dst] = float_to_e4m3_bits(value);
     }
   }
 }
@@ -164,12 +169,13 @@ void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args) {
   const TensorView& s = args.scores;
   for_each_token(batch, [&](int r, int64_t t, int64_t p) {
     for (int h = 0; h < config.num_index_heads; ++h)
-      score_row(config, batch, as_index, r, t, h, p, s.ptr<float>() + s.offset({h, t}), s.strides[2],
-                s.shape[2]);
+      score_row(config, batch, as_index, r, t, h, p, s.ptr<float>() + s.offset({h, t}),
+                s.strides[2], s.shape[2]);
   });
 }
 
-void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& args, Workspace workspace) {
+void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& args,
+                        Workspace workspace) {
   const HostBatch batch(args.batch);
   const int64_t width = args.scores.shape[2];
   detail::WorkspaceCarver carver(workspace.data);
@@ -177,7 +183,8 @@ void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& arg
   for_each_token(batch, [&](int, int64_t t, int64_t p) {
     for (int h = 0; h < config.num_index_heads; ++h)
       for (int64_t b = 0; b < width; ++b)
-        ws.head_scores[h * width + b] = args.scores.ptr<const float>()[args.scores.offset({h, t, b})];
+        ws.head_scores[h * width + b] =
+            args.scores.ptr<const float>()[args.scores.offset({h, t, b})];
     select_token(config, args.topk, t, p, ws, width, config.num_index_heads);
   });
 }
@@ -194,4 +201,4 @@ void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace wo
   });
 }
 
-}  // namespace m3sa::ref
+} // namespace m3sa::ref

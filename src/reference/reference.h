@@ -12,8 +12,9 @@ size_t workspace_bytes(const PlanRequest& request);
 
 void insert_index_k(const InsertIndexKArgs& args);
 void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args);
-void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& args, Workspace workspace);
+void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& args,
+                        Workspace workspace);
 void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace workspace);
 void sparse_attention(const SparseAttentionArgs& args, Workspace workspace);
 
-}  // namespace m3sa::ref
+} // namespace m3sa::ref

@@ -24,10 +24,10 @@ std::string text(const std::vector<int32_t>& row) {
   return out.str();
 }
 
-}  // namespace
+} // namespace
 
-TopkComparison compare_topk(const TensorView& expected, const TensorView& got, const TensorView& scores,
-                            double near_tie_relative) {
+TopkComparison compare_topk(const TensorView& expected, const TensorView& got,
+                            const TensorView& scores, double near_tie_relative) {
   TopkComparison c;
   for (int64_t h = 0; h < expected.shape[0]; ++h)
     for (int64_t t = 0; t < expected.shape[1]; ++t) {
@@ -42,8 +42,12 @@ TopkComparison compare_topk(const TensorView& expected, const TensorView& got, c
       if (near_tie) {
         // Same count of valid ids, and every block selected by one side only scores within
         // tolerance of the weakest block the reference selected.
-        const auto score = [&](int32_t b) { return static_cast<double>(scores.ptr<const float>()[scores.offset({h, t, b})]); };
-        const auto valid = [](const std::vector<int32_t>& row) { return std::count_if(row.begin(), row.end(), [](int32_t b) { return b >= 0; }); };
+        const auto score = [&](int32_t b) {
+          return static_cast<double>(scores.ptr<const float>()[scores.offset({h, t, b})]);
+        };
+        const auto valid = [](const std::vector<int32_t>& row) {
+          return std::count_if(row.begin(), row.end(), [](int32_t b) { return b >= 0; });
+        };
         double weakest = INFINITY;
         for (int32_t b : want)
           if (b >= 0) weakest = std::min(weakest, score(b));
@@ -63,7 +67,8 @@ TopkComparison compare_topk(const TensorView& expected, const TensorView& got, c
       } else {
         if (c.mismatched_rows++ == 0) {
           std::ostringstream out;
-          out << "head " << h << " token " << t << ": expected " << text(want) << ", got " << text(have);
+          out << "head " << h << " token " << t << ": expected " << text(want) << ", got "
+              << text(have);
           c.first_mismatch = out.str();
         }
       }
@@ -78,8 +83,10 @@ AttentionComparison compare_attention(const TensorView& expected_out, const Tens
   for (int64_t t = 0; t < expected_out.shape[0]; ++t)
     for (int64_t h = 0; h < expected_out.shape[1]; ++h) {
       for (int64_t d = 0; d < expected_out.shape[2]; ++d) {
-        const double want = bf16_bits_to_float(expected_out.ptr<const uint16_t>()[expected_out.offset({t, h, d})]);
-        const double have = bf16_bits_to_float(got_out.ptr<const uint16_t>()[got_out.offset({t, h, d})]);
+        const double want =
+            bf16_bits_to_float(expected_out.ptr<const uint16_t>()[expected_out.offset({t, h, d})]);
+        const double have =
+            bf16_bits_to_float(got_out.ptr<const uint16_t>()[got_out.offset({t, h, d})]);
         ++c.elements;
         if (std::isfinite(want) != std::isfinite(have)) {
           ++c.nonfinite_mismatches;
@@ -96,7 +103,8 @@ AttentionComparison compare_attention(const TensorView& expected_out, const Tens
         if (std::isinf(want) || std::isinf(have) || std::isnan(want) || std::isnan(have)) {
           if (!(want == have)) ++c.lse_inf_mismatches;
         } else {
-          c.max_lse_error = std::max(c.max_lse_error, std::abs(want - have) / std::max(1.0, std::abs(want)));
+          c.max_lse_error =
+              std::max(c.max_lse_error, std::abs(want - have) / std::max(1.0, std::abs(want)));
         }
       }
     }
@@ -115,10 +123,10 @@ std::string describe(const TopkComparison& c) {
 
 std::string describe(const AttentionComparison& c) {
   std::ostringstream out;
-  out << c.elements << " outputs: relative L2 error " << c.relative_l2_error << ", max abs error " << c.max_abs_error
-      << ", non-finite mismatches " << c.nonfinite_mismatches << ", max lse error " << c.max_lse_error
-      << ", lse inf mismatches " << c.lse_inf_mismatches;
+  out << c.elements << " outputs: relative L2 error " << c.relative_l2_error << ", max abs error "
+      << c.max_abs_error << ", non-finite mismatches " << c.nonfinite_mismatches
+      << ", max lse error " << c.max_lse_error << ", lse inf mismatches " << c.lse_inf_mismatches;
   return out.str();
 }
 
-}  // namespace m3sa::testing
+} // namespace m3sa::testing

@@ -10,27 +10,27 @@ namespace m3sa::testing {
 struct TopkComparison {
   int64_t rows = 0;
   int64_t identical_rows = 0;
-  int64_t near_tie_rows = 0;   // differ only in blocks whose reference scores tie within tolerance
+  int64_t near_tie_rows = 0; // differ only in blocks whose reference scores tie within tolerance
   int64_t mismatched_rows = 0;
-  double largest_near_tie_gap = 0;  // relative score gap of the worst near-tie
-  std::string first_mismatch;       // "head h token t: expected [...], got [...]"
+  double largest_near_tie_gap = 0; // relative score gap of the worst near-tie
+  std::string first_mismatch;      // "head h token t: expected [...], got [...]"
   bool ok() const { return mismatched_rows == 0; }
 };
 
 // expected/got: [H, T, K] i32. scores ([H, T, N] f32 reference scores) may be absent: then every
-TopkComparison compare_topk(const TensorView& expected, const TensorView& got, const TensorView& scores,
-                            double near_tie_relative = 1e-5);
+TopkComparison compare_topk(const TensorView& expected, const TensorView& got,
+                            const TensorView& scores, double near_tie_relative = 1e-5);
 
 struct AttentionComparison {
   int64_t elements = 0;
   double max_abs_error = 0;
-  double relative_l2_error = 0;   // ||got - expected|| / ||expected||
+  double relative_l2_error = 0; // ||got - expected|| / ||expected||
   int64_t nonfinite_mismatches = 0;
   double max_lse_error = 0;
   int64_t lse_inf_mismatches = 0;
   bool ok(double relative_tolerance = 1e-3) const {
-    return nonfinite_mismatches == 0 && lse_inf_mismatches == 0 && relative_l2_error <= relative_tolerance &&
-           max_lse_error <= 1e-3;
+    return nonfinite_mismatches == 0 && lse_inf_mismatches == 0 &&
+           relative_l2_error <= relative_tolerance && max_lse_error <= 1e-3;
   }
 };
 
@@ -41,4 +41,4 @@ AttentionComparison compare_attention(const TensorView& expected_out, const Tens
 std::string describe(const TopkComparison& c);
 std::string describe(const AttentionComparison& c);
 
-}  // namespace m3sa::testing
+} // namespace m3sa::testing

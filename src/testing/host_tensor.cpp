@@ -27,7 +27,7 @@ int Rng::uniform_int(int lo, int hi) {
   return lo + static_cast<int>(next() % static_cast<uint64_t>(hi - lo + 1));
 }
 
-float Rng::normal() {  // Box-Muller
+float Rng::normal() { // Box-Muller
   const double u1 = uniform() + 0x1p-60, u2 = uniform();
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
@@ -42,20 +42,31 @@ uint64_t test_seed() {
 
 void store(DType dtype, void* base, int64_t i, float value) {
   switch (dtype) {
-    case DType::bf16: static_cast<uint16_t*>(base)[i] = float_to_bf16_bits(value); break;
-    case DType::fp8_e4m3: static_cast<uint8_t*>(base)[i] = float_to_e4m3_bits(value); break;
-    case DType::f32: static_cast<float*>(base)[i] = value; break;
-    default: break;
+  case DType::bf16:
+    static_cast<uint16_t*>(base)[i] = float_to_bf16_bits(value);
+    break;
+  case DType::fp8_e4m3:
+    static_cast<uint8_t*>(base)[i] = float_to_e4m3_bits(value);
+    break;
+  case DType::f32:
+    static_cast<float*>(base)[i] = value;
+    break;
+  default:
+    break;
   }
 }
 
 float load(DType dtype, const void* base, int64_t i) {
   switch (dtype) {
-    case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::fp8_e4m3: return e4m3_bits_to_float(static_cast<const uint8_t*>(base)[i]);
-    case DType::f32: return static_cast<const float*>(base)[i];
-    default: return 0.f;
+  case DType::bf16:
+    return bf16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+  case DType::fp8_e4m3:
+    return e4m3_bits_to_float(static_cast<const uint8_t*>(base)[i]);
+  case DType::f32:
+    return static_cast<const float*>(base)[i];
+  default:
+    return 0.f;
   }
 }
 
-}  // namespace m3sa::testing
+} // namespace m3sa::testing

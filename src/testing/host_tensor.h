@@ -12,19 +12,22 @@
 namespace m3sa::testing {
 
 class HostTensor {
- public:
+public:
   HostTensor() = default;
   HostTensor(DType dtype, std::initializer_list<int64_t> shape) { reset(dtype, shape); }
   void reset(DType dtype, std::initializer_list<int64_t> shape);
 
   TensorView view() const { return view_; }
-  template <typename T>
-  T* data() const { return static_cast<T*>(view_.data); }
+  template <typename T> T* data() const { return static_cast<T*>(view_.data); }
   size_t bytes() const { return bytes_; }
-  void fill_bytes(uint8_t byte) const { if (bytes_) std::memset(view_.data, byte, bytes_); }
+  void fill_bytes(uint8_t byte) const {
+    if (bytes_) std::memset(view_.data, byte, bytes_);
+  }
 
- private:
-  struct Free { void operator()(void* p) const { std::free(p); } };
+private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
   std::unique_ptr<void, Free> storage_;
   size_t bytes_ = 0;
   TensorView view_;
@@ -32,14 +35,14 @@ class HostTensor {
 
 // SplitMix64: a tiny, well-distributed generator whose stream is identical on every platform.
 class Rng {
- public:
+public:
   explicit Rng(uint64_t seed) : state_(seed) {}
   uint64_t next();
-  double uniform();                    // [0, 1)
-  int uniform_int(int lo, int hi);     // [lo, hi]
+  double uniform();                // [0, 1)
+  int uniform_int(int lo, int hi); // [lo, hi]
   float normal();
 
- private:
+private:
   uint64_t state_;
 };
 
@@ -50,4 +53,4 @@ uint64_t test_seed();
 void store(DType dtype, void* base, int64_t i, float value);
 float load(DType dtype, const void* base, int64_t i);
 
-}  // namespace m3sa::testing
+} // namespace m3sa::testing

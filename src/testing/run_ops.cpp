@@ -6,7 +6,8 @@ namespace m3sa::testing {
 namespace {
 
 void poison_f32(const HostTensor& t) {
-  for (int64_t i = 0; i < t.view().numel(); ++i) t.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t i = 0; i < t.view().numel(); ++i)
+    t.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
 }
 
 Status run(OpKind op, const MsaConfig& config, const SyntheticBatch& sb, const RunOptions& options,
@@ -16,9 +17,10 @@ Status run(OpKind op, const MsaConfig& config, const SyntheticBatch& sb, const R
   return invoke(planned.plan, planned.workspace(), ExecContext{options.num_threads, nullptr});
 }
 
-}  // namespace
+} // namespace
 
-PlanRequest plan_request(OpKind op, const MsaConfig& config, const SyntheticBatch& sb, const RunOptions& options) {
+PlanRequest plan_request(OpKind op, const MsaConfig& config, const SyntheticBatch& sb,
+                         const RunOptions& options) {
   PlanRequest request;
   request.op = op;
   request.backend = options.backend;
@@ -29,33 +31,44 @@ PlanRequest plan_request(OpKind op, const MsaConfig& config, const SyntheticBatc
   return request;
 }
 
-Status run_score_blocks(const MsaConfig& config, const SyntheticBatch& sb, const RunOptions& options, HostTensor* scores) {
+Status run_score_blocks(const MsaConfig& config, const SyntheticBatch& sb,
+                        const RunOptions& options, HostTensor* scores) {
   scores->reset(DType::f32, {config.num_index_heads, sb.num_tokens(), sb.width()});
   poison_f32(*scores);
-  return run(OpKind::score_blocks, config, sb, options, [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
-    return score_blocks(plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), scores->view()}, ws, ctx);
-  });
+  return run(OpKind::score_blocks, config, sb, options,
+             [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
+               return score_blocks(
+                   plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), scores->view()},
+                   ws, ctx);
+             });
 }
 
-Status run_select_topk_blocks(const MsaConfig& config, const SyntheticBatch& sb, const HostTensor& scores,
-                              const RunOptions& options, HostTensor* topk) {
+Status run_select_topk_blocks(const MsaConfig& config, const SyntheticBatch& sb,
+                              const HostTensor& scores, const RunOptions& options,
+                              HostTensor* topk) {
   topk->reset(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k});
   topk->fill_bytes(0x5a);
-  return run(OpKind::select_topk_blocks, config, sb, options, [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
-    return select_topk_blocks(plan, {scores.view(), sb.batch(), topk->view()}, ws, ctx);
-  });
+  return run(OpKind::select_topk_blocks, config, sb, options,
+             [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
+               return select_topk_blocks(plan, {scores.view(), sb.batch(), topk->view()}, ws, ctx);
+             });
 }
 
-Status run_index_topk(const MsaConfig& config, const SyntheticBatch& sb, const RunOptions& options, HostTensor* topk) {
+Status run_index_topk(const MsaConfig& config, const SyntheticBatch& sb, const RunOptions& options,
+                      HostTensor* topk) {
   topk->reset(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k});
   topk->fill_bytes(0x5a);
-  return run(OpKind::index_topk, config, sb, options, [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
-    return index_topk(plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk->view()}, ws, ctx);
-  });
+  return run(OpKind::index_topk, config, sb, options,
+             [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
+               return index_topk(
+                   plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk->view()}, ws,
+                   ctx);
+             });
 }
 
-SparseAttentionArgs attention_args(const SyntheticBatch& sb, const HostTensor& topk, const HostTensor& out,
-                                   const HostTensor& lse, bool use_kv_block_table) {
+SparseAttentionArgs attention_args(const SyntheticBatch& sb, const HostTensor& topk,
+                                   const HostTensor& out, const HostTensor& lse,
+                                   bool use_kv_block_table) {
   SparseAttentionArgs args;
   args.q = sb.q.view();
   args.k_cache = sb.k_cache.view();
@@ -68,15 +81,18 @@ SparseAttentionArgs attention_args(const SyntheticBatch& sb, const HostTensor& t
   return args;
 }
 
-Status run_sparse_attention(const MsaConfig& config, const SyntheticBatch& sb, const HostTensor& topk,
-                            const RunOptions& options, HostTensor* out, HostTensor* lse) {
+Status run_sparse_attention(const MsaConfig& config, const SyntheticBatch& sb,
+                            const HostTensor& topk, const RunOptions& options, HostTensor* out,
+                            HostTensor* lse) {
   out->reset(DType::bf16, {sb.num_tokens(), sb.spec().q_heads, kHeadDim});
-  out->fill_bytes(0xff);  // bf16 NaN
+  out->fill_bytes(0xff); // bf16 NaN
   lse->reset(DType::f32, {sb.num_tokens(), sb.spec().q_heads});
   poison_f32(*lse);
-  return run(OpKind::sparse_attention, config, sb, options, [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
-    return sparse_attention(plan, attention_args(sb, topk, *out, *lse, options.use_kv_block_table), ws, ctx);
-  });
+  return run(OpKind::sparse_attention, config, sb, options,
+             [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
+               return sparse_attention(
+                   plan, attention_args(sb, topk, *out, *lse, options.use_kv_block_table), ws, ctx);
+             });
 }
 
-}  // namespace m3sa::testing
+} // namespace m3sa::testing

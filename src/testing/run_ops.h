@@ -9,21 +9,27 @@ namespace m3sa::testing {
 
 struct RunOptions {
   Backend backend = Backend::cpu;
-  int num_threads = 0;           // plan and run thread count (0 = default)
-  bool use_kv_block_table = true;  // attention: pass the KV cache's own block table
+  int num_threads = 0;            // plan and run thread count (0 = default)
+  bool use_kv_block_table = true; // attention: pass the KV cache's own block table
 };
 
-PlanRequest plan_request(OpKind op, const MsaConfig& config, const SyntheticBatch& sb, const RunOptions& options);
+PlanRequest plan_request(OpKind op, const MsaConfig& config, const SyntheticBatch& sb,
+                         const RunOptions& options);
 
 // Each allocates and poisons its outputs, then runs the op through the public API.
-Status run_score_blocks(const MsaConfig& config, const SyntheticBatch& sb, const RunOptions& options, HostTensor* scores);
-Status run_select_topk_blocks(const MsaConfig& config, const SyntheticBatch& sb, const HostTensor& scores,
-                              const RunOptions& options, HostTensor* topk);
-Status run_index_topk(const MsaConfig& config, const SyntheticBatch& sb, const RunOptions& options, HostTensor* topk);
-Status run_sparse_attention(const MsaConfig& config, const SyntheticBatch& sb, const HostTensor& topk,
-                            const RunOptions& options, HostTensor* out, HostTensor* lse);
+Status run_score_blocks(const MsaConfig& config, const SyntheticBatch& sb,
+                        const RunOptions& options, HostTensor* scores);
+Status run_select_topk_blocks(const MsaConfig& config, const SyntheticBatch& sb,
+                              const HostTensor& scores, const RunOptions& options,
+                              HostTensor* topk);
+Status run_index_topk(const MsaConfig& config, const SyntheticBatch& sb, const RunOptions& options,
+                      HostTensor* topk);
+Status run_sparse_attention(const MsaConfig& config, const SyntheticBatch& sb,
+                            const HostTensor& topk, const RunOptions& options, HostTensor* out,
+                            HostTensor* lse);
 
-SparseAttentionArgs attention_args(const SyntheticBatch& sb, const HostTensor& topk, const HostTensor& out,
-                                   const HostTensor& lse, bool use_kv_block_table);
+SparseAttentionArgs attention_args(const SyntheticBatch& sb, const HostTensor& topk,
+                                   const HostTensor& out, const HostTensor& lse,
+                                   bool use_kv_block_table);
 
-}  // namespace m3sa::testing
+} // namespace m3sa::testing

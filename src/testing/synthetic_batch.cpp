@@ -36,27 +36,30 @@ SyntheticBatch::SyntheticBatch(const BatchSpec& spec) : spec_(spec) {
     std::iota(pages.begin(), pages.end(), 0);
     if (spec.shuffle_pages)
       for (int i = num_pages_ - 1; i > 0; --i) std::swap(pages[i], pages[rng.uniform_int(0, i)]);
-    table->fill_bytes(0xff);  // -1: columns past a request's blocks name no page
+    table->fill_bytes(0xff); // -1: columns past a request's blocks name no page
     int next = 0;
     for (int r = 0; r < requests; ++r)
       for (int b = 0; b < (spec.seq_lens[r] + kBlockTokens - 1) / kBlockTokens; ++b)
         table->data<int32_t>()[r * width_ + b] = pages[next++];
   }
-  if (!spec.separate_kv_table) std::copy_n(block_table.data<int32_t>(), requests * width_, kv_block_table.data<int32_t>());
+  if (!spec.separate_kv_table)
+    std::copy_n(block_table.data<int32_t>(), requests * width_, kv_block_table.data<int32_t>());
 
   const int64_t tokens = num_tokens_;
   index_q.reset(spec.index_dtype, {tokens, spec.index_heads, kHeadDim});
   index_k_cache.reset(spec.index_dtype, {num_pages_, kBlockTokens, kHeadDim});
   // NaN everywhere first: slots no request covers must never be read.
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t i = 0; i < index_k_cache.view().numel(); ++i) store(spec.index_dtype, index_k_cache.view().data, i, nan);
+  for (int64_t i = 0; i < index_k_cache.view().numel(); ++i)
+    store(spec.index_dtype, index_k_cache.view().data, i, nan);
   index_q.fill_bytes(0);
   if (spec.q_heads > 0) {
     q.reset(DType::bf16, {tokens, spec.q_heads, kHeadDim});
     k_cache.reset(spec.kv_dtype, {num_pages_, kBlockTokens, spec.kv_heads, kHeadDim});
     v_cache.reset(spec.kv_dtype, {num_pages_, kBlockTokens, spec.kv_heads, kHeadDim});
     for (HostTensor* cache : {&k_cache, &v_cache})
-      for (int64_t i = 0; i < cache->view().numel(); ++i) store(spec.kv_dtype, cache->view().data, i, nan);
+      for (int64_t i = 0; i < cache->view().numel(); ++i)
+        store(spec.kv_dtype, cache->view().data, i, nan);
     q.fill_bytes(0);
   }
 }
@@ -74,7 +77,8 @@ BatchMetadata SyntheticBatch::batch() const {
 }
 
 Capacities SyntheticBatch::capacities() const {
-  return {std::max<int64_t>(1, static_cast<int64_t>(spec_.q_lens.size())), std::max(1, num_tokens_), width_};
+  return {std::max<int64_t>(1, static_cast<int64_t>(spec_.q_lens.size())), std::max(1, num_tokens_),
+          width_};
 }
 
 int SyntheticBatch::request_of(int64_t token) const { return token_request_[token]; }
@@ -87,7 +91,8 @@ int64_t SyntheticBatch::position(int64_t token) const {
 
 void SyntheticBatch::set_index_k(int r, int64_t j, int d, float value) {
   const int64_t page = this->page(r, j / kBlockTokens);
-  store(spec_.index_dtype, index_k_cache.view().data, (page * kBlockTokens + j % kBlockTokens) * kHeadDim + d, value);
+  store(spec_.index_dtype, index_k_cache.view().data,
+        (page * kBlockTokens + j % kBlockTokens) * kHeadDim + d, value);
 }
 
 void SyntheticBatch::fill_index_random(uint64_t seed) {
@@ -122,8 +127,8 @@ PlannedOp::PlannedOp(const PlanRequest& request) {
   status = make_plan(request, &plan);
   if (status.ok()) {
     workspace_buffer.reset(DType::i32, {static_cast<int64_t>((plan.workspace_bytes + 3) / 4)});
-    workspace_buffer.fill_bytes(0xcd);  // poisoned: nothing may rely on its contents
+    workspace_buffer.fill_bytes(0xcd); // poisoned: nothing may rely on its contents
   }
 }
 
-}  // namespace m3sa::testing
+} // namespace m3sa::testing

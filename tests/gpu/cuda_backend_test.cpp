@@ -1,4 +1,5 @@
-// GPU suite: runs on a machine with a CUDA device and the CUDA backend; skips with the reason elsewhere.
+// GPU suite: runs on a machine with a CUDA device and the CUDA backend; skips with the reason
+// elsewhere.
 #include <gtest/gtest.h>
 
 #include "support/test_util.h"
@@ -9,7 +10,8 @@ namespace {
 TEST(GpuCudaBackend, CapabilityQueryMatchesTheDeviceAndBuild) {
   M3SA_SKIP_WITHOUT_CUDA();
   // With a device present, the answer comes from the capability table.
-  for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks, OpKind::index_topk})
+  for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
+                    OpKind::index_topk})
     EXPECT_TRUE(supports(Backend::cuda, op, MsaConfig{}).ok()) << to_string(op);
   const Status s = supports(Backend::cuda, OpKind::sparse_attention, MsaConfig{});
   EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
@@ -21,5 +23,5 @@ TEST(GpuCudaBackend, DeviceCountIsStable) {
   EXPECT_GE(cuda_device_count(), 1);
 }
 
-}  // namespace
-}  // namespace m3sa::testing
+} // namespace
+} // namespace m3sa::testing

@@ -18,11 +18,13 @@ struct DeviceBatch {
   DeviceTensor cu_q_lens, seq_lens, block_table, index_q, index_k_cache;
   int num_requests, num_decode, decode_q_len, num_tokens;
   explicit DeviceBatch(const SyntheticBatch& sb)
-      : cu_q_lens(sb.cu_q_lens), seq_lens(sb.seq_lens), block_table(sb.block_table), index_q(sb.index_q),
-        index_k_cache(sb.index_k_cache), num_requests(sb.batch().num_requests), num_decode(sb.spec().num_decode),
-        decode_q_len(sb.spec().decode_q_len), num_tokens(sb.num_tokens()) {}
+      : cu_q_lens(sb.cu_q_lens), seq_lens(sb.seq_lens), block_table(sb.block_table),
+        index_q(sb.index_q), index_k_cache(sb.index_k_cache), num_requests(sb.batch().num_requests),
+        num_decode(sb.spec().num_decode), decode_q_len(sb.spec().decode_q_len),
+        num_tokens(sb.num_tokens()) {}
   BatchMetadata batch() const {
-    return {cu_q_lens.view(), seq_lens.view(), block_table.view(), num_requests, num_decode, decode_q_len, num_tokens};
+    return {cu_q_lens.view(), seq_lens.view(), block_table.view(), num_requests,
+            num_decode,       decode_q_len,    num_tokens};
   }
 };
 
@@ -47,32 +49,40 @@ void expect_no_device_errors(const CudaRun& run) {
   EXPECT_EQ(flags, 0);
 }
 
-HostTensor cuda_index_topk(const MsaConfig& config, const SyntheticBatch& sb, const DeviceBatch& db, CudaRun* reuse = nullptr) {
+HostTensor cuda_index_topk(const MsaConfig& config, const SyntheticBatch& sb, const DeviceBatch& db,
+                           CudaRun* reuse = nullptr) {
   CudaRun local;
   CudaRun& run = reuse ? *reuse : (local = cuda_plan(OpKind::index_topk, config, sb));
   DeviceTensor topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
-  const Status s = index_topk(run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()}, run.workspace->get());
+  const Status s =
+      index_topk(run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
+                 run.workspace->get());
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_no_device_errors(run);
   return topk.download();
 }
 
-HostTensor cuda_score_blocks(const MsaConfig& config, const SyntheticBatch& sb, const DeviceBatch& db) {
+HostTensor cuda_score_blocks(const MsaConfig& config, const SyntheticBatch& sb,
+                             const DeviceBatch& db) {
   CudaRun run = cuda_plan(OpKind::score_blocks, config, sb);
   DeviceTensor scores(DType::f32, {config.num_index_heads, sb.num_tokens(), sb.width()}, 0xff);
-  const Status s = score_blocks(run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), scores.view()}, run.workspace->get());
+  const Status s = score_blocks(
+      run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), scores.view()},
+      run.workspace->get());
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_no_device_errors(run);
   return scores.download();
 }
 
-HostTensor cuda_select(const MsaConfig& config, const SyntheticBatch& sb, const DeviceBatch& db, const HostTensor& scores) {
+HostTensor cuda_select(const MsaConfig& config, const SyntheticBatch& sb, const DeviceBatch& db,
+                       const HostTensor& scores) {
   CudaRun run = cuda_plan(OpKind::select_topk_blocks, config, sb);
   DeviceTensor d_scores(scores);
   DeviceTensor topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
-  const Status s = select_topk_blocks(run.plan, {d_scores.view(), db.batch(), topk.view()}, run.workspace->get());
+  const Status s = select_topk_blocks(run.plan, {d_scores.view(), db.batch(), topk.view()},
+                                      run.workspace->get());
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return topk.download();
@@ -86,8 +96,8 @@ struct IndexerCase {
   const char* name;
   BatchSpec spec;
   MsaConfig config;
-  bool integers;        // integer data: every sum exact, selections and scores must match exactly
-  bool use_reference;   // small enough for the reference; else the CPU backend is the oracle
+  bool integers;      // integer data: every sum exact, selections and scores must match exactly
+  bool use_reference; // small enough for the reference; else the CPU backend is the oracle
 };
 
 void PrintTo(const IndexerCase& c, std::ostream* os) { *os << c.name; }
@@ -109,7 +119,8 @@ BatchSpec decode_spec(std::vector<int32_t> seq_lens, int heads, DType dtype, int
   return s;
 }
 
-BatchSpec random_decode_spec(int batch, int max_len, int heads, DType dtype, uint64_t seed, int padding = 0) {
+BatchSpec random_decode_spec(int batch, int max_len, int heads, DType dtype, uint64_t seed,
+                             int padding = 0) {
   Rng rng(seed);
   std::vector<int32_t> lens;
   for (int i = 0; i < batch; ++i) lens.push_back(i < padding ? 0 : rng.uniform_int(1, max_len));
@@ -134,12 +145,16 @@ std::vector<IndexerCase> indexer_cases() {
   prefill_long.seq_lens = {64 * 1024};
   prefill_long.index_heads = 1;
   return {
-      {"DecodeBoundaryLengthsH4", decode_spec({1, 127, 128, 129, 2049, 0}, 4, bf), cfg(4), true, true},
-      {"DecodeBoundaryLengthsFp8", decode_spec({1, 127, 128, 129, 2049, 0}, 4, f8), cfg(4), true, true},
+      {"DecodeBoundaryLengthsH4", decode_spec({1, 127, 128, 129, 2049, 0}, 4, bf), cfg(4), true,
+       true},
+      {"DecodeBoundaryLengthsFp8", decode_spec({1, 127, 128, 129, 2049, 0}, 4, f8), cfg(4), true,
+       true},
       {"DecodeB64RandomLengthsH1", random_decode_spec(64, 40000, 1, bf, 7, 8), cfg(1), true, false},
-      {"DecodeB64RandomLengthsRandomData", random_decode_spec(64, 40000, 1, bf, 8, 8), cfg(1), false, false},
+      {"DecodeB64RandomLengthsRandomData", random_decode_spec(64, 40000, 1, bf, 8, 8), cfg(1),
+       false, false},
       {"DecodeB256H4", random_decode_spec(256, 9000, 4, bf, 9, 16), cfg(4), true, false},
-      {"DecodeB256H4Fp8RandomData", random_decode_spec(256, 9000, 4, f8, 10, 16), cfg(4), false, false},
+      {"DecodeB256H4Fp8RandomData", random_decode_spec(256, 9000, 4, f8, 10, 16), cfg(4), false,
+       false},
       {"DecodeMtp4", decode_spec({5000, 300, 7000}, 4, bf, 4), cfg(4), true, true},
       {"DecodeMtp16", decode_spec({5000, 16, 20000}, 2, bf, 16), cfg(2), true, false},
       {"MixedDecodePrefillH4", mixed_spec(4, bf), cfg(4), true, false},
@@ -164,8 +179,10 @@ TEST_P(GpuIndexer, MatchesHostBackend) {
   BatchSpec spec = c.spec;
   spec.seed = seed;
   SyntheticBatch sb(spec);
-  if (c.integers) sb.fill_index_integers(seed, -3, 3);
-  else sb.fill_index_random(seed);
+  if (c.integers)
+    sb.fill_index_integers(seed, -3, 3);
+  else
+    sb.fill_index_random(seed);
   const RunOptions oracle{c.use_reference ? Backend::reference : Backend::cpu};
   HostTensor want_topk, want_scores;
   M3SA_ASSERT_OK(run_index_topk(c.config, sb, oracle, &want_topk));
@@ -174,19 +191,23 @@ TEST_P(GpuIndexer, MatchesHostBackend) {
   const DeviceBatch db(sb);
   const HostTensor got_topk = cuda_index_topk(c.config, sb, db);
   const HostTensor got_scores = cuda_score_blocks(c.config, sb, db);
-  const TopkComparison cmp = compare_topk(want_topk.view(), got_topk.view(), c.integers ? TensorView{} : want_scores.view());
+  const TopkComparison cmp = compare_topk(want_topk.view(), got_topk.view(),
+                                          c.integers ? TensorView{} : want_scores.view());
   std::printf("[ %s ] %s: %s\n", c.name, to_string(oracle.backend), describe(cmp).c_str());
   EXPECT_TRUE(cmp.ok()) << describe(cmp);
   if (c.integers) {
     EXPECT_EQ(cmp.identical_rows, cmp.rows);
-    EXPECT_TRUE(same_bytes(want_scores, got_scores)) << "integer-valued scores must be bit-identical";
+    EXPECT_TRUE(same_bytes(want_scores, got_scores))
+        << "integer-valued scores must be bit-identical";
   }
   // The two-step path on the device equals index_topk.
   EXPECT_TRUE(same_bytes(cuda_select(c.config, sb, db, got_scores), got_topk));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuIndexer, ::testing::ValuesIn(indexer_cases()),
-                         [](const ::testing::TestParamInfo<IndexerCase>& param_info) { return std::string(param_info.param.name); });
+                         [](const ::testing::TestParamInfo<IndexerCase>& param_info) {
+                           return std::string(param_info.param.name);
+                         });
 
 TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
   M3SA_SKIP_WITHOUT_CUDA();
@@ -194,7 +215,8 @@ TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
   HostTensor scores(DType::f32, {2, sb.num_tokens(), sb.width()});
   Rng rng(test_seed());
   const float specials[] = {NAN, INFINITY, -INFINITY, 0.f, -0.f, 1.f, 2.f};
-  for (int64_t i = 0; i < scores.view().numel(); ++i) scores.data<float>()[i] = specials[rng.uniform_int(0, 6)];
+  for (int64_t i = 0; i < scores.view().numel(); ++i)
+    scores.data<float>()[i] = specials[rng.uniform_int(0, 6)];
   for (MsaConfig config : {cfg(2), cfg(2, 32, 3, 2), cfg(2, 5, 0, 0)}) {
     HostTensor want;
     M3SA_ASSERT_OK(run_select_topk_blocks(config, sb, scores, {Backend::reference}, &want));
@@ -208,10 +230,13 @@ TEST(GpuIndexerSmall, InsertIndexKIsBitExactAndSkipsPadding) {
   for (DType dtype : {DType::bf16, DType::fp8_e4m3})
     for (DType row_dtype : {DType::bf16, DType::f32}) {
       const int tokens = 300, pages = 4;
-      HostTensor rows(row_dtype, {tokens, kHeadDim}), slots(DType::i64, {tokens}), cache(dtype, {pages, kBlockTokens, kHeadDim});
+      HostTensor rows(row_dtype, {tokens, kHeadDim}), slots(DType::i64, {tokens}),
+          cache(dtype, {pages, kBlockTokens, kHeadDim});
       Rng rng(test_seed());
-      for (int64_t i = 0; i < rows.view().numel(); ++i) store(row_dtype, rows.view().data, i, static_cast<float>(rng.normal() * 300));
-      for (int t = 0; t < tokens; ++t) slots.data<int64_t>()[t] = t % 7 == 3 ? -1 : (t * 37) % (pages * kBlockTokens);
+      for (int64_t i = 0; i < rows.view().numel(); ++i)
+        store(row_dtype, rows.view().data, i, static_cast<float>(rng.normal() * 300));
+      for (int t = 0; t < tokens; ++t)
+        slots.data<int64_t>()[t] = t % 7 == 3 ? -1 : (t * 37) % (pages * kBlockTokens);
       cache.fill_bytes(0x11);
       HostTensor want(dtype, {pages, kBlockTokens, kHeadDim});
       std::memcpy(want.view().data, cache.view().data, cache.bytes());
@@ -221,15 +246,18 @@ TEST(GpuIndexerSmall, InsertIndexKIsBitExactAndSkipsPadding) {
       request.capacities = {1, tokens, 1};
       request.backend = Backend::reference;
       PlannedOp ref(request);
-      M3SA_ASSERT_OK(insert_index_k(ref.plan, {rows.view(), slots.view(), want.view()}, ref.workspace()));
+      M3SA_ASSERT_OK(
+          insert_index_k(ref.plan, {rows.view(), slots.view(), want.view()}, ref.workspace()));
       request.backend = Backend::cuda;
       OpPlan plan;
       M3SA_ASSERT_OK(make_plan(request, &plan));
       DeviceWorkspace ws(plan.workspace_bytes);
       DeviceTensor d_rows(rows), d_slots(slots), d_cache(cache);
-      M3SA_ASSERT_OK(insert_index_k(plan, {d_rows.view(), d_slots.view(), d_cache.view()}, ws.get()));
+      M3SA_ASSERT_OK(
+          insert_index_k(plan, {d_rows.view(), d_slots.view(), d_cache.view()}, ws.get()));
       M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-      EXPECT_TRUE(same_bytes(want, d_cache.download())) << to_string(dtype) << " from " << to_string(row_dtype);
+      EXPECT_TRUE(same_bytes(want, d_cache.download()))
+          << to_string(dtype) << " from " << to_string(row_dtype);
     }
 }
 
@@ -239,11 +267,13 @@ TEST(GpuIndexerSmall, BadPageIdsAreReportedNotRead) {
   sb.fill_index_integers(1, -2, 2);
   DeviceBatch db(sb);
   HostTensor table = db.block_table.download();
-  table.data<int32_t>()[1] = 1 << 20;  // request 0, block 1
+  table.data<int32_t>()[1] = 1 << 20; // request 0, block 1
   db.block_table.upload(table);
   CudaRun run = cuda_plan(OpKind::index_topk, cfg(1), sb);
   DeviceTensor topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
-  M3SA_ASSERT_OK(index_topk(run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()}, run.workspace->get()));
+  M3SA_ASSERT_OK(index_topk(run.plan,
+                            {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
+                            run.workspace->get()));
   int32_t flags = 0;
   M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace->get(), {}, &flags));
   EXPECT_EQ(flags & 1, 1);
@@ -269,7 +299,7 @@ TEST(GpuIndexerSmall, CapturedDecodeReplaysOnRewrittenInputs) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   // Capacity batch: 32 decode requests; the second data set changes lengths, pages and keys.
   BatchSpec a = random_decode_spec(32, 8000, 4, DType::bf16, seed, 2);
-  a.min_width = 80;  // one block-table width for both data sets
+  a.min_width = 80; // one block-table width for both data sets
   SyntheticBatch sa(a);
   sa.fill_index_random(seed);
   BatchSpec b = random_decode_spec(32, 80 * 128, 4, DType::bf16, seed + 1, 5);
@@ -281,7 +311,8 @@ TEST(GpuIndexerSmall, CapturedDecodeReplaysOnRewrittenInputs) {
 
   // Device buffers sized for the larger of the two caches.
   const int pages = std::max(sa.num_pages(), sb.num_pages());
-  HostTensor cache_a(DType::bf16, {pages, kBlockTokens, kHeadDim}), cache_b(DType::bf16, {pages, kBlockTokens, kHeadDim});
+  HostTensor cache_a(DType::bf16, {pages, kBlockTokens, kHeadDim}),
+      cache_b(DType::bf16, {pages, kBlockTokens, kHeadDim});
   cache_a.fill_bytes(0), cache_b.fill_bytes(0);
   std::memcpy(cache_a.view().data, sa.index_k_cache.view().data, sa.index_k_cache.bytes());
   std::memcpy(cache_b.view().data, sb.index_k_cache.view().data, sb.index_k_cache.bytes());
@@ -318,7 +349,8 @@ TEST(GpuIndexerSmall, CapturedDecodeReplaysOnRewrittenInputs) {
   M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
   const HostTensor replayed = topk.download();
   topk.fill(0x5a);
-  M3SA_ASSERT_OK(index_topk(run.plan, args, run.workspace->get(), {0, stream}));  // eager on the new data
+  M3SA_ASSERT_OK(
+      index_topk(run.plan, args, run.workspace->get(), {0, stream})); // eager on the new data
   M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
   EXPECT_TRUE(same_bytes(replayed, topk.download()));
   HostTensor want_b, want_b_scores;
@@ -341,5 +373,5 @@ TEST(GpuIndexerSmall, CapturedDecodeReplaysOnRewrittenInputs) {
   cudaStreamDestroy(stream);
 }
 
-}  // namespace
-}  // namespace m3sa::testing
+} // namespace
+} // namespace m3sa::testing

@@ -10,14 +10,15 @@
 
 namespace m3sa::testing {
 
-#define M3SA_CUDA_ASSERT(expr)                                                                   \
-  do {                                                                                           \
-    const cudaError_t m3sa_cuda_error_ = (expr);                                                  \
-    ASSERT_EQ(m3sa_cuda_error_, cudaSuccess) << #expr << ": " << cudaGetErrorString(m3sa_cuda_error_); \
+#define M3SA_CUDA_ASSERT(expr)                                                                     \
+  do {                                                                                             \
+    const cudaError_t m3sa_cuda_error_ = (expr);                                                   \
+    ASSERT_EQ(m3sa_cuda_error_, cudaSuccess)                                                       \
+        << #expr << ": " << cudaGetErrorString(m3sa_cuda_error_);                                  \
   } while (0)
 
 class DeviceTensor {
- public:
+public:
   DeviceTensor() = default;
   explicit DeviceTensor(const HostTensor& host) { upload_new(host); }
   DeviceTensor(DType dtype, std::initializer_list<int64_t> shape, uint8_t fill_byte) {
@@ -27,7 +28,10 @@ class DeviceTensor {
   }
   TensorView view() const { return view_; }
   size_t bytes() const { return bytes_; }
-  void upload(const HostTensor& host) const { EXPECT_EQ(cudaMemcpy(view_.data, host.view().data, bytes_, cudaMemcpyHostToDevice), cudaSuccess); }
+  void upload(const HostTensor& host) const {
+    EXPECT_EQ(cudaMemcpy(view_.data, host.view().data, bytes_, cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
   void fill(uint8_t byte) const { EXPECT_EQ(cudaMemset(view_.data, byte, bytes_), cudaSuccess); }
   HostTensor download() const {
     HostTensor h;
@@ -36,8 +40,10 @@ class DeviceTensor {
     return h;
   }
 
- private:
-  struct Free { void operator()(void* p) const { cudaFree(p); } };
+private:
+  struct Free {
+    void operator()(void* p) const { cudaFree(p); }
+  };
   void upload_new(const HostTensor& host) {
     view_ = host.view();
     bytes_ = host.bytes();
@@ -51,10 +57,18 @@ class DeviceTensor {
   HostTensor shaped_like() const {
     HostTensor h;
     switch (view_.rank) {
-      case 1: h.reset(view_.dtype, {view_.shape[0]}); break;
-      case 2: h.reset(view_.dtype, {view_.shape[0], view_.shape[1]}); break;
-      case 3: h.reset(view_.dtype, {view_.shape[0], view_.shape[1], view_.shape[2]}); break;
-      default: h.reset(view_.dtype, {view_.shape[0], view_.shape[1], view_.shape[2], view_.shape[3]}); break;
+    case 1:
+      h.reset(view_.dtype, {view_.shape[0]});
+      break;
+    case 2:
+      h.reset(view_.dtype, {view_.shape[0], view_.shape[1]});
+      break;
+    case 3:
+      h.reset(view_.dtype, {view_.shape[0], view_.shape[1], view_.shape[2]});
+      break;
+    default:
+      h.reset(view_.dtype, {view_.shape[0], view_.shape[1], view_.shape[2], view_.shape[3]});
+      break;
     }
     return h;
   }
@@ -65,19 +79,21 @@ class DeviceTensor {
 
 // A raw device workspace for a plan.
 class DeviceWorkspace {
- public:
+public:
   explicit DeviceWorkspace(size_t bytes) : bytes_(bytes) {
     void* p = nullptr;
     EXPECT_EQ(cudaMalloc(&p, bytes ? bytes : 64), cudaSuccess);
     storage_.reset(p);
-    EXPECT_EQ(cudaMemset(p, 0xcd, bytes ? bytes : 64), cudaSuccess);  // poisoned
+    EXPECT_EQ(cudaMemset(p, 0xcd, bytes ? bytes : 64), cudaSuccess); // poisoned
   }
   Workspace get() const { return {storage_.get(), bytes_}; }
 
- private:
-  struct Free { void operator()(void* p) const { cudaFree(p); } };
+private:
+  struct Free {
+    void operator()(void* p) const { cudaFree(p); }
+  };
   std::unique_ptr<void, Free> storage_;
   size_t bytes_;
 };
 
-}  // namespace m3sa::testing
+} // namespace m3sa::testing

@@ -28,7 +28,8 @@ inline std::vector<int32_t> padded(std::vector<int32_t> ids, int k) {
 
 // The selection of a token at `position` when block b scores value[b]: worked out the plain way
 // (sort by value descending, then id ascending), for data whose scores are exact.
-inline std::vector<int32_t> expected_ids(int64_t position, int k, int local, int init, const std::vector<float>& value) {
+inline std::vector<int32_t> expected_ids(int64_t position, int k, int local, int init,
+                                         const std::vector<float>& value) {
   const int n = position < 0 ? 0 : static_cast<int>(position / kBlockTokens + 1);
   std::vector<int32_t> ids;
   if (n <= k) {
@@ -37,7 +38,8 @@ inline std::vector<int32_t> expected_ids(int64_t position, int k, int local, int
   }
   std::vector<int32_t> candidates;
   for (int b = init; b < n - local; ++b) candidates.push_back(b);
-  std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) { return value[a] > value[b]; });
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](int a, int b) { return value[a] > value[b]; });
   ids.assign(candidates.begin(), candidates.begin() + (k - local - init));
   for (int b = 0; b < init; ++b) ids.push_back(b);
   for (int b = n - local; b < n; ++b) ids.push_back(b);
@@ -47,10 +49,13 @@ inline std::vector<int32_t> expected_ids(int64_t position, int k, int local, int
 
 // Keys of block b all equal value[b], index-Q is 1: scores are 128 * value[b], exactly.
 inline void fill_block_constants(SyntheticBatch& sb, const std::vector<float>& value) {
-  sb.fill_index([&](int, int64_t j, int) { return value[j / kBlockTokens]; }, [](int64_t, int, int) { return 1.f; });
+  sb.fill_index([&](int, int64_t j, int) { return value[j / kBlockTokens]; },
+                [](int64_t, int, int) { return 1.f; });
 }
 
-inline std::string backend_name(const ::testing::TestParamInfo<Backend>& info) { return to_string(info.param); }
+inline std::string backend_name(const ::testing::TestParamInfo<Backend>& info) {
+  return to_string(info.param);
+}
 
 // Backends every CPU-side semantic test runs on.
 inline const auto kHostBackends = ::testing::Values(Backend::reference, Backend::cpu);
@@ -58,14 +63,15 @@ inline const auto kHostBackends = ::testing::Values(Backend::reference, Backend:
 // GTEST_SKIP returns from the enclosing function, so this is a macro used in the test body.
 #define M3SA_SKIP_WITHOUT_CUDA()                                                                   \
   do {                                                                                             \
-    if (!::m3sa::cuda_backend_built()) GTEST_SKIP() << "m3sa was built without the CUDA backend";   \
-    if (::m3sa::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (no driver or no device)"; \
+    if (!::m3sa::cuda_backend_built()) GTEST_SKIP() << "m3sa was built without the CUDA backend";  \
+    if (::m3sa::cuda_device_count() == 0)                                                          \
+      GTEST_SKIP() << "no CUDA device visible (no driver or no device)";                           \
   } while (0)
 
-#define M3SA_ASSERT_OK(expr)                                   \
-  do {                                                         \
-    const ::m3sa::Status m3sa_test_status_ = (expr);           \
-    ASSERT_TRUE(m3sa_test_status_.ok()) << m3sa_test_status_.to_string(); \
+#define M3SA_ASSERT_OK(expr)                                                                       \
+  do {                                                                                             \
+    const ::m3sa::Status m3sa_test_status_ = (expr);                                               \
+    ASSERT_TRUE(m3sa_test_status_.ok()) << m3sa_test_status_.to_string();                          \
   } while (0)
 
-}  // namespace m3sa::testing
+} // namespace m3sa::testing

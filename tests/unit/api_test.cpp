@@ -23,7 +23,8 @@ TEST(Api, StatusMessageNamesArgumentExpectationAndValue) {
 }
 
 TEST(Api, TensorViewDescribesItself) {
-  const TensorView v = TensorView::contiguous(reinterpret_cast<void*>(64), DType::bf16, {7, 64, 128});
+  const TensorView v =
+      TensorView::contiguous(reinterpret_cast<void*>(64), DType::bf16, {7, 64, 128});
   EXPECT_EQ(v.describe(), "bf16 [7, 64, 128] strides [8192, 128, 1] on cpu");
   EXPECT_EQ(v.numel(), 7 * 64 * 128);
   EXPECT_TRUE(v.is_contiguous());
@@ -47,15 +48,16 @@ TEST(Api, CudaBackendSaysWhyItIsUnavailable) {
   EXPECT_EQ(s.code(), StatusCode::unsupported);
   EXPECT_NE(s.message().find("backend cuda"), std::string::npos) << s.message();
   EXPECT_EQ(best_available_backend(MsaConfig{}), Backend::cpu);
-  PlanRequest request = small_request(OpKind::sparse_attention, Backend::cuda);  // no CUDA kernel yet
+  PlanRequest request =
+      small_request(OpKind::sparse_attention, Backend::cuda); // no CUDA kernel yet
   OpPlan plan;
   EXPECT_EQ(make_plan(request, &plan).code(), StatusCode::unsupported);
   EXPECT_EQ(best_available_backend(OpKind::sparse_attention, MsaConfig{}), Backend::cpu);
 }
 
 TEST(Api, PlansSizeWorkspacesFromCapacitiesOnly) {
-  for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks, OpKind::index_topk,
-                    OpKind::sparse_attention}) {
+  for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
+                    OpKind::index_topk, OpKind::sparse_attention}) {
     PlanRequest small = small_request(op, Backend::cpu);
     small.num_threads = 2;
     PlanRequest large = small;
@@ -79,7 +81,8 @@ TEST(Api, PlanForOneOpIsRejectedByAnother) {
   PlannedOp scoring(plan_request(OpKind::score_blocks, config, sb, {}));
   M3SA_ASSERT_OK(scoring.status);
   HostTensor topk(DType::i32, {1, 1, 16});
-  const Status s = index_topk(scoring.plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()},
+  const Status s = index_topk(scoring.plan,
+                              {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()},
                               scoring.workspace());
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_NE(s.message().find("a plan made for index_topk"), std::string::npos) << s.message();
@@ -90,5 +93,5 @@ TEST(Api, VersionAndCommitAreReported) {
   EXPECT_NE(std::string(build_commit()), "");
 }
 
-}  // namespace
-}  // namespace m3sa::testing
+} // namespace
+} // namespace m3sa::testing

@@ -15,14 +15,18 @@ struct Dense {
   HostTensor out, lse;
 };
 
-float kv_value(const SyntheticBatch& sb, const HostTensor& cache, int r, int64_t j, int g, int d, float scale) {
+float kv_value(const SyntheticBatch& sb, const HostTensor& cache, int r, int64_t j, int g, int d,
+               float scale) {
   const int64_t page = sb.kv_block_table.data<int32_t>()[r * sb.width() + j / kBlockTokens];
-  const int64_t i = ((page * kBlockTokens + j % kBlockTokens) * sb.spec().kv_heads + g) * kHeadDim + d;
+  const int64_t i =
+      ((page * kBlockTokens + j % kBlockTokens) * sb.spec().kv_heads + g) * kHeadDim + d;
   return load(sb.spec().kv_dtype, cache.view().data, i) * scale;
 }
 
-Dense dense_masked_attention(const SyntheticBatch& sb, const HostTensor& topk, float k_scale, float v_scale) {
-  const int hq = sb.spec().q_heads, hkv = sb.spec().kv_heads, group = hq / hkv, k = static_cast<int>(topk.view().shape[2]);
+Dense dense_masked_attention(const SyntheticBatch& sb, const HostTensor& topk, float k_scale,
+                             float v_scale) {
+  const int hq = sb.spec().q_heads, hkv = sb.spec().kv_heads, group = hq / hkv,
+            k = static_cast<int>(topk.view().shape[2]);
   Dense d;
   d.out.reset(DType::bf16, {sb.num_tokens(), hq, kHeadDim});
   d.lse.reset(DType::f32, {sb.num_tokens(), hq});
@@ -34,11 +38,13 @@ Dense dense_masked_attention(const SyntheticBatch& sb, const HostTensor& topk, f
       std::vector<double> logit(seq_len, -INFINITY);
       for (int64_t j = 0; j < seq_len; ++j) {
         bool selected = false;
-        for (int s = 0; s < k; ++s) selected |= topk.data<int32_t>()[(g * sb.num_tokens() + t) * k + s] == j / kBlockTokens;
+        for (int s = 0; s < k; ++s)
+          selected |= topk.data<int32_t>()[(g * sb.num_tokens() + t) * k + s] == j / kBlockTokens;
         if (!selected || j > p) continue;
         double dot = 0;
         for (int i = 0; i < kHeadDim; ++i)
-          dot += static_cast<double>(load(DType::bf16, sb.q.view().data, (t * hq + qh) * kHeadDim + i)) *
+          dot += static_cast<double>(
+                     load(DType::bf16, sb.q.view().data, (t * hq + qh) * kHeadDim + i)) *
                  kv_value(sb, sb.k_cache, r, j, g, i, k_scale);
         logit[j] = dot / std::sqrt(128.0);
       }
@@ -49,16 +55,20 @@ Dense dense_masked_attention(const SyntheticBatch& sb, const HostTensor& topk, f
       for (int i = 0; i < kHeadDim; ++i) {
         double acc = 0;
         for (int64_t j = 0; j < seq_len; ++j)
-          if (!std::isinf(logit[j])) acc += std::exp(logit[j] - m) * kv_value(sb, sb.v_cache, r, j, g, i, v_scale);
-        store(DType::bf16, d.out.view().data, (t * hq + qh) * kHeadDim + i, sum > 0 ? static_cast<float>(acc / sum) : 0.f);
+          if (!std::isinf(logit[j]))
+            acc += std::exp(logit[j] - m) * kv_value(sb, sb.v_cache, r, j, g, i, v_scale);
+        store(DType::bf16, d.out.view().data, (t * hq + qh) * kHeadDim + i,
+              sum > 0 ? static_cast<float>(acc / sum) : 0.f);
       }
-      d.lse.data<float>()[t * hq + qh] = sum > 0 ? static_cast<float>(m + std::log(sum)) : -INFINITY;
+      d.lse.data<float>()[t * hq + qh] =
+          sum > 0 ? static_cast<float>(m + std::log(sum)) : -INFINITY;
     }
   }
   return d;
 }
 
-// Random valid selections: ascending causal block ids, sometimes without the own block, some rows empty.
+// Random valid selections: ascending causal block ids, sometimes without the own block, some rows
+// empty.
 HostTensor random_selections(const SyntheticBatch& sb, int heads, int k, uint64_t seed) {
   Rng rng(seed);
   HostTensor topk(DType::i32, {heads, sb.num_tokens(), k});
@@ -68,14 +78,15 @@ HostTensor random_selections(const SyntheticBatch& sb, int heads, int k, uint64_
       int slot = 0;
       const bool empty_row = rng.uniform() < 0.05;
       for (int64_t b = 0; b < n && slot < k && !empty_row; ++b)
-        if (b == n - 1 ? rng.uniform() < 0.8 : rng.uniform() < 0.5) topk.data<int32_t>()[(h * sb.num_tokens() + t) * k + slot++] = static_cast<int32_t>(b);
+        if (b == n - 1 ? rng.uniform() < 0.8 : rng.uniform() < 0.5)
+          topk.data<int32_t>()[(h * sb.num_tokens() + t) * k + slot++] = static_cast<int32_t>(b);
       for (; slot < k; ++slot) topk.data<int32_t>()[(h * sb.num_tokens() + t) * k + slot] = -1;
     }
   return topk;
 }
 
 class Attention : public ::testing::TestWithParam<Backend> {
- protected:
+protected:
   void check(BatchSpec spec, MsaConfig config, float k_scale, float v_scale, bool use_kv_table) {
     const uint64_t seed = test_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -86,17 +97,20 @@ class Attention : public ::testing::TestWithParam<Backend> {
     const Dense dense = dense_masked_attention(sb, topk, k_scale, v_scale);
     PlannedOp planned(plan_request(OpKind::sparse_attention, config, sb, {GetParam()}));
     M3SA_ASSERT_OK(planned.status);
-    HostTensor out(DType::bf16, {sb.num_tokens(), spec.q_heads, kHeadDim}), lse(DType::f32, {sb.num_tokens(), spec.q_heads});
+    HostTensor out(DType::bf16, {sb.num_tokens(), spec.q_heads, kHeadDim}),
+        lse(DType::f32, {sb.num_tokens(), spec.q_heads});
     out.fill_bytes(0xff);
     lse.fill_bytes(0xff);
     SparseAttentionArgs args = attention_args(sb, topk, out, lse, use_kv_table);
     args.k_scale = k_scale;
     args.v_scale = v_scale;
     M3SA_ASSERT_OK(sparse_attention(planned.plan, args, planned.workspace()));
-    const AttentionComparison c = compare_attention(dense.out.view(), out.view(), dense.lse.view(), lse.view());
+    const AttentionComparison c =
+        compare_attention(dense.out.view(), out.view(), dense.lse.view(), lse.view());
     EXPECT_TRUE(c.ok(GetParam() == Backend::reference ? 1e-6 : 1e-3)) << describe(c);
     EXPECT_LE(c.max_lse_error, 1e-5) << describe(c);
-    for (int64_t i = 0; i < out.view().numel(); ++i) ASSERT_FALSE(std::isnan(load(DType::bf16, out.view().data, i))) << i;
+    for (int64_t i = 0; i < out.view().numel(); ++i)
+      ASSERT_FALSE(std::isnan(load(DType::bf16, out.view().data, i))) << i;
   }
 };
 
@@ -108,11 +122,13 @@ MsaConfig attention_config(int heads, int k) {
 }
 
 TEST_P(Attention, MixedBatchBf16WithSeparateKvTable) {
-  check({{1, 1, 200}, {1500, 40, 700}, 2, 1, 2, DType::bf16, 8, 2, DType::bf16}, attention_config(2, 4), 1.f, 1.f, true);
+  check({{1, 1, 200}, {1500, 40, 700}, 2, 1, 2, DType::bf16, 8, 2, DType::bf16},
+        attention_config(2, 4), 1.f, 1.f, true);
 }
 
 TEST_P(Attention, MtpDecodeFp8CacheWithScales) {
-  check({{3, 3}, {900, 3}, 2, 3, 1, DType::bf16, 16, 1, DType::fp8_e4m3}, attention_config(1, 8), 0.5f, 2.f, true);
+  check({{3, 3}, {900, 3}, 2, 3, 1, DType::bf16, 16, 1, DType::fp8_e4m3}, attention_config(1, 8),
+        0.5f, 2.f, true);
 }
 
 TEST_P(Attention, SharedBlockTableAndPaddingRows) {
@@ -126,19 +142,20 @@ TEST_P(Attention, RowsWithoutKeysGiveZerosAndMinusInfinity) {
   SyntheticBatch sb(spec);
   sb.fill_attention_random(5);
   HostTensor topk(DType::i32, {1, 3, 16});
-  topk.fill_bytes(0xff);                 // every row: no selected block
-  topk.data<int32_t>()[2 * 16] = 2;      // token 2 (position 299): block 2 only
+  topk.fill_bytes(0xff);            // every row: no selected block
+  topk.data<int32_t>()[2 * 16] = 2; // token 2 (position 299): block 2 only
   HostTensor out, lse;
   M3SA_ASSERT_OK(run_sparse_attention(attention_config(1, 16), sb, topk, {GetParam()}, &out, &lse));
   for (int t = 0; t < 2; ++t)
     for (int h = 0; h < 2; ++h) {
       EXPECT_EQ(lse.data<float>()[t * 2 + h], -INFINITY);
-      for (int d = 0; d < kHeadDim; ++d) EXPECT_EQ(out.data<uint16_t>()[(t * 2 + h) * kHeadDim + d], 0) << t << " " << h;
+      for (int d = 0; d < kHeadDim; ++d)
+        EXPECT_EQ(out.data<uint16_t>()[(t * 2 + h) * kHeadDim + d], 0) << t << " " << h;
     }
   EXPECT_TRUE(std::isfinite(lse.data<float>()[2 * 2]));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Attention, kHostBackends, backend_name);
 
-}  // namespace
-}  // namespace m3sa::testing
+} // namespace
+} // namespace m3sa::testing

@@ -50,8 +50,10 @@ TEST_P(CpuMatchesReference, IndexTopkAndScores) {
   const uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   SyntheticBatch sb(mixed_spec(c.dtype, c.heads, seed));
-  if (c.integers) sb.fill_index_integers(seed, -3, 3);
-  else sb.fill_index_random(seed);
+  if (c.integers)
+    sb.fill_index_integers(seed, -3, 3);
+  else
+    sb.fill_index_random(seed);
   const MsaConfig config = config_for(c.heads, c.k, c.reduce);
   HostTensor ref_topk, cpu_topk, ref_scores, cpu_scores;
   M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::reference}, &ref_topk));
@@ -62,10 +64,12 @@ TEST_P(CpuMatchesReference, IndexTopkAndScores) {
   const TensorView no_scores;
   if (c.integers || c.reduce) {
     // Integer data: every partial sum is exact, so selections and scores are identical.
-    const TopkComparison cmp = compare_topk(ref_topk.view(), cpu_topk.view(), c.integers ? no_scores : ref_scores.view());
+    const TopkComparison cmp =
+        compare_topk(ref_topk.view(), cpu_topk.view(), c.integers ? no_scores : ref_scores.view());
     EXPECT_EQ(cmp.identical_rows + (c.integers ? 0 : cmp.near_tie_rows), cmp.rows) << describe(cmp);
     if (c.integers) {
-      EXPECT_EQ(std::memcmp(ref_scores.data<float>(), cpu_scores.data<float>(), ref_scores.bytes()), 0);
+      EXPECT_EQ(std::memcmp(ref_scores.data<float>(), cpu_scores.data<float>(), ref_scores.bytes()),
+                0);
     }
   } else {
     const TopkComparison cmp = compare_topk(ref_topk.view(), cpu_topk.view(), ref_scores.view());
@@ -78,16 +82,19 @@ TEST_P(CpuMatchesReference, IndexTopkAndScores) {
         ASSERT_EQ(a, b) << "score " << i;
         continue;
       }
-      worst = std::max(worst, std::abs(static_cast<double>(a) - b) / std::max(1.0, std::abs(static_cast<double>(a))));
+      worst = std::max(worst, std::abs(static_cast<double>(a) - b) /
+                                  std::max(1.0, std::abs(static_cast<double>(a))));
     }
     EXPECT_LE(worst, 1e-5);
   }
   // The two-step path (score_blocks then select_topk_blocks) equals index_topk on each backend.
   for (Backend backend : {Backend::reference, Backend::cpu}) {
     HostTensor two_step;
-    M3SA_ASSERT_OK(run_select_topk_blocks(config, sb, backend == Backend::cpu ? cpu_scores : ref_scores, {backend}, &two_step));
+    M3SA_ASSERT_OK(run_select_topk_blocks(
+        config, sb, backend == Backend::cpu ? cpu_scores : ref_scores, {backend}, &two_step));
     const HostTensor& fused = backend == Backend::cpu ? cpu_topk : ref_topk;
-    EXPECT_EQ(std::memcmp(two_step.data<int32_t>(), fused.data<int32_t>(), fused.bytes()), 0) << to_string(backend);
+    EXPECT_EQ(std::memcmp(two_step.data<int32_t>(), fused.data<int32_t>(), fused.bytes()), 0)
+        << to_string(backend);
   }
 }
 
@@ -100,7 +107,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"bf16_random_h2_k32", DType::bf16, 2, 32, false, false},
                       Case{"bf16_integers_h4_k8", DType::bf16, 4, 8, true, false},
                       Case{"bf16_integers_reduce_heads", DType::bf16, 4, 16, true, true}),
-    [](const ::testing::TestParamInfo<Case>& param_info) { return std::string(param_info.param.name); });
+    [](const ::testing::TestParamInfo<Case>& param_info) {
+      return std::string(param_info.param.name);
+    });
 
 TEST(CpuMatchesReferenceAttention, RandomMixedBatch) {
   const uint64_t seed = test_seed();
@@ -114,9 +123,11 @@ TEST(CpuMatchesReferenceAttention, RandomMixedBatch) {
     const MsaConfig config = config_for(2);
     HostTensor topk, ref_out, ref_lse, cpu_out, cpu_lse;
     M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::cpu}, &topk));
-    M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk, {Backend::reference}, &ref_out, &ref_lse));
+    M3SA_ASSERT_OK(
+        run_sparse_attention(config, sb, topk, {Backend::reference}, &ref_out, &ref_lse));
     M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk, {Backend::cpu}, &cpu_out, &cpu_lse));
-    const AttentionComparison c = compare_attention(ref_out.view(), cpu_out.view(), ref_lse.view(), cpu_lse.view());
+    const AttentionComparison c =
+        compare_attention(ref_out.view(), cpu_out.view(), ref_lse.view(), cpu_lse.view());
     EXPECT_TRUE(c.ok(1e-3)) << to_string(kv) << ": " << describe(c);
   }
 }
@@ -137,10 +148,14 @@ TEST(CpuThreads, ResultsAreIdenticalFor1And2And8Threads) {
     M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk[i], options, &out[i], &lse[i]));
   }
   for (int i = 1; i < 3; ++i) {
-    EXPECT_EQ(std::memcmp(topk[0].data<int32_t>(), topk[i].data<int32_t>(), topk[0].bytes()), 0) << threads[i];
-    EXPECT_EQ(std::memcmp(scores[0].data<float>(), scores[i].data<float>(), scores[0].bytes()), 0) << threads[i];
-    EXPECT_EQ(std::memcmp(out[0].data<uint16_t>(), out[i].data<uint16_t>(), out[0].bytes()), 0) << threads[i];
-    EXPECT_EQ(std::memcmp(lse[0].data<float>(), lse[i].data<float>(), lse[0].bytes()), 0) << threads[i];
+    EXPECT_EQ(std::memcmp(topk[0].data<int32_t>(), topk[i].data<int32_t>(), topk[0].bytes()), 0)
+        << threads[i];
+    EXPECT_EQ(std::memcmp(scores[0].data<float>(), scores[i].data<float>(), scores[0].bytes()), 0)
+        << threads[i];
+    EXPECT_EQ(std::memcmp(out[0].data<uint16_t>(), out[i].data<uint16_t>(), out[0].bytes()), 0)
+        << threads[i];
+    EXPECT_EQ(std::memcmp(lse[0].data<float>(), lse[i].data<float>(), lse[0].bytes()), 0)
+        << threads[i];
   }
 }
 
@@ -152,12 +167,13 @@ TEST(CpuThreads, RunUsesNoMoreThreadsThanPlanned) {
   M3SA_ASSERT_OK(planned.status);
   HostTensor topk(DType::i32, {1, sb.num_tokens(), 16});
   // Asking for more threads than the workspace was sized for must stay within the plan's.
-  M3SA_ASSERT_OK(index_topk(planned.plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()},
+  M3SA_ASSERT_OK(index_topk(planned.plan,
+                            {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()},
                             planned.workspace(), ExecContext{8, nullptr}));
   HostTensor ref;
   M3SA_ASSERT_OK(run_index_topk(config_for(1), sb, {Backend::reference}, &ref));
   EXPECT_EQ(compare_topk(ref.view(), topk.view(), TensorView{}).mismatched_rows, 0);
 }
 
-}  // namespace
-}  // namespace m3sa::testing
+} // namespace
+} // namespace m3sa::testing

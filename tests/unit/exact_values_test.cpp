@@ -25,7 +25,8 @@ std::vector<float> exact_values() {
 std::vector<float> block_values(uint64_t seed) {
   std::vector<float> values = exact_values();
   Rng rng(seed);
-  for (int i = static_cast<int>(values.size()) - 1; i > 0; --i) std::swap(values[i], values[rng.uniform_int(0, i)]);
+  for (int i = static_cast<int>(values.size()) - 1; i > 0; --i)
+    std::swap(values[i], values[rng.uniform_int(0, i)]);
   return values;
 }
 
@@ -44,10 +45,14 @@ void check_case(Backend backend, BatchSpec spec) {
       M3SA_ASSERT_OK(run_index_topk(config, sb, {backend}, &selections[i]));
       for (int64_t t = 0; t < sb.num_tokens(); ++t)
         for (int h = 0; h < spec.index_heads; ++h)
-          ASSERT_EQ(topk_row(selections[i], h, t), expected_ids(sb.position(t), config.top_k, local, 0, value))
-              << to_string(spec.index_dtype) << " local " << local << " token " << t << " head " << h;
+          ASSERT_EQ(topk_row(selections[i], h, t),
+                    expected_ids(sb.position(t), config.top_k, local, 0, value))
+              << to_string(spec.index_dtype) << " local " << local << " token " << t << " head "
+              << h;
     }
-    ASSERT_EQ(std::memcmp(selections[0].data<int32_t>(), selections[1].data<int32_t>(), selections[0].bytes()), 0);
+    ASSERT_EQ(std::memcmp(selections[0].data<int32_t>(), selections[1].data<int32_t>(),
+                          selections[0].bytes()),
+              0);
   }
 }
 
@@ -72,5 +77,5 @@ TEST_P(ExactValues, DecodeRequests) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, ExactValues, kHostBackends, backend_name);
 
-}  // namespace
-}  // namespace m3sa::testing
+} // namespace
+} // namespace m3sa::testing

@@ -12,7 +12,8 @@ namespace {
 
 // A valid setup for every op: 2 decode requests + 1 prefill request, 2 index heads.
 struct ValidSetup {
-  SyntheticBatch sb{BatchSpec{{1, 1, 20}, {300, 200, 400}, 2, 1, 2, DType::bf16, 4, 2, DType::bf16}};
+  SyntheticBatch sb{
+      BatchSpec{{1, 1, 20}, {300, 200, 400}, 2, 1, 2, DType::bf16, 4, 2, DType::bf16}};
   MsaConfig config;
   PlanRequest request;
   HostTensor topk, scores, out, lse, rows, slots;
@@ -60,26 +61,33 @@ struct InvalidCase {
   const char* name;
   OpKind op;
   std::function<void(ValidSetup&)> mutate;
-  const char* message_part;  // must appear in the Status message
+  const char* message_part; // must appear in the Status message
   StatusCode code = StatusCode::invalid_argument;
 };
 
 Status run_case(ValidSetup& s, OpKind op) {
   OpPlan plan;
   PlanRequest request = s.request;
-  if (s.plan_for_other_op) request.op = op == OpKind::index_topk ? OpKind::score_blocks : OpKind::index_topk;
+  if (s.plan_for_other_op)
+    request.op = op == OpKind::index_topk ? OpKind::score_blocks : OpKind::index_topk;
   Status status = make_plan(request, s.null_plan ? nullptr : &plan);
   if (!status.ok()) return status;
   s.workspace_buffer.reset(DType::i32, {static_cast<int64_t>(plan.workspace_bytes / 4 + 64)});
   char* base = s.workspace_buffer.data<char>();
-  Workspace ws{base ? base + s.workspace_offset : nullptr, plan.workspace_bytes - s.workspace_shortfall};
-  if (s.workspace.bytes == 1) ws = {nullptr, plan.workspace_bytes};  // "null workspace" marker
+  Workspace ws{base ? base + s.workspace_offset : nullptr,
+               plan.workspace_bytes - s.workspace_shortfall};
+  if (s.workspace.bytes == 1) ws = {nullptr, plan.workspace_bytes}; // "null workspace" marker
   switch (op) {
-    case OpKind::insert_index_k: return insert_index_k(plan, s.insert, ws);
-    case OpKind::score_blocks: return score_blocks(plan, s.score, ws);
-    case OpKind::select_topk_blocks: return select_topk_blocks(plan, s.select, ws);
-    case OpKind::index_topk: return index_topk(plan, s.index, ws);
-    case OpKind::sparse_attention: return sparse_attention(plan, s.attention, ws);
+  case OpKind::insert_index_k:
+    return insert_index_k(plan, s.insert, ws);
+  case OpKind::score_blocks:
+    return score_blocks(plan, s.score, ws);
+  case OpKind::select_topk_blocks:
+    return select_topk_blocks(plan, s.select, ws);
+  case OpKind::index_topk:
+    return index_topk(plan, s.index, ws);
+  case OpKind::sparse_attention:
+    return sparse_attention(plan, s.attention, ws);
   }
   return {};
 }
@@ -90,71 +98,164 @@ const std::vector<InvalidCase>& cases() {
   using O = OpKind;
   static const std::vector<InvalidCase> all = {
       // Configuration and plan.
-      {"TopKZero", O::index_topk, [](ValidSetup& s) { s.request.config.top_k = 0; }, "config.top_k: expected 1..32, got 0"},
-      {"TopKTooLarge", O::index_topk, [](ValidSetup& s) { s.request.config.top_k = 33; }, "config.top_k"},
-      {"LocalPlusInitAboveK", O::index_topk, [](ValidSetup& s) { s.request.config.local_blocks = 10, s.request.config.init_blocks = 7; }, "config.local_blocks + config.init_blocks"},
-      {"NegativeLocalBlocks", O::index_topk, [](ValidSetup& s) { s.request.config.local_blocks = -1; }, "config.local_blocks"},
-      {"NegativeInitBlocks", O::score_blocks, [](ValidSetup& s) { s.request.config.init_blocks = -2; }, "config.init_blocks"},
-      {"ZeroIndexHeads", O::index_topk, [](ValidSetup& s) { s.request.config.num_index_heads = 0; }, "config.num_index_heads"},
-      {"SeventeenIndexHeads", O::index_topk, [](ValidSetup& s) { s.request.config.num_index_heads = 17; }, "config.num_index_heads"},
-      {"NanScoreScale", O::score_blocks, [](ValidSetup& s) { s.request.config.score_scale = std::numeric_limits<float>::quiet_NaN(); }, "config.score_scale"},
-      {"ZeroTokenCapacity", O::index_topk, [](ValidSetup& s) { s.request.capacities.max_tokens = 0; }, "capacities.max_tokens"},
-      {"ZeroRequestCapacity", O::index_topk, [](ValidSetup& s) { s.request.capacities.max_requests = 0; }, "capacities.max_requests"},
-      {"F32CacheDtype", O::index_topk, [](ValidSetup& s) { s.request.cache_dtype = DType::f32; }, "cache_dtype"},
-      {"NegativeThreads", O::index_topk, [](ValidSetup& s) { s.request.num_threads = -3; }, "num_threads"},
-      {"NullPlanPointer", O::index_topk, [](ValidSetup& s) { s.null_plan = true; }, "plan: expected a non-null OpPlan*"},
-      {"CudaBackendWithoutAttentionKernel", O::sparse_attention, [](ValidSetup& s) { s.request.backend = Backend::cuda; }, "backend cuda", StatusCode::unsupported},
-      {"PlanForAnotherOp", O::index_topk, [](ValidSetup& s) { s.plan_for_other_op = true; }, "a plan made for index_topk"},
+      {"TopKZero", O::index_topk, [](ValidSetup& s) { s.request.config.top_k = 0; },
+       "config.top_k: expected 1..32, got 0"},
+      {"TopKTooLarge", O::index_topk, [](ValidSetup& s) { s.request.config.top_k = 33; },
+       "config.top_k"},
+      {"LocalPlusInitAboveK", O::index_topk,
+       [](ValidSetup& s) { s.request.config.local_blocks = 10, s.request.config.init_blocks = 7; },
+       "config.local_blocks + config.init_blocks"},
+      {"NegativeLocalBlocks", O::index_topk,
+       [](ValidSetup& s) { s.request.config.local_blocks = -1; }, "config.local_blocks"},
+      {"NegativeInitBlocks", O::score_blocks,
+       [](ValidSetup& s) { s.request.config.init_blocks = -2; }, "config.init_blocks"},
+      {"ZeroIndexHeads", O::index_topk, [](ValidSetup& s) { s.request.config.num_index_heads = 0; },
+       "config.num_index_heads"},
+      {"SeventeenIndexHeads", O::index_topk,
+       [](ValidSetup& s) { s.request.config.num_index_heads = 17; }, "config.num_index_heads"},
+      {"NanScoreScale", O::score_blocks,
+       [](ValidSetup& s) {
+         s.request.config.score_scale = std::numeric_limits<float>::quiet_NaN();
+       },
+       "config.score_scale"},
+      {"ZeroTokenCapacity", O::index_topk,
+       [](ValidSetup& s) { s.request.capacities.max_tokens = 0; }, "capacities.max_tokens"},
+      {"ZeroRequestCapacity", O::index_topk,
+       [](ValidSetup& s) { s.request.capacities.max_requests = 0; }, "capacities.max_requests"},
+      {"F32CacheDtype", O::index_topk, [](ValidSetup& s) { s.request.cache_dtype = DType::f32; },
+       "cache_dtype"},
+      {"NegativeThreads", O::index_topk, [](ValidSetup& s) { s.request.num_threads = -3; },
+       "num_threads"},
+      {"NullPlanPointer", O::index_topk, [](ValidSetup& s) { s.null_plan = true; },
+       "plan: expected a non-null OpPlan*"},
+      {"CudaBackendWithoutAttentionKernel", O::sparse_attention,
+       [](ValidSetup& s) { s.request.backend = Backend::cuda; }, "backend cuda",
+       StatusCode::unsupported},
+      {"PlanForAnotherOp", O::index_topk, [](ValidSetup& s) { s.plan_for_other_op = true; },
+       "a plan made for index_topk"},
       // Workspace.
-      {"WorkspaceTooSmall", O::index_topk, [](ValidSetup& s) { s.workspace_shortfall = 64; }, "workspace.bytes"},
-      {"WorkspaceNull", O::index_topk, [](ValidSetup& s) { s.workspace.bytes = 1; }, "workspace.data: expected a non-null pointer"},
-      {"WorkspaceMisaligned", O::index_topk, [](ValidSetup& s) { s.workspace_offset = 4; }, "64-byte alignment"},
+      {"WorkspaceTooSmall", O::index_topk, [](ValidSetup& s) { s.workspace_shortfall = 64; },
+       "workspace.bytes"},
+      {"WorkspaceNull", O::index_topk, [](ValidSetup& s) { s.workspace.bytes = 1; },
+       "workspace.data: expected a non-null pointer"},
+      {"WorkspaceMisaligned", O::index_topk, [](ValidSetup& s) { s.workspace_offset = 4; },
+       "64-byte alignment"},
       // Tensors.
-      {"IndexQWrongDtype", O::index_topk, [](ValidSetup& s) { s.index.index_q.dtype = DType::f32; }, "index_q: expected bf16 or fp8_e4m3"},
-      {"IndexQDtypeDiffersFromCache", O::index_topk, [](ValidSetup& s) { s.index.index_q.dtype = DType::fp8_e4m3; }, "index-Q follows the index cache dtype"},
-      {"IndexQWrongHeadCount", O::index_topk, [](ValidSetup& s) { s.index.index_q.shape[1] = 3; }, "index_q"},
-      {"IndexQStridedLastDim", O::index_topk, [](ValidSetup& s) { s.index.index_q.strides[2] = 2; }, "stride 1 in the last dim"},
-      {"IndexQNullData", O::index_topk, [](ValidSetup& s) { s.index.index_q.data = nullptr; }, "non-null data pointer"},
-      {"IndexQNegativeStride", O::index_topk, [](ValidSetup& s) { s.index.index_q.strides[0] = -256; }, "non-negative strides"},
-      {"IndexQOnCudaForCpuBackend", O::index_topk, [](ValidSetup& s) { s.index.index_q.device = {DeviceKind::cuda, 0}; }, "memory on cpu"},
-      {"CachePageNot128Tokens", O::index_topk, [](ValidSetup& s) { s.index.index_k_cache.shape[1] = 64; }, "index_k_cache"},
-      {"CacheDtypeDiffersFromPlan", O::index_topk, [](ValidSetup& s) { s.request.cache_dtype = DType::fp8_e4m3; }, "index_k_cache: expected dtype fp8_e4m3 (the plan's cache_dtype)"},
+      {"IndexQWrongDtype", O::index_topk, [](ValidSetup& s) { s.index.index_q.dtype = DType::f32; },
+       "index_q: expected bf16 or fp8_e4m3"},
+      {"IndexQDtypeDiffersFromCache", O::index_topk,
+       [](ValidSetup& s) { s.index.index_q.dtype = DType::fp8_e4m3; },
+       "index-Q follows the index cache dtype"},
+      {"IndexQWrongHeadCount", O::index_topk, [](ValidSetup& s) { s.index.index_q.shape[1] = 3; },
+       "index_q"},
+      {"IndexQStridedLastDim", O::index_topk, [](ValidSetup& s) { s.index.index_q.strides[2] = 2; },
+       "stride 1 in the last dim"},
+      {"IndexQNullData", O::index_topk, [](ValidSetup& s) { s.index.index_q.data = nullptr; },
+       "non-null data pointer"},
+      {"IndexQNegativeStride", O::index_topk,
+       [](ValidSetup& s) { s.index.index_q.strides[0] = -256; }, "non-negative strides"},
+      {"IndexQOnCudaForCpuBackend", O::index_topk,
+       [](ValidSetup& s) {
+         s.index.index_q.device = {DeviceKind::cuda, 0};
+       },
+       "memory on cpu"},
+      {"CachePageNot128Tokens", O::index_topk,
+       [](ValidSetup& s) { s.index.index_k_cache.shape[1] = 64; }, "index_k_cache"},
+      {"CacheDtypeDiffersFromPlan", O::index_topk,
+       [](ValidSetup& s) { s.request.cache_dtype = DType::fp8_e4m3; },
+       "index_k_cache: expected dtype fp8_e4m3 (the plan's cache_dtype)"},
       {"TopkWrongK", O::index_topk, [](ValidSetup& s) { s.index.topk.shape[2] = 8; }, "topk"},
-      {"TopkWrongDtype", O::index_topk, [](ValidSetup& s) { s.index.topk.dtype = DType::i64; }, "topk: expected i32"},
-      {"TopkAliasedRows", O::index_topk, [](ValidSetup& s) { s.index.topk.strides[1] = 0; }, "do not alias"},
-      {"TopkOverlapsIndexQ", O::index_topk, [](ValidSetup& s) { s.index.topk.data = s.index.index_q.data; }, "memory disjoint from index_q"},
-      {"ScoresNarrowerThanBlockTable", O::score_blocks, [](ValidSetup& s) { s.score.scores.shape[2] = 2; s.score.scores.strides[1] = 2; s.score.scores.strides[0] = 2 * s.sb.num_tokens(); }, "N >= block-table width"},
-      {"ScoresWrongDtype", O::select_topk_blocks, [](ValidSetup& s) { s.select.scores.dtype = DType::bf16; }, "scores: expected f32"},
+      {"TopkWrongDtype", O::index_topk, [](ValidSetup& s) { s.index.topk.dtype = DType::i64; },
+       "topk: expected i32"},
+      {"TopkAliasedRows", O::index_topk, [](ValidSetup& s) { s.index.topk.strides[1] = 0; },
+       "do not alias"},
+      {"TopkOverlapsIndexQ", O::index_topk,
+       [](ValidSetup& s) { s.index.topk.data = s.index.index_q.data; },
+       "memory disjoint from index_q"},
+      {"ScoresNarrowerThanBlockTable", O::score_blocks,
+       [](ValidSetup& s) {
+         s.score.scores.shape[2] = 2;
+         s.score.scores.strides[1] = 2;
+         s.score.scores.strides[0] = 2 * s.sb.num_tokens();
+       },
+       "N >= block-table width"},
+      {"ScoresWrongDtype", O::select_topk_blocks,
+       [](ValidSetup& s) { s.select.scores.dtype = DType::bf16; }, "scores: expected f32"},
       // Batch metadata.
-      {"SeqLenBeyondBlockTable", O::index_topk, [](ValidSetup& s) { i32(s.index.batch.seq_lens)[2] = 5000; }, "block-table capacity"},
-      {"PageIdOutOfRange", O::index_topk, [](ValidSetup& s) { i32(s.index.batch.block_table)[0] = 999; }, "page ids in [0,"},
-      {"NegativePageId", O::score_blocks, [](ValidSetup& s) { i32(s.score.batch.block_table)[1] = -1; }, "page ids in [0,"},
-      {"QLenAboveSeqLen", O::index_topk, [](ValidSetup& s) { i32(s.index.batch.seq_lens)[2] = 10; }, "seq_len >= q_len (20)"},
-      {"NegativeSeqLen", O::index_topk, [](ValidSetup& s) { i32(s.index.batch.seq_lens)[0] = -4; }, "batch.seq_lens: expected >= 0"},
-      {"DecodeQLenNotUniform", O::index_topk, [](ValidSetup& s) { s.set_batch([](BatchMetadata& b) { b.decode_q_len = 2; }); }, "q_len == decode_q_len (2)"},
-      {"DecodeQLenAbove16", O::index_topk, [](ValidSetup& s) { s.set_batch([](BatchMetadata& b) { b.decode_q_len = 17; }); }, "batch.decode_q_len: expected 1..16"},
-      {"MoreDecodeThanRequests", O::index_topk, [](ValidSetup& s) { s.set_batch([](BatchMetadata& b) { b.num_decode_requests = 4; }); }, "batch.num_decode_requests"},
-      {"CuQLensNotStartingAtZero", O::index_topk, [](ValidSetup& s) { i32(s.index.batch.cu_q_lens)[0] = 1; }, "cu_q_lens[0] == 0"},
-      {"CuQLensDecreasing", O::index_topk, [](ValidSetup& s) { i32(s.index.batch.cu_q_lens)[2] = 0; }, "non-decreasing"},
-      {"CuQLensTotalNotTokens", O::select_topk_blocks, [](ValidSetup& s) { i32(s.select.batch.cu_q_lens)[3] = 21; }, "cu_q_lens[num_requests] == num_tokens"},
-      {"RequestsBeyondCapacity", O::index_topk, [](ValidSetup& s) { s.request.capacities.max_requests = 2; }, "batch.num_requests"},
-      {"TokensBeyondCapacity", O::index_topk, [](ValidSetup& s) { s.request.capacities.max_tokens = 10; }, "batch.num_tokens"},
-      {"BlockTableWiderThanCapacity", O::index_topk, [](ValidSetup& s) { s.request.capacities.max_blocks_per_request = 2; }, "plan capacity"},
-      {"SeqLensWrongLength", O::index_topk, [](ValidSetup& s) { s.index.batch.seq_lens.shape[0] = 2; }, "batch.seq_lens"},
+      {"SeqLenBeyondBlockTable", O::index_topk,
+       [](ValidSetup& s) { i32(s.index.batch.seq_lens)[2] = 5000; }, "block-table capacity"},
+      {"PageIdOutOfRange", O::index_topk,
+       [](ValidSetup& s) { i32(s.index.batch.block_table)[0] = 999; }, "page ids in [0,"},
+      {"NegativePageId", O::score_blocks,
+       [](ValidSetup& s) { i32(s.score.batch.block_table)[1] = -1; }, "page ids in [0,"},
+      {"QLenAboveSeqLen", O::index_topk, [](ValidSetup& s) { i32(s.index.batch.seq_lens)[2] = 10; },
+       "seq_len >= q_len (20)"},
+      {"NegativeSeqLen", O::index_topk, [](ValidSetup& s) { i32(s.index.batch.seq_lens)[0] = -4; },
+       "batch.seq_lens: expected >= 0"},
+      {"DecodeQLenNotUniform", O::index_topk,
+       [](ValidSetup& s) { s.set_batch([](BatchMetadata& b) { b.decode_q_len = 2; }); },
+       "q_len == decode_q_len (2)"},
+      {"DecodeQLenAbove16", O::index_topk,
+       [](ValidSetup& s) { s.set_batch([](BatchMetadata& b) { b.decode_q_len = 17; }); },
+       "batch.decode_q_len: expected 1..16"},
+      {"MoreDecodeThanRequests", O::index_topk,
+       [](ValidSetup& s) { s.set_batch([](BatchMetadata& b) { b.num_decode_requests = 4; }); },
+       "batch.num_decode_requests"},
+      {"CuQLensNotStartingAtZero", O::index_topk,
+       [](ValidSetup& s) { i32(s.index.batch.cu_q_lens)[0] = 1; }, "cu_q_lens[0] == 0"},
+      {"CuQLensDecreasing", O::index_topk,
+       [](ValidSetup& s) { i32(s.index.batch.cu_q_lens)[2] = 0; }, "non-decreasing"},
+      {"CuQLensTotalNotTokens", O::select_topk_blocks,
+       [](ValidSetup& s) { i32(s.select.batch.cu_q_lens)[3] = 21; },
+       "cu_q_lens[num_requests] == num_tokens"},
+      {"RequestsBeyondCapacity", O::index_topk,
+       [](ValidSetup& s) { s.request.capacities.max_requests = 2; }, "batch.num_requests"},
+      {"TokensBeyondCapacity", O::index_topk,
+       [](ValidSetup& s) { s.request.capacities.max_tokens = 10; }, "batch.num_tokens"},
+      {"BlockTableWiderThanCapacity", O::index_topk,
+       [](ValidSetup& s) { s.request.capacities.max_blocks_per_request = 2; }, "plan capacity"},
+      {"SeqLensWrongLength", O::index_topk,
+       [](ValidSetup& s) { s.index.batch.seq_lens.shape[0] = 2; }, "batch.seq_lens"},
       // Insert.
-      {"InsertSlotBeyondCache", O::insert_index_k, [](ValidSetup& s) { s.slots.data<int64_t>()[3] = 1 << 20; }, "slot_mapping: expected slots < num_pages x 128"},
-      {"InsertRowsNot128Wide", O::insert_index_k, [](ValidSetup& s) { s.insert.index_k.shape[1] = 64; }, "index_k"},
-      {"InsertSlotsAsI32", O::insert_index_k, [](ValidSetup& s) { s.insert.slot_mapping.dtype = DType::i32; }, "slot_mapping: expected i64"},
+      {"InsertSlotBeyondCache", O::insert_index_k,
+       [](ValidSetup& s) { s.slots.data<int64_t>()[3] = 1 << 20; },
+       "slot_mapping: expected slots < num_pages x 128"},
+      {"InsertRowsNot128Wide", O::insert_index_k,
+       [](ValidSetup& s) { s.insert.index_k.shape[1] = 64; }, "index_k"},
+      {"InsertSlotsAsI32", O::insert_index_k,
+       [](ValidSetup& s) { s.insert.slot_mapping.dtype = DType::i32; },
+       "slot_mapping: expected i64"},
       // Attention.
-      {"AttentionOutOverlapsLse", O::sparse_attention, [](ValidSetup& s) { s.attention.lse.data = s.attention.out.data; }, "out: expected memory disjoint from lse"},
-      {"AttentionOutIsF32", O::sparse_attention, [](ValidSetup& s) { s.attention.out.dtype = DType::f32; }, "out: expected bf16"},
-      {"AttentionHeadsNotMultipleOfKv", O::sparse_attention, [](ValidSetup& s) { s.attention.q.shape[1] = 3; s.attention.q.strides[0] = 3 * 128; }, "a multiple of num_kv_heads"},
-      {"AttentionKvHeadsNotIndexHeads", O::sparse_attention, [](ValidSetup& s) { s.request.config.num_index_heads = 1; }, "k_cache: expected num_kv_heads == config.num_index_heads"},
-      {"AttentionTopkNotAscending", O::sparse_attention, [](ValidSetup& s) { int32_t* t = i32(s.attention.topk) + 2 * 16; std::swap(t[0], t[1]); }, "ascending unique block ids"},
-      {"AttentionTopkBeyondCausalBlocks", O::sparse_attention, [](ValidSetup& s) { i32(s.attention.topk)[15] = 3; }, "ascending unique block ids in [0, 3)"},
-      {"AttentionZeroKScale", O::sparse_attention, [](ValidSetup& s) { s.attention.k_scale = 0.f; }, "k_scale"},
-      {"AttentionVCacheShape", O::sparse_attention, [](ValidSetup& s) { s.attention.v_cache.shape[2] = 1; }, "v_cache"},
-      {"AttentionKvTablePageOutOfRange", O::sparse_attention, [](ValidSetup& s) { i32(s.attention.kv_block_table)[0] = 1000; }, "kv_block_table: expected page ids"},
+      {"AttentionOutOverlapsLse", O::sparse_attention,
+       [](ValidSetup& s) { s.attention.lse.data = s.attention.out.data; },
+       "out: expected memory disjoint from lse"},
+      {"AttentionOutIsF32", O::sparse_attention,
+       [](ValidSetup& s) { s.attention.out.dtype = DType::f32; }, "out: expected bf16"},
+      {"AttentionHeadsNotMultipleOfKv", O::sparse_attention,
+       [](ValidSetup& s) {
+         s.attention.q.shape[1] = 3;
+         s.attention.q.strides[0] = 3 * 128;
+       },
+       "a multiple of num_kv_heads"},
+      {"AttentionKvHeadsNotIndexHeads", O::sparse_attention,
+       [](ValidSetup& s) { s.request.config.num_index_heads = 1; },
+       "k_cache: expected num_kv_heads == config.num_index_heads"},
+      {"AttentionTopkNotAscending", O::sparse_attention,
+       [](ValidSetup& s) {
+         int32_t* t = i32(s.attention.topk) + 2 * 16;
+         std::swap(t[0], t[1]);
+       },
+       "ascending unique block ids"},
+      {"AttentionTopkBeyondCausalBlocks", O::sparse_attention,
+       [](ValidSetup& s) { i32(s.attention.topk)[15] = 3; },
+       "ascending unique block ids in [0, 3)"},
+      {"AttentionZeroKScale", O::sparse_attention, [](ValidSetup& s) { s.attention.k_scale = 0.f; },
+       "k_scale"},
+      {"AttentionVCacheShape", O::sparse_attention,
+       [](ValidSetup& s) { s.attention.v_cache.shape[2] = 1; }, "v_cache"},
+      {"AttentionKvTablePageOutOfRange", O::sparse_attention,
+       [](ValidSetup& s) { i32(s.attention.kv_block_table)[0] = 1000; },
+       "kv_block_table: expected page ids"},
   };
   return all;
 }
@@ -173,10 +274,10 @@ TEST_P(InvalidInputs, RejectedWithANamedArgument) {
 }
 
 TEST(InvalidInputs, TheValidSetupIsAccepted) {
-  for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks, OpKind::index_topk,
-                    OpKind::sparse_attention}) {
+  for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
+                    OpKind::index_topk, OpKind::sparse_attention}) {
     ValidSetup setup(op);
-    if (op == OpKind::select_topk_blocks) {  // valid scores
+    if (op == OpKind::select_topk_blocks) { // valid scores
       for (int64_t i = 0; i < setup.scores.view().numel(); ++i) setup.scores.data<float>()[i] = 0.f;
     }
     const Status status = run_case(setup, op);
@@ -185,7 +286,9 @@ TEST(InvalidInputs, TheValidSetupIsAccepted) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, InvalidInputs, ::testing::Range<size_t>(0, cases().size()),
-                         [](const ::testing::TestParamInfo<size_t>& param_info) { return std::string(cases()[param_info.param].name); });
+                         [](const ::testing::TestParamInfo<size_t>& param_info) {
+                           return std::string(cases()[param_info.param].name);
+                         });
 
-}  // namespace
-}  // namespace m3sa::testing
+} // namespace
+} // namespace m3sa::testing

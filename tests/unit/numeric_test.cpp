@@ -21,9 +21,9 @@ uint8_t cuda_e4m3_bits(float x) { return __nv_cvt_float_to_fp8(x, __NV_SATFINITE
 uint32_t bits_of(float x) { return std::bit_cast<uint32_t>(x); }
 
 // Every float in [first, last] stepping by `stride` bit patterns, plus each pattern's neighbours.
-template <typename Fn>
-void sweep(uint64_t first, uint64_t last, uint64_t stride, Fn&& fn) {
-  for (uint64_t b = first; b <= last; b += stride) fn(std::bit_cast<float>(static_cast<uint32_t>(b)));
+template <typename Fn> void sweep(uint64_t first, uint64_t last, uint64_t stride, Fn&& fn) {
+  for (uint64_t b = first; b <= last; b += stride)
+    fn(std::bit_cast<float>(static_cast<uint32_t>(b)));
 }
 
 TEST(NumericBf16, AllCodesToFloatMatchCuda) {
@@ -42,7 +42,7 @@ TEST(NumericE4m3, AllCodesToFloatMatchCuda) {
     v.__x = static_cast<__nv_fp8_storage_t>(code);
     const float want = static_cast<float>(v);
     const float have = e4m3_bits_to_float(static_cast<uint8_t>(code));
-    ASSERT_EQ(bits_of(want), bits_of(have)) << "e4m3 code " << code;  // NaN codes included
+    ASSERT_EQ(bits_of(want), bits_of(have)) << "e4m3 code " << code; // NaN codes included
   }
 }
 
@@ -52,13 +52,15 @@ TEST(NumericBf16, FloatToBf16DenseSweepMatchesCuda) {
     ++checked;
     ASSERT_EQ(cuda_bf16_bits(x), float_to_bf16_bits(x)) << "x bits 0x" << std::hex << bits_of(x);
   };
-  sweep(0, 0xffffffffull, 61, check);  // every 61st pattern of all 2^32
+  sweep(0, 0xffffffffull, 61, check); // every 61st pattern of all 2^32
   // Ties-to-even and their neighbours for every upper half (both signs, all exponents).
   for (uint32_t upper = 0; upper < 65536; ++upper)
-    for (uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) check(std::bit_cast<float>((upper << 16) | low));
-  for (float x : {0.f, -0.f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                  std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                  std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max()})
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu})
+      check(std::bit_cast<float>((upper << 16) | low));
+  for (float x :
+       {0.f, -0.f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+        std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max()})
     check(x);
   EXPECT_GT(checked, 70'000'000);
 }
@@ -67,23 +69,26 @@ TEST(NumericE4m3, FloatToE4m3DenseSweepMatchesCuda) {
   int64_t checked = 0;
   const auto check = [&](float x) {
     ++checked;
-    ASSERT_EQ(cuda_e4m3_bits(x), float_to_e4m3_bits(x)) << "x = " << x << " bits 0x" << std::hex << bits_of(x);
+    ASSERT_EQ(cuda_e4m3_bits(x), float_to_e4m3_bits(x))
+        << "x = " << x << " bits 0x" << std::hex << bits_of(x);
   };
   sweep(0, 0xffffffffull, 61, check);
   // Exhaustive where e4m3 has codes: |x| in [2^-11, 2^10) for both signs (subnormals, all normals,
   // the 448 / 464 saturation edge), which holds every tie case.
-  for (uint32_t sign : {0u, 0x80000000u}) sweep(sign | bits_of(0x1p-11f), sign | (bits_of(0x1p10f) - 1), 1, check);
-  for (float x : {0.f, -0.f, 448.f, -448.f, 464.f, -464.f, 480.f, 1e30f, -1e30f, 0x1p-10f, -0x1p-10f, 0x1p-9f,
-                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                  std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                  std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max()})
+  for (uint32_t sign : {0u, 0x80000000u})
+    sweep(sign | bits_of(0x1p-11f), sign | (bits_of(0x1p10f) - 1), 1, check);
+  for (float x :
+       {0.f, -0.f, 448.f, -448.f, 464.f, -464.f, 480.f, 1e30f, -1e30f, 0x1p-10f, -0x1p-10f, 0x1p-9f,
+        std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+        std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max()})
     check(x);
   EXPECT_GT(checked, 400'000'000);
 }
 
-}  // namespace
-}  // namespace m3sa
-#endif  // M3SA_TEST_CUDA_HEADERS
+} // namespace
+} // namespace m3sa
+#endif // M3SA_TEST_CUDA_HEADERS
 
 namespace m3sa {
 namespace {
@@ -94,15 +99,15 @@ TEST(NumericE4m3, SaturatesAndKeepsNan) {
   EXPECT_EQ(e4m3_bits_to_float(0x7e), 448.f);
   EXPECT_EQ(float_to_e4m3_bits(-std::numeric_limits<float>::quiet_NaN()), 0x7f);
   EXPECT_TRUE(std::isnan(e4m3_bits_to_float(0xff)));
-  EXPECT_EQ(float_to_e4m3_bits(0x1p-9f), 0x01);     // smallest subnormal
-  EXPECT_EQ(float_to_e4m3_bits(0x1p-10f), 0x00);    // exact half of it: ties to even (zero)
-  EXPECT_EQ(float_to_e4m3_bits(3 * 0x1p-10f), 0x02);  // 1.5 units: ties to even (2)
+  EXPECT_EQ(float_to_e4m3_bits(0x1p-9f), 0x01);      // smallest subnormal
+  EXPECT_EQ(float_to_e4m3_bits(0x1p-10f), 0x00);     // exact half of it: ties to even (zero)
+  EXPECT_EQ(float_to_e4m3_bits(3 * 0x1p-10f), 0x02); // 1.5 units: ties to even (2)
 }
 
 TEST(NumericBf16, RoundsToNearestEven) {
-  EXPECT_EQ(float_to_bf16_bits(3.14159f), 0x4049);  // 3.140625
-  EXPECT_EQ(float_to_bf16_bits(std::bit_cast<float>(0x3f808000u)), 0x3f80);  // tie, even stays
-  EXPECT_EQ(float_to_bf16_bits(std::bit_cast<float>(0x3f818000u)), 0x3f82);  // tie, odd rounds up
+  EXPECT_EQ(float_to_bf16_bits(3.14159f), 0x4049);                          // 3.140625
+  EXPECT_EQ(float_to_bf16_bits(std::bit_cast<float>(0x3f808000u)), 0x3f80); // tie, even stays
+  EXPECT_EQ(float_to_bf16_bits(std::bit_cast<float>(0x3f818000u)), 0x3f82); // tie, odd rounds up
   EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::quiet_NaN()), 0x7fff);
 }
 
@@ -121,5 +126,5 @@ TEST(NumericExactValues, FortyValuesAreExactInBf16AndE4m3) {
   EXPECT_EQ(count, 40);
 }
 
-}  // namespace
-}  // namespace m3sa
+} // namespace
+} // namespace m3sa

@@ -14,11 +14,12 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 
 class Selection : public ::testing::TestWithParam<Backend> {
- protected:
+protected:
   Backend backend() const { return GetParam(); }
 
   // index_topk over a batch whose block b scores 128 * value[b] for every head.
-  HostTensor select_with_values(const BatchSpec& spec, const MsaConfig& config, const std::vector<float>& value) {
+  HostTensor select_with_values(const BatchSpec& spec, const MsaConfig& config,
+                                const std::vector<float>& value) {
     SyntheticBatch sb(spec);
     fill_block_constants(sb, value);
     HostTensor topk;
@@ -28,12 +29,15 @@ class Selection : public ::testing::TestWithParam<Backend> {
   }
 
   // select_topk_blocks for one decode token at `position` whose head h scores scores[h][b].
-  HostTensor select_from_scores(int64_t position, const MsaConfig& config, const std::vector<std::vector<float>>& scores) {
+  HostTensor select_from_scores(int64_t position, const MsaConfig& config,
+                                const std::vector<std::vector<float>>& scores) {
     BatchSpec spec{{1}, {static_cast<int32_t>(position + 1)}, 1, 1, config.num_index_heads};
     SyntheticBatch sb(spec);
     HostTensor in(DType::f32, {config.num_index_heads, 1, sb.width()});
     for (int h = 0; h < config.num_index_heads; ++h)
-      for (int b = 0; b < sb.width(); ++b) in.data<float>()[h * sb.width() + b] = b < static_cast<int>(scores[h].size()) ? scores[h][b] : -kInf;
+      for (int b = 0; b < sb.width(); ++b)
+        in.data<float>()[h * sb.width() + b] =
+            b < static_cast<int>(scores[h].size()) ? scores[h][b] : -kInf;
     HostTensor topk;
     const Status s = run_select_topk_blocks(config, sb, in, {backend()}, &topk);
     EXPECT_TRUE(s.ok()) << s.to_string();
@@ -58,19 +62,23 @@ std::vector<float> ascending_values(int n) {
 
 TEST_P(Selection, ShortAndBoundaryLengths) {
   std::vector<float> value = ascending_values(17);
-  value[3] = -5;  // the one block a 17-block row drops
+  value[3] = -5; // the one block a 17-block row drops
   const MsaConfig config = config_with(16, 1, 0);
-  const HostTensor topk = select_with_values({{1, 1, 1, 1, 1}, {1, 127, 128, 129, 2049}, 5, 1, 1}, config, value);
+  const HostTensor topk =
+      select_with_values({{1, 1, 1, 1, 1}, {1, 127, 128, 129, 2049}, 5, 1, 1}, config, value);
   EXPECT_EQ(topk_row(topk, 0, 0), padded({0}, 16));
   EXPECT_EQ(topk_row(topk, 0, 1), padded({0}, 16));
   EXPECT_EQ(topk_row(topk, 0, 2), padded({0}, 16));
   EXPECT_EQ(topk_row(topk, 0, 3), padded({0, 1}, 16));
-  EXPECT_EQ(topk_row(topk, 0, 4), (std::vector<int32_t>{0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}));
+  EXPECT_EQ(topk_row(topk, 0, 4),
+            (std::vector<int32_t>{0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}));
 }
 
 TEST_P(Selection, AllBlocksWhenNoMoreThanK) {
-  const HostTensor topk = select_with_values({{1, 1}, {2048, 1000}, 2, 1, 1}, config_with(16, 1, 0), ascending_values(16));
-  EXPECT_EQ(topk_row(topk, 0, 0), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
+  const HostTensor topk = select_with_values({{1, 1}, {2048, 1000}, 2, 1, 1}, config_with(16, 1, 0),
+                                             ascending_values(16));
+  EXPECT_EQ(topk_row(topk, 0, 0),
+            (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
   EXPECT_EQ(topk_row(topk, 0, 1), padded({0, 1, 2, 3, 4, 5, 6, 7}, 16));
 }
 
@@ -87,7 +95,8 @@ TEST_P(Selection, PaddingRowsSelectNothingAndScoreMinusInfinity) {
     EXPECT_EQ(topk_row(topk, h, 1), padded({0, 1, 2}, 16));
     EXPECT_EQ(topk_row(topk, h, 2), padded({}, 16));
     for (int t : {0, 2})
-      for (int b = 0; b < sb.width(); ++b) EXPECT_EQ(scores.data<float>()[(h * 3 + t) * sb.width() + b], -kInf);
+      for (int b = 0; b < sb.width(); ++b)
+        EXPECT_EQ(scores.data<float>()[(h * 3 + t) * sb.width() + b], -kInf);
   }
 }
 
@@ -101,7 +110,9 @@ TEST_P(Selection, ShuffledBlockTablesDoNotChangeSelections) {
     sb.fill_index_integers(test_seed(), -4, 4);
     M3SA_ASSERT_OK(run_index_topk(config_with(16, 1, 0, 4), sb, {backend()}, &results[shuffled]));
   }
-  EXPECT_EQ(std::memcmp(results[0].data<int32_t>(), results[1].data<int32_t>(), results[0].bytes()), 0) << "seed " << test_seed();
+  EXPECT_EQ(std::memcmp(results[0].data<int32_t>(), results[1].data<int32_t>(), results[0].bytes()),
+            0)
+      << "seed " << test_seed();
 }
 
 TEST_P(Selection, CausalMaskInsideTheOwnBlock) {
@@ -111,17 +122,22 @@ TEST_P(Selection, CausalMaskInsideTheOwnBlock) {
   BatchSpec spec{{10}, {20 * 128 + 10}, 0, 1, 1};
   SyntheticBatch sb(spec);
   const std::vector<float> value = ascending_values(20);
-  sb.fill_index([&](int, int64_t j, int) { return j >= 20 * 128 ? (j == 20 * 128 ? -1.f : 1000.f) : value[j / kBlockTokens]; },
-                [](int64_t, int, int) { return 1.f; });
+  sb.fill_index(
+      [&](int, int64_t j, int) {
+        return j >= 20 * 128 ? (j == 20 * 128 ? -1.f : 1000.f) : value[j / kBlockTokens];
+      },
+      [](int64_t, int, int) { return 1.f; });
   HostTensor topk;
   M3SA_ASSERT_OK(run_index_topk(config_with(16, 0, 0), sb, {backend()}, &topk));
-  EXPECT_EQ(topk_row(topk, 0, 0), (std::vector<int32_t>{4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}));
-  EXPECT_EQ(topk_row(topk, 0, 1), (std::vector<int32_t>{5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}));
+  EXPECT_EQ(topk_row(topk, 0, 0),
+            (std::vector<int32_t>{4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}));
+  EXPECT_EQ(topk_row(topk, 0, 1),
+            (std::vector<int32_t>{5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}));
 }
 
 TEST_P(Selection, MtpDecodeQueryLengths2To16) {
   std::vector<float> value(40);
-  for (int b = 0; b < 40; ++b) value[b] = static_cast<float>((b * 7) % 40);  // distinct, scattered
+  for (int b = 0; b < 40; ++b) value[b] = static_cast<float>((b * 7) % 40); // distinct, scattered
   for (int q_len = 2; q_len <= 16; ++q_len) {
     BatchSpec spec{{q_len, q_len, q_len}, {3000 + q_len, 2048 + q_len - 1, 4100}, 3, q_len, 2};
     SyntheticBatch sb(spec);
@@ -130,7 +146,8 @@ TEST_P(Selection, MtpDecodeQueryLengths2To16) {
     M3SA_ASSERT_OK(run_index_topk(config_with(16, 1, 0, 2), sb, {backend()}, &topk));
     for (int64_t t = 0; t < sb.num_tokens(); ++t)
       for (int h = 0; h < 2; ++h)
-        ASSERT_EQ(topk_row(topk, h, t), expected_ids(sb.position(t), 16, 1, 0, value)) << "q_len " << q_len << " token " << t;
+        ASSERT_EQ(topk_row(topk, h, t), expected_ids(sb.position(t), 16, 1, 0, value))
+            << "q_len " << q_len << " token " << t;
   }
 }
 
@@ -144,20 +161,24 @@ TEST_P(Selection, MixedDecodeAndPrefillBatch) {
   M3SA_ASSERT_OK(run_index_topk(config_with(16, 1, 0, 3), sb, {backend()}, &topk));
   for (int64_t t = 0; t < sb.num_tokens(); ++t)
     for (int h = 0; h < 3; ++h)
-      ASSERT_EQ(topk_row(topk, h, t), expected_ids(sb.position(t), 16, 1, 0, value)) << "token " << t;
+      ASSERT_EQ(topk_row(topk, h, t), expected_ids(sb.position(t), 16, 1, 0, value))
+          << "token " << t;
 }
 
 TEST_P(Selection, TiesGoToTheLowerBlockId) {
-  std::vector<float> value(40, 2.f);  // every block ties
+  std::vector<float> value(40, 2.f); // every block ties
   value[30] = 3.f;
-  const HostTensor topk = select_with_values({{1}, {40 * 128}, 1, 1, 1}, config_with(16, 1, 0), value);
-  EXPECT_EQ(topk_row(topk, 0, 0), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 30, 39}));
+  const HostTensor topk =
+      select_with_values({{1}, {40 * 128}, 1, 1, 1}, config_with(16, 1, 0), value);
+  EXPECT_EQ(topk_row(topk, 0, 0),
+            (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 30, 39}));
 }
 
 TEST_P(Selection, NanRanksLastAndInfinitiesOrderAsNumbers) {
   // 20 causal blocks, K = 8, local = 1: block 19 forced; 7 best of blocks 0..18.
   std::vector<float> s(20, kNan);
-  s[0] = -kInf, s[1] = 5, s[2] = kInf, s[3] = -kInf, s[4] = 5, s[5] = -0.f, s[6] = 0.f, s[7] = -1, s[8] = 1e30f;
+  s[0] = -kInf, s[1] = 5, s[2] = kInf, s[3] = -kInf, s[4] = 5, s[5] = -0.f, s[6] = 0.f, s[7] = -1,
+  s[8] = 1e30f;
   const HostTensor topk = select_from_scores(19 * 128, config_with(8, 1, 0), {s});
   EXPECT_EQ(topk_row(topk, 0, 0), (std::vector<int32_t>{1, 2, 4, 5, 6, 7, 8, 19}));
   // With fewer numbers than slots, -inf blocks come before NaN ones, lower id first.
@@ -178,9 +199,11 @@ TEST_P(Selection, TopKOf1And8And16And32) {
       HostTensor topk;
       M3SA_ASSERT_OK(run_index_topk(config_with(k, local, 0), sb, {backend()}, &topk));
       for (int64_t t = 0; t < sb.num_tokens(); ++t)
-        ASSERT_EQ(topk_row(topk, 0, t), expected_ids(sb.position(t), k, local, 0, value)) << "K " << k << " local " << local;
+        ASSERT_EQ(topk_row(topk, 0, t), expected_ids(sb.position(t), k, local, 0, value))
+            << "K " << k << " local " << local;
     }
-  const HostTensor one = select_with_values({{1}, {50 * 128}, 1, 1, 1}, config_with(1, 1, 0), value);
+  const HostTensor one =
+      select_with_values({{1}, {50 * 128}, 1, 1, 1}, config_with(1, 1, 0), value);
   EXPECT_EQ(topk_row(one, 0, 0), std::vector<int32_t>{49});
 }
 
@@ -194,7 +217,8 @@ TEST_P(Selection, LocalAndInitCombinations) {
     HostTensor topk;
     M3SA_ASSERT_OK(run_index_topk(config_with(16, local, init), sb, {backend()}, &topk));
     for (int64_t t = 0; t < sb.num_tokens(); ++t)
-      ASSERT_EQ(topk_row(topk, 0, t), expected_ids(sb.position(t), 16, local, init, value)) << "local " << local << " init " << init;
+      ASSERT_EQ(topk_row(topk, 0, t), expected_ids(sb.position(t), 16, local, init, value))
+          << "local " << local << " init " << init;
   }
   // Hand-worked: 40 blocks, init 2, local 2, K 6: blocks 0, 1, 38, 39 forced, two best of 2..37.
   std::vector<float> s(40, 0.f);
@@ -206,9 +230,11 @@ TEST_P(Selection, LocalAndInitCombinations) {
 TEST_P(Selection, MillionTokenRows) {
   // 8192 blocks (1M tokens), one decode token and one index head: 15 scattered strong blocks win.
   std::vector<float> value(8192, 1.f);
-  const int strong[15] = {3, 77, 500, 1023, 2048, 3000, 4095, 4096, 5000, 6001, 7000, 7777, 8000, 8100, 8190};
+  const int strong[15] = {3,    77,   500,  1023, 2048, 3000, 4095, 4096,
+                          5000, 6001, 7000, 7777, 8000, 8100, 8190};
   for (int i = 0; i < 15; ++i) value[strong[i]] = static_cast<float>(20 + i);
-  const HostTensor topk = select_with_values({{1}, {8192 * 128}, 1, 1, 1}, config_with(16, 1, 0), value);
+  const HostTensor topk =
+      select_with_values({{1}, {8192 * 128}, 1, 1, 1}, config_with(16, 1, 0), value);
   std::vector<int32_t> want(strong, strong + 15);
   want.push_back(8191);
   EXPECT_EQ(topk_row(topk, 0, 0), want);
@@ -221,7 +247,8 @@ TEST_P(Selection, MillionTokenRows) {
 
 TEST_P(Selection, ReduceHeadsSelectsOnceFromTheMaxOverHeads) {
   std::vector<float> h0(20, 0.f), h1(20, 0.f);
-  h0[2] = 10, h0[4] = 9, h1[7] = 9.5f, h1[9] = 8, h0[11] = kNan, h1[11] = 1;  // NaN ignored next to a number
+  h0[2] = 10, h0[4] = 9, h1[7] = 9.5f, h1[9] = 8, h0[11] = kNan,
+  h1[11] = 1; // NaN ignored next to a number
   MsaConfig config = config_with(5, 1, 0, 2);
   const HostTensor per_head = select_from_scores(19 * 128, config, {h0, h1});
   EXPECT_EQ(topk_row(per_head, 0, 0), (std::vector<int32_t>{0, 1, 2, 4, 19}));
@@ -237,20 +264,23 @@ TEST_P(Selection, ScoreBlocksExportsScaledMaxAndMinusInfinityBeyondCausalBlocks)
   spec.extra_columns = 2;
   SyntheticBatch sb(spec);
   // Key j of request r holds (j % 128) - 64 in dim 0, zero elsewhere; q = 1 in dim 0 only.
-  sb.fill_index([](int, int64_t j, int d) { return d == 0 ? static_cast<float>(j % 128) - 64 : 0.f; },
-                [](int64_t, int, int d) { return d == 0 ? 1.f : 0.f; });
+  sb.fill_index(
+      [](int, int64_t j, int d) { return d == 0 ? static_cast<float>(j % 128) - 64 : 0.f; },
+      [](int64_t, int, int d) { return d == 0 ? 1.f : 0.f; });
   MsaConfig config = config_with(16, 1, 0);
   config.score_scale = 0.5f;
   HostTensor scores;
   M3SA_ASSERT_OK(run_score_blocks(config, sb, {backend()}, &scores));
   const int w = sb.width();
   const float* s = scores.data<float>();
-  // Token 0: position 299 -> blocks 0, 1 full (max 63), block 2 keys 256..299 (max 299-256-64 = -21).
+  // Token 0: position 299 -> blocks 0, 1 full (max 63), block 2 keys 256..299 (max 299-256-64 =
+  // -21).
   EXPECT_EQ(s[0 * w + 0], 31.5f);
   EXPECT_EQ(s[0 * w + 1], 31.5f);
   EXPECT_EQ(s[0 * w + 2], -10.5f);
   for (int b = 3; b < w; ++b) EXPECT_EQ(s[0 * w + b], -kInf);
-  // Token 1: position 127 -> block 0 only, whole; token 2: position 128 -> block 1 holds key 128 only.
+  // Token 1: position 127 -> block 0 only, whole; token 2: position 128 -> block 1 holds key 128
+  // only.
   EXPECT_EQ(s[1 * w + 0], 31.5f);
   EXPECT_EQ(s[1 * w + 1], -kInf);
   EXPECT_EQ(s[2 * w + 1], -32.f);
@@ -259,11 +289,13 @@ TEST_P(Selection, ScoreBlocksExportsScaledMaxAndMinusInfinityBeyondCausalBlocks)
 TEST_P(Selection, InsertIndexKRoundsOnceAndSkipsPaddingSlots) {
   for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
     HostTensor cache(dtype, {3, kBlockTokens, kHeadDim});
-    cache.fill_bytes(0x11);  // sentinel
+    cache.fill_bytes(0x11); // sentinel
     HostTensor rows(DType::f32, {3, kHeadDim});
-    for (int i = 0; i < 3 * kHeadDim; ++i) rows.data<float>()[i] = 0.7f * static_cast<float>(i % 97) - 30.3f + (i == 5 ? 1e6f : 0.f);
+    for (int i = 0; i < 3 * kHeadDim; ++i)
+      rows.data<float>()[i] = 0.7f * static_cast<float>(i % 97) - 30.3f + (i == 5 ? 1e6f : 0.f);
     HostTensor slots(DType::i64, {3});
-    slots.data<int64_t>()[0] = 2 * 128 + 5, slots.data<int64_t>()[1] = -1, slots.data<int64_t>()[2] = 7;
+    slots.data<int64_t>()[0] = 2 * 128 + 5, slots.data<int64_t>()[1] = -1,
+    slots.data<int64_t>()[2] = 7;
     PlanRequest request;
     request.op = OpKind::insert_index_k;
     request.backend = backend();
@@ -271,27 +303,31 @@ TEST_P(Selection, InsertIndexKRoundsOnceAndSkipsPaddingSlots) {
     request.capacities = {1, 3, 1};
     PlannedOp planned(request);
     M3SA_ASSERT_OK(planned.status);
-    M3SA_ASSERT_OK(insert_index_k(planned.plan, {rows.view(), slots.view(), cache.view()}, planned.workspace()));
+    M3SA_ASSERT_OK(insert_index_k(planned.plan, {rows.view(), slots.view(), cache.view()},
+                                  planned.workspace()));
     const size_t elem = dtype_size(dtype);
     const auto* bytes = cache.data<uint8_t>();
     for (int64_t i = 0; i < cache.view().numel(); ++i) {
       const int64_t slot = i / kHeadDim, d = i % kHeadDim;
       const int row = slot == 2 * 128 + 5 ? 0 : (slot == 7 ? 2 : -1);
       if (row < 0) {
-        for (size_t b = 0; b < elem; ++b) ASSERT_EQ(bytes[i * elem + b], 0x11) << "slot " << slot << " written";
+        for (size_t b = 0; b < elem; ++b)
+          ASSERT_EQ(bytes[i * elem + b], 0x11) << "slot " << slot << " written";
         continue;
       }
       const float x = rows.data<float>()[row * kHeadDim + d];
-      if (dtype == DType::bf16) ASSERT_EQ(cache.data<uint16_t>()[i], float_to_bf16_bits(x));
-      else ASSERT_EQ(cache.data<uint8_t>()[i], float_to_e4m3_bits(x));
+      if (dtype == DType::bf16)
+        ASSERT_EQ(cache.data<uint16_t>()[i], float_to_bf16_bits(x));
+      else
+        ASSERT_EQ(cache.data<uint8_t>()[i], float_to_e4m3_bits(x));
     }
     if (dtype == DType::fp8_e4m3) {
-      EXPECT_EQ(cache.data<uint8_t>()[(2 * 128 + 5) * kHeadDim + 5], 0x7e);  // 1e6 saturates
+      EXPECT_EQ(cache.data<uint8_t>()[(2 * 128 + 5) * kHeadDim + 5], 0x7e); // 1e6 saturates
     }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Selection, kHostBackends, backend_name);
 
-}  // namespace
-}  // namespace m3sa::testing
+} // namespace
+} // namespace m3sa::testing

@@ -5,10 +5,11 @@
 #ifndef M3SA_HAVE_CUDA
 namespace m3sa::cli {
 int run_bench(const BenchOptions&) {
-  std::fprintf(stderr, "m3sa bench: this build has no CUDA backend (configure with nvcc on PATH)\n");
+  std::fprintf(stderr,
+               "m3sa bench: this build has no CUDA backend (configure with nvcc on PATH)\n");
   return 2;
 }
-}  // namespace m3sa::cli
+} // namespace m3sa::cli
 #else
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -30,13 +31,13 @@ namespace {
 using testing::HostTensor;
 using testing::Rng;
 
-#define BENCH_CHECK(expr)                                                                       \
-  do {                                                                                          \
-    const cudaError_t e_ = (expr);                                                              \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "m3sa bench: %s: %s\n", #expr, cudaGetErrorString(e_));              \
-      return false;                                                                             \
-    }                                                                                           \
+#define BENCH_CHECK(expr)                                                                          \
+  do {                                                                                             \
+    const cudaError_t e_ = (expr);                                                                 \
+    if (e_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "m3sa bench: %s: %s\n", #expr, cudaGetErrorString(e_));                 \
+      return false;                                                                                \
+    }                                                                                              \
   } while (0)
 
 struct DeviceBuffer {
@@ -57,9 +58,11 @@ bool fill_random(DeviceBuffer& buffer, DType dtype, uint64_t seed) {
   HostTensor host(DType::i32, {static_cast<int64_t>((block + 3) / 4)});
   Rng rng(seed);
   const int64_t elems = static_cast<int64_t>(block / dtype_size(dtype));
-  for (int64_t i = 0; i < elems; ++i) testing::store(dtype, host.view().data, i, static_cast<float>(rng.uniform() * 4 - 2));
+  for (int64_t i = 0; i < elems; ++i)
+    testing::store(dtype, host.view().data, i, static_cast<float>(rng.uniform() * 4 - 2));
   for (size_t off = 0; off < buffer.bytes; off += block)
-    BENCH_CHECK(cudaMemcpy(static_cast<char*>(buffer.ptr) + off, host.view().data, std::min(block, buffer.bytes - off), cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMemcpy(static_cast<char*>(buffer.ptr) + off, host.view().data,
+                           std::min(block, buffer.bytes - off), cudaMemcpyHostToDevice));
   return true;
 }
 
@@ -82,7 +85,7 @@ bool time_graph(cudaStream_t stream, int launches, int samples, Enqueue&& enqueu
   cudaEvent_t start, stop;
   BENCH_CHECK(cudaEventCreate(&start));
   BENCH_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+  for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream)); // warm-up
   std::vector<double> us;
   for (int s = 0; s < samples; ++s) {
     BENCH_CHECK(cudaEventRecord(start, stream));
@@ -124,7 +127,7 @@ bool measure_copy(cudaStream_t stream, double* gbps) {
     BENCH_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 3) us.push_back(1e3 * ms);  // three warm-ups
+    if (i >= 3) us.push_back(1e3 * ms); // three warm-ups
   }
   std::sort(us.begin(), us.end());
   *gbps = 2.0 * bytes / (us[us.size() / 2] * 1e3);
@@ -142,8 +145,8 @@ bool measure_gemm(cudaStream_t stream, double* tflops) {
   if (!lib) return false;
   using Create = int (*)(void**);
   using SetStream = int (*)(void*, cudaStream_t);
-  using GemmEx = int (*)(void*, int, int, int, int, int, const void*, const void*, int, int, const void*, int, int, const void*,
-                         void*, int, int, int, int);
+  using GemmEx = int (*)(void*, int, int, int, int, int, const void*, const void*, int, int,
+                         const void*, int, int, const void*, void*, int, int, int, int);
   auto create = reinterpret_cast<Create>(dlsym(lib, "cublasCreate_v2"));
   auto set_stream = reinterpret_cast<SetStream>(dlsym(lib, "cublasSetStream_v2"));
   auto gemm = reinterpret_cast<GemmEx>(dlsym(lib, "cublasGemmEx"));
@@ -155,11 +158,15 @@ bool measure_gemm(cudaStream_t stream, double* tflops) {
   DeviceBuffer a(size_t{2} * n * n), b(size_t{2} * n * n), c(size_t{2} * n * n);
   if (!fill_random(a, DType::bf16, 1) || !fill_random(b, DType::bf16, 2)) return false;
   const float one = 1.f, zero = 0.f;
-  constexpr int kOpN = 0, kBf16 = 14, kComputeF32 = 68, kDefaultAlgo = -1;  // cuBLAS enum values
+  constexpr int kOpN = 0, kBf16 = 14, kComputeF32 = 68, kDefaultAlgo = -1; // cuBLAS enum values
   Timing t;
-  const bool ok = time_graph(stream, 1, 10, [&](int) {
-    return gemm(handle, kOpN, kOpN, n, n, n, &one, a.ptr, kBf16, n, b.ptr, kBf16, n, &zero, c.ptr, kBf16, n, kComputeF32, kDefaultAlgo) == 0;
-  }, &t);
+  const bool ok = time_graph(
+      stream, 1, 10,
+      [&](int) {
+        return gemm(handle, kOpN, kOpN, n, n, n, &one, a.ptr, kBf16, n, b.ptr, kBf16, n, &zero,
+                    c.ptr, kBf16, n, kComputeF32, kDefaultAlgo) == 0;
+      },
+      &t);
   if (ok) *tflops = 2.0 * n * n * n / (t.median_us * 1e6);
   return ok;
 }
@@ -167,9 +174,9 @@ bool measure_gemm(cudaStream_t stream, double* tflops) {
 struct Case {
   std::string name;
   bool decode;
-  int batch;      // decode requests (prefill: 1)
-  int context;    // tokens cached per request, this step's included
-  int chunk;      // prefill query tokens (decode: 1)
+  int batch;   // decode requests (prefill: 1)
+  int context; // tokens cached per request, this step's included
+  int chunk;   // prefill query tokens (decode: 1)
   int heads;
   DType dtype;
 };
@@ -182,13 +189,19 @@ std::vector<Case> cases(const std::string& set) {
     for (int b : {1, 32, 128})
       for (int s : {8192, 32768, 131072})
         if (set == "full" || (b != 32 && s != 8192))
-          all.push_back({std::string("decode ") + dn + " B=" + std::to_string(b) + " S=" + std::to_string(s / 1024) + "K H=1", true, b, s, 1, 1, d});
+          all.push_back({std::string("decode ") + dn + " B=" + std::to_string(b) +
+                             " S=" + std::to_string(s / 1024) + "K H=1",
+                         true, b, s, 1, 1, d});
     all.push_back({std::string("decode ") + dn + " B=1 S=1M H=1", true, 1, 1 << 20, 1, 1, d});
     for (int h : {1, 4})
       for (int s : {8192, 32768, 131072})
         if (set == "full" || s == 131072)
-          all.push_back({std::string("prefill ") + dn + " C=8K S=" + std::to_string(s / 1024) + "K H=" + std::to_string(h), false, 1, s, 8192, h, d});
-    if (set == "full") all.push_back({std::string("prefill ") + dn + " C=16K S=1M H=4", false, 1, 1 << 20, 16384, 4, d});
+          all.push_back({std::string("prefill ") + dn + " C=8K S=" + std::to_string(s / 1024) +
+                             "K H=" + std::to_string(h),
+                         false, 1, s, 8192, h, d});
+    if (set == "full")
+      all.push_back(
+          {std::string("prefill ") + dn + " C=16K S=1M H=4", false, 1, 1 << 20, 16384, 4, d});
   }
   return all;
 }
@@ -202,48 +215,62 @@ struct Record {
 
 // One case: build data sets (enough to rotate past 2x L2 for small caches), plan the three ops,
 // time each: score_blocks, select_topk_blocks, index_topk.
-bool run_case(const Case& c, cudaStream_t stream, double copy_gbps, double gemm_tflops, std::vector<Record>* records) {
+bool run_case(const Case& c, cudaStream_t stream, double copy_gbps, double gemm_tflops,
+              std::vector<Record>* records) {
   const int blocks = (c.context + 127) / 128;
   const int64_t pages = int64_t{c.batch} * blocks;
   const int64_t tokens = c.decode ? c.batch : c.chunk;
   const size_t elem = dtype_size(c.dtype);
   const size_t cache_bytes = static_cast<size_t>(pages) * 128 * 128 * elem;
-  const int sets = static_cast<int>(std::clamp<size_t>((size_t{240} << 20) / cache_bytes + 1, 1, 16));
+  const int sets =
+      static_cast<int>(std::clamp<size_t>((size_t{240} << 20) / cache_bytes + 1, 1, 16));
   std::vector<std::unique_ptr<DeviceBuffer>> caches;
   for (int i = 0; i < sets; ++i) {
     caches.push_back(std::make_unique<DeviceBuffer>(cache_bytes));
     if (!caches.back()->ptr || !fill_random(*caches.back(), c.dtype, 10 + i)) return false;
   }
-  // Metadata: decode requests each hold `context` tokens; a prefill request is one chunk at its end.
-  HostTensor cu(DType::i32, {c.batch + 1}), seq(DType::i32, {c.batch}), table(DType::i32, {c.batch, blocks});
+  // Metadata: decode requests each hold `context` tokens; a prefill request is one chunk at its
+  // end.
+  HostTensor cu(DType::i32, {c.batch + 1}), seq(DType::i32, {c.batch}),
+      table(DType::i32, {c.batch, blocks});
   std::vector<int32_t> perm(pages);
   for (int64_t i = 0; i < pages; ++i) perm[i] = static_cast<int32_t>(i);
   Rng rng(5);
-  for (int64_t i = pages - 1; i > 0; --i) std::swap(perm[i], perm[rng.uniform_int(0, static_cast<int>(i))]);
+  for (int64_t i = pages - 1; i > 0; --i)
+    std::swap(perm[i], perm[rng.uniform_int(0, static_cast<int>(i))]);
   for (int r = 0; r <= c.batch; ++r) cu.data<int32_t>()[r] = c.decode ? r : (r == 0 ? 0 : c.chunk);
   for (int r = 0; r < c.batch; ++r) {
     seq.data<int32_t>()[r] = c.context;
     for (int b = 0; b < blocks; ++b) table.data<int32_t>()[r * blocks + b] = perm[r * blocks + b];
   }
-  DeviceBuffer d_cu(cu.bytes()), d_seq(seq.bytes()), d_table(table.bytes()), d_q(static_cast<size_t>(tokens) * c.heads * 128 * elem);
+  DeviceBuffer d_cu(cu.bytes()), d_seq(seq.bytes()), d_table(table.bytes()),
+      d_q(static_cast<size_t>(tokens) * c.heads * 128 * elem);
   BENCH_CHECK(cudaMemcpy(d_cu.ptr, cu.view().data, cu.bytes(), cudaMemcpyHostToDevice));
   BENCH_CHECK(cudaMemcpy(d_seq.ptr, seq.view().data, seq.bytes(), cudaMemcpyHostToDevice));
   BENCH_CHECK(cudaMemcpy(d_table.ptr, table.view().data, table.bytes(), cudaMemcpyHostToDevice));
   if (!fill_random(d_q, c.dtype, 3)) return false;
   const Device gpu{DeviceKind::cuda, 0};
-  BatchMetadata batch{TensorView::contiguous(d_cu.ptr, DType::i32, {c.batch + 1}, gpu), TensorView::contiguous(d_seq.ptr, DType::i32, {c.batch}, gpu),
-                      TensorView::contiguous(d_table.ptr, DType::i32, {c.batch, blocks}, gpu), c.batch, c.decode ? c.batch : 0, 1,
+  BatchMetadata batch{TensorView::contiguous(d_cu.ptr, DType::i32, {c.batch + 1}, gpu),
+                      TensorView::contiguous(d_seq.ptr, DType::i32, {c.batch}, gpu),
+                      TensorView::contiguous(d_table.ptr, DType::i32, {c.batch, blocks}, gpu),
+                      c.batch,
+                      c.decode ? c.batch : 0,
+                      1,
                       static_cast<int>(tokens)};
   const TensorView q = TensorView::contiguous(d_q.ptr, c.dtype, {tokens, c.heads, 128}, gpu);
   MsaConfig config;
   config.num_index_heads = c.heads;
-  DeviceBuffer d_scores(static_cast<size_t>(c.heads) * tokens * blocks * 4), d_topk(static_cast<size_t>(c.heads) * tokens * 16 * 4);
-  const TensorView scores = TensorView::contiguous(d_scores.ptr, DType::f32, {c.heads, tokens, blocks}, gpu);
-  const TensorView topk = TensorView::contiguous(d_topk.ptr, DType::i32, {c.heads, tokens, 16}, gpu);
+  DeviceBuffer d_scores(static_cast<size_t>(c.heads) * tokens * blocks * 4),
+      d_topk(static_cast<size_t>(c.heads) * tokens * 16 * 4);
+  const TensorView scores =
+      TensorView::contiguous(d_scores.ptr, DType::f32, {c.heads, tokens, blocks}, gpu);
+  const TensorView topk =
+      TensorView::contiguous(d_topk.ptr, DType::i32, {c.heads, tokens, 16}, gpu);
 
   // Bytes: every key row once (plus the queries); FLOPs: 2 * 128 per visible (query row, key).
   double visible = 0;
-  for (int64_t t = 0; t < tokens; ++t) visible += c.decode ? c.context : (c.context - c.chunk + t + 1);
+  for (int64_t t = 0; t < tokens; ++t)
+    visible += c.decode ? c.context : (c.context - c.chunk + t + 1);
   const double flops = 2.0 * 128 * c.heads * visible * (c.decode ? 1 : 1);
   const double key_bytes = static_cast<double>(c.batch) * c.context * 128 * elem;
   for (OpKind op : {OpKind::score_blocks, OpKind::select_topk_blocks, OpKind::index_topk}) {
@@ -256,16 +283,24 @@ bool run_case(const Case& c, cudaStream_t stream, double copy_gbps, double gemm_
     }
     DeviceBuffer ws(plan.workspace_bytes);
     Timing t;
-    const bool ok = time_graph(stream, sets, c.decode ? 20 : 5, [&](int i) {
-      const TensorView cache = TensorView::contiguous(caches[i % sets]->ptr, c.dtype, {pages, 128, 128}, gpu);
-      const ExecContext ctx{0, stream};
-      Status st;
-      if (op == OpKind::score_blocks) st = score_blocks(plan, {q, cache, batch, scores}, {ws.ptr, ws.bytes}, ctx);
-      else if (op == OpKind::select_topk_blocks) st = select_topk_blocks(plan, {scores, batch, topk}, {ws.ptr, ws.bytes}, ctx);
-      else st = index_topk(plan, {q, cache, batch, topk}, {ws.ptr, ws.bytes}, ctx);
-      if (!st.ok()) std::fprintf(stderr, "m3sa bench: %s: %s\n", c.name.c_str(), st.to_string().c_str());
-      return st.ok();
-    }, &t);
+    const bool ok = time_graph(
+        stream, sets, c.decode ? 20 : 5,
+        [&](int i) {
+          const TensorView cache =
+              TensorView::contiguous(caches[i % sets]->ptr, c.dtype, {pages, 128, 128}, gpu);
+          const ExecContext ctx{0, stream};
+          Status st;
+          if (op == OpKind::score_blocks)
+            st = score_blocks(plan, {q, cache, batch, scores}, {ws.ptr, ws.bytes}, ctx);
+          else if (op == OpKind::select_topk_blocks)
+            st = select_topk_blocks(plan, {scores, batch, topk}, {ws.ptr, ws.bytes}, ctx);
+          else
+            st = index_topk(plan, {q, cache, batch, topk}, {ws.ptr, ws.bytes}, ctx);
+          if (!st.ok())
+            std::fprintf(stderr, "m3sa bench: %s: %s\n", c.name.c_str(), st.to_string().c_str());
+          return st.ok();
+        },
+        &t);
     if (!ok) return false;
     Record rec{c.name, to_string(op), t};
     if (op == OpKind::select_topk_blocks) {
@@ -282,7 +317,8 @@ bool run_case(const Case& c, cudaStream_t stream, double copy_gbps, double gemm_
       rec.ceiling = "bf16 GEMM";
     }
     records->push_back(rec);
-    std::fprintf(stderr, "[m3sa bench] %-34s %-18s %10.2f us\n", c.name.c_str(), rec.mode.c_str(), t.median_us);
+    std::fprintf(stderr, "[m3sa bench] %-34s %-18s %10.2f us\n", c.name.c_str(), rec.mode.c_str(),
+                 t.median_us);
   }
   return true;
 }
@@ -294,7 +330,7 @@ std::string iso_date() {
   return text;
 }
 
-}  // namespace
+} // namespace
 
 int run_bench(const BenchOptions& options) {
   if (cuda_device_count() == 0) {
@@ -308,32 +344,45 @@ int run_bench(const BenchOptions& options) {
   double copy_gbps = 0, gemm_tflops = 0;
   if (!measure_copy(stream, &copy_gbps)) return 1;
   const bool have_gemm = measure_gemm(stream, &gemm_tflops);
-  std::printf("# m3sa bench on %s (%d SMs), commit %s, %s\n\n", prop.name, prop.multiProcessorCount, build_commit(), iso_date().c_str());
-  std::printf("ceilings measured in this run: device-to-device copy %.0f GB/s (read + write); cuBLAS bf16 GEMM 8192^3 %s\n\n", copy_gbps,
-              have_gemm ? (std::to_string(static_cast<int>(gemm_tflops)) + " TFLOP/s").c_str() : "unavailable (no libcublas)");
+  std::printf("# m3sa bench on %s (%d SMs), commit %s, %s\n\n", prop.name, prop.multiProcessorCount,
+              build_commit(), iso_date().c_str());
+  std::printf("ceilings measured in this run: device-to-device copy %.0f GB/s (read + write); "
+              "cuBLAS bf16 GEMM 8192^3 %s\n\n",
+              copy_gbps,
+              have_gemm ? (std::to_string(static_cast<int>(gemm_tflops)) + " TFLOP/s").c_str()
+                        : "unavailable (no libcublas)");
   std::vector<Record> records;
   int failures = 0;
   for (const Case& c : cases(options.set)) {
     if (!options.filter.empty() && c.name.find(options.filter) == std::string::npos) continue;
     if (!run_case(c, stream, copy_gbps, gemm_tflops, &records)) ++failures;
   }
-  std::printf("| case | op | median us | CV | GB/s | TFLOP/s | of ceiling |\n|---|---|---|---|---|---|---|\n");
+  std::printf("| case | op | median us | CV | GB/s | TFLOP/s | of ceiling "
+              "|\n|---|---|---|---|---|---|---|\n");
   for (const Record& r : records)
-    std::printf("| %s | %s | %.2f | %.1f%% | %.0f | %.1f | %.1f%% of %s |\n", r.name.c_str(), r.mode.c_str(), r.t.median_us, 100 * r.t.cv,
-                r.bytes / (r.t.median_us * 1e3), r.flops / (r.t.median_us * 1e6), 100 * r.fraction, r.ceiling);
+    std::printf("| %s | %s | %.2f | %.1f%% | %.0f | %.1f | %.1f%% of %s |\n", r.name.c_str(),
+                r.mode.c_str(), r.t.median_us, 100 * r.t.cv, r.bytes / (r.t.median_us * 1e3),
+                r.flops / (r.t.median_us * 1e6), 100 * r.fraction, r.ceiling);
   if (!options.json_path.empty()) {
     FILE* f = std::fopen(options.json_path.c_str(), "w");
     if (!f) return 1;
-    std::fprintf(f, "{\n  \"device\": \"%s\", \"sm_count\": %d, \"commit\": \"%s\", \"date\": \"%s\",\n", prop.name, prop.multiProcessorCount,
-                 build_commit(), iso_date().c_str());
-    std::fprintf(f, "  \"ceilings\": {\"copy_gbps\": %.1f, \"bf16_gemm_tflops\": %.1f},\n  \"records\": [\n", copy_gbps, gemm_tflops);
+    std::fprintf(
+        f, "{\n  \"device\": \"%s\", \"sm_count\": %d, \"commit\": \"%s\", \"date\": \"%s\",\n",
+        prop.name, prop.multiProcessorCount, build_commit(), iso_date().c_str());
+    std::fprintf(
+        f, "  \"ceilings\": {\"copy_gbps\": %.1f, \"bf16_gemm_tflops\": %.1f},\n  \"records\": [\n",
+        copy_gbps, gemm_tflops);
     for (size_t i = 0; i < records.size(); ++i) {
       const Record& r = records[i];
       std::fprintf(f,
-                   "    {\"device\": \"%s\", \"commit\": \"%s\", \"case\": \"%s\", \"op\": \"%s\", \"median_us\": %.3f, \"cv\": %.4f, "
-                   "\"bytes\": %.0f, \"flops\": %.0f, \"gbps\": %.1f, \"tflops\": %.2f, \"fraction_of_ceiling\": %.4f, \"ceiling\": \"%s\"}%s\n",
-                   prop.name, build_commit(), r.name.c_str(), r.mode.c_str(), r.t.median_us, r.t.cv, r.bytes, r.flops,
-                   r.bytes / (r.t.median_us * 1e3), r.flops / (r.t.median_us * 1e6), r.fraction, r.ceiling, i + 1 < records.size() ? "," : "");
+                   "    {\"device\": \"%s\", \"commit\": \"%s\", \"case\": \"%s\", \"op\": \"%s\", "
+                   "\"median_us\": %.3f, \"cv\": %.4f, "
+                   "\"bytes\": %.0f, \"flops\": %.0f, \"gbps\": %.1f, \"tflops\": %.2f, "
+                   "\"fraction_of_ceiling\": %.4f, \"ceiling\": \"%s\"}%s\n",
+                   prop.name, build_commit(), r.name.c_str(), r.mode.c_str(), r.t.median_us, r.t.cv,
+                   r.bytes, r.flops, r.bytes / (r.t.median_us * 1e3),
+                   r.flops / (r.t.median_us * 1e6), r.fraction, r.ceiling,
+                   i + 1 < records.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);
@@ -342,5 +391,5 @@ int run_bench(const BenchOptions& options) {
   return failures ? 1 : 0;
 }
 
-}  // namespace m3sa::cli
+} // namespace m3sa::cli
 #endif

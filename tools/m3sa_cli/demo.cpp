@@ -33,8 +33,7 @@ void progress(const char* what) { std::fprintf(stderr, "[m3sa demo] %s\n", what)
 DType parse_dtype(const std::string& name) { return name == "fp8" ? DType::fp8_e4m3 : DType::bf16; }
 
 // Runs `body` on a freshly planned op and reports its wall time in milliseconds.
-template <typename Body>
-Status timed(const PlanRequest& request, double* elapsed_ms, Body&& body) {
+template <typename Body> Status timed(const PlanRequest& request, double* elapsed_ms, Body&& body) {
   PlannedOp planned(request);
   if (!planned.status.ok()) return planned.status;
   const auto start = Clock::now();
@@ -43,7 +42,8 @@ Status timed(const PlanRequest& request, double* elapsed_ms, Body&& body) {
   return status;
 }
 
-// Single-token requests for sampled tokens of `sb`, sharing its caches: the reference runs on these.
+// Single-token requests for sampled tokens of `sb`, sharing its caches: the reference runs on
+// these.
 struct SampleBatch {
   std::vector<int64_t> tokens;
   HostTensor cu_q_lens, seq_lens, block_table, kv_block_table, index_q, q;
@@ -63,16 +63,21 @@ HostTensor gather_tokens(const HostTensor& src, const std::vector<int64_t>& toke
   const TensorView v = src.view();
   HostTensor dst;
   const int64_t s = static_cast<int64_t>(tokens.size());
-  if (v.rank == 2) dst.reset(v.dtype, {s, v.shape[1]});
-  else if (token_dim == 0) dst.reset(v.dtype, {s, v.shape[1], v.shape[2]});
-  else dst.reset(v.dtype, {v.shape[0], s, v.shape[2]});
+  if (v.rank == 2)
+    dst.reset(v.dtype, {s, v.shape[1]});
+  else if (token_dim == 0)
+    dst.reset(v.dtype, {s, v.shape[1], v.shape[2]});
+  else
+    dst.reset(v.dtype, {v.shape[0], s, v.shape[2]});
   const size_t elem = dtype_size(v.dtype);
   const int64_t outer = token_dim == 0 ? 1 : v.shape[0];
   const int64_t inner = token_dim == 0 ? v.numel() / v.shape[0] : v.shape[2];
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < s; ++i)
       std::memcpy(dst.data<char>() + ((o * s + i) * inner) * elem,
-                  static_cast<const char*>(v.data) + ((o * v.shape[token_dim] + tokens[i]) * inner) * elem, inner * elem);
+                  static_cast<const char*>(v.data) +
+                      ((o * v.shape[token_dim] + tokens[i]) * inner) * elem,
+                  inner * elem);
   return dst;
 }
 
@@ -89,8 +94,10 @@ SampleBatch make_sample(const SyntheticBatch& sb, std::vector<int64_t> tokens) {
     const int r = sb.request_of(s.tokens[i]);
     // A lone token at position p sees exactly what it saw in the batch when seq_len = p + 1.
     s.seq_lens.data<int32_t>()[i] = static_cast<int32_t>(sb.position(s.tokens[i]) + 1);
-    std::memcpy(s.block_table.data<int32_t>() + i * sb.width(), sb.block_table.data<int32_t>() + r * sb.width(), sb.width() * 4);
-    std::memcpy(s.kv_block_table.data<int32_t>() + i * sb.width(), sb.kv_block_table.data<int32_t>() + r * sb.width(), sb.width() * 4);
+    std::memcpy(s.block_table.data<int32_t>() + i * sb.width(),
+                sb.block_table.data<int32_t>() + r * sb.width(), sb.width() * 4);
+    std::memcpy(s.kv_block_table.data<int32_t>() + i * sb.width(),
+                sb.kv_block_table.data<int32_t>() + r * sb.width(), sb.width() * 4);
   }
   s.index_q = gather_tokens(sb.index_q, s.tokens, 0);
   s.q = gather_tokens(sb.q, s.tokens, 0);
@@ -103,20 +110,26 @@ std::string mib(size_t bytes) {
   return text;
 }
 
-}  // namespace
+} // namespace
 
 int run_demo(const DemoOptions& o) {
-  if (o.kv_heads != o.index_heads || o.q_heads % o.kv_heads != 0 || o.q_heads / o.kv_heads > kMaxGqaGroup) {
-    std::fprintf(stderr, "m3sa demo: usage error: --index-heads (%d) must equal --kv-heads (%d), and --q-heads (%d) must be a multiple of it with at most 16 per KV head\n",
+  if (o.kv_heads != o.index_heads || o.q_heads % o.kv_heads != 0 ||
+      o.q_heads / o.kv_heads > kMaxGqaGroup) {
+    std::fprintf(stderr,
+                 "m3sa demo: usage error: --index-heads (%d) must equal --kv-heads (%d), and "
+                 "--q-heads (%d) must be a multiple of it with at most 16 per KV head\n",
                  o.index_heads, o.kv_heads, o.q_heads);
     return 2;
   }
   if (o.decode_requests > 0 && o.decode_context < o.mtp) {
-    std::fprintf(stderr, "m3sa demo: usage error: --decode-context (%d) must be at least --mtp (%d)\n", o.decode_context, o.mtp);
+    std::fprintf(stderr,
+                 "m3sa demo: usage error: --decode-context (%d) must be at least --mtp (%d)\n",
+                 o.decode_context, o.mtp);
     return 2;
   }
   if (o.decode_requests == 0 && o.prefill_chunk == 0) {
-    std::fprintf(stderr, "m3sa demo: usage error: --decode-requests and --prefill-chunk are both 0: nothing to run\n");
+    std::fprintf(stderr, "m3sa demo: usage error: --decode-requests and --prefill-chunk are both "
+                         "0: nothing to run\n");
     return 2;
   }
   MsaConfig config;
@@ -129,14 +142,17 @@ int run_demo(const DemoOptions& o) {
     backend = best_available_backend(OpKind::sparse_attention, config, kv_dtype);
     indexer_backend = best_available_backend(OpKind::index_topk, config, index_dtype);
   } else {
-    backend = o.backend == "cuda" ? Backend::cuda : (o.backend == "reference" ? Backend::reference : Backend::cpu);
+    backend = o.backend == "cuda" ? Backend::cuda
+                                  : (o.backend == "reference" ? Backend::reference : Backend::cpu);
     indexer_backend = backend;
   }
-  for (auto [stage_backend, op, dtype] : {std::tuple{indexer_backend, OpKind::index_topk, index_dtype},
-                                          std::tuple{indexer_backend, OpKind::insert_index_k, index_dtype},
-                                          std::tuple{backend, OpKind::sparse_attention, kv_dtype}})
+  for (auto [stage_backend, op, dtype] :
+       {std::tuple{indexer_backend, OpKind::index_topk, index_dtype},
+        std::tuple{indexer_backend, OpKind::insert_index_k, index_dtype},
+        std::tuple{backend, OpKind::sparse_attention, kv_dtype}})
     if (const Status s = supports(stage_backend, op, config, dtype); !s.ok()) {
-      std::fprintf(stderr, "m3sa demo: usage error: --backend %s: %s\n", o.backend.c_str(), s.message().c_str());
+      std::fprintf(stderr, "m3sa demo: usage error: --backend %s: %s\n", o.backend.c_str(),
+                   s.message().c_str());
       return 2;
     }
 #ifndef M3SA_HAVE_CUDA
@@ -144,8 +160,11 @@ int run_demo(const DemoOptions& o) {
 #endif
 
   testing::BatchSpec spec;
-  for (int r = 0; r < o.decode_requests; ++r) spec.q_lens.push_back(o.mtp), spec.seq_lens.push_back(o.decode_context);
-  if (o.prefill_chunk > 0) spec.q_lens.push_back(o.prefill_chunk), spec.seq_lens.push_back(o.prefill_prefix + o.prefill_chunk);
+  for (int r = 0; r < o.decode_requests; ++r)
+    spec.q_lens.push_back(o.mtp), spec.seq_lens.push_back(o.decode_context);
+  if (o.prefill_chunk > 0)
+    spec.q_lens.push_back(o.prefill_chunk),
+        spec.seq_lens.push_back(o.prefill_prefix + o.prefill_chunk);
   spec.num_decode = o.decode_requests;
   spec.decode_q_len = o.mtp;
   spec.index_heads = o.index_heads;
@@ -160,21 +179,26 @@ int run_demo(const DemoOptions& o) {
   sb.fill_index_random(o.seed);
   sb.fill_attention_random(o.seed + 1);
   const int64_t tokens = sb.num_tokens();
-  // This step's index-K rows arrive as bf16 projections and go into the cache through insert_index_k.
+  // This step's index-K rows arrive as bf16 projections and go into the cache through
+  // insert_index_k.
   HostTensor new_rows(DType::bf16, {tokens, kHeadDim}), slots(DType::i64, {tokens});
   testing::Rng rng(o.seed + 2);
-  for (int64_t i = 0; i < tokens * kHeadDim; ++i) testing::store(DType::bf16, new_rows.view().data, i, static_cast<float>(rng.uniform() * 4 - 2));
+  for (int64_t i = 0; i < tokens * kHeadDim; ++i)
+    testing::store(DType::bf16, new_rows.view().data, i, static_cast<float>(rng.uniform() * 4 - 2));
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t p = sb.position(t);
-    slots.data<int64_t>()[t] = int64_t{sb.page(sb.request_of(t), p / kBlockTokens)} * kBlockTokens + p % kBlockTokens;
+    slots.data<int64_t>()[t] =
+        int64_t{sb.page(sb.request_of(t), p / kBlockTokens)} * kBlockTokens + p % kBlockTokens;
   }
 
   testing::RunOptions run_options{backend, o.threads};
-  const auto request_for = [&](OpKind op, const testing::RunOptions& ro) { return testing::plan_request(op, config, sb, ro); };
+  const auto request_for = [&](OpKind op, const testing::RunOptions& ro) {
+    return testing::plan_request(op, config, sb, ro);
+  };
   double insert_ms = 0, topk_ms = 0, attention_ms = 0;
   HostTensor topk(DType::i32, {o.index_heads, tokens, o.top_k});
   HostTensor out(DType::bf16, {tokens, o.q_heads, kHeadDim}), lse(DType::f32, {tokens, o.q_heads});
-  topk.fill_bytes(0x5a), out.fill_bytes(0xff), lse.fill_bytes(0xff);  // poisoned
+  topk.fill_bytes(0x5a), out.fill_bytes(0xff), lse.fill_bytes(0xff); // poisoned
   Status status;
   if (indexer_backend == Backend::cuda) {
 #ifdef M3SA_HAVE_CUDA
@@ -184,21 +208,31 @@ int run_demo(const DemoOptions& o) {
   } else {
     const testing::RunOptions indexer_options{indexer_backend, o.threads};
     progress("insert_index_k");
-    status = timed(request_for(OpKind::insert_index_k, indexer_options), &insert_ms, [&](const OpPlan& plan, Workspace ws) {
-      return insert_index_k(plan, {new_rows.view(), slots.view(), sb.index_k_cache.view()}, ws, {o.threads, nullptr});
-    });
+    status = timed(request_for(OpKind::insert_index_k, indexer_options), &insert_ms,
+                   [&](const OpPlan& plan, Workspace ws) {
+                     return insert_index_k(plan,
+                                           {new_rows.view(), slots.view(), sb.index_k_cache.view()},
+                                           ws, {o.threads, nullptr});
+                   });
     if (status.ok()) {
       progress("index_topk");
-      status = timed(request_for(OpKind::index_topk, indexer_options), &topk_ms, [&](const OpPlan& plan, Workspace ws) {
-        return index_topk(plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()}, ws, {o.threads, nullptr});
-      });
+      status =
+          timed(request_for(OpKind::index_topk, indexer_options), &topk_ms,
+                [&](const OpPlan& plan, Workspace ws) {
+                  return index_topk(
+                      plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()},
+                      ws, {o.threads, nullptr});
+                });
     }
   }
   if (status.ok()) {
     progress("sparse_attention");
-    status = timed(request_for(OpKind::sparse_attention, run_options), &attention_ms, [&](const OpPlan& plan, Workspace ws) {
-      return sparse_attention(plan, testing::attention_args(sb, topk, out, lse, true), ws, {o.threads, nullptr});
-    });
+    status =
+        timed(request_for(OpKind::sparse_attention, run_options), &attention_ms,
+              [&](const OpPlan& plan, Workspace ws) {
+                return sparse_attention(plan, testing::attention_args(sb, topk, out, lse, true), ws,
+                                        {o.threads, nullptr});
+              });
   }
   if (!status.ok()) {
     std::fprintf(stderr, "m3sa demo: %s\n", status.to_string().c_str());
@@ -214,7 +248,8 @@ int run_demo(const DemoOptions& o) {
   const int64_t prefill_tokens = tokens - decode_tokens;
   const int64_t picks = std::min<int64_t>(o.sample_rows, prefill_tokens);
   for (int64_t i = 0; i < picks; ++i)
-    sample.push_back(decode_tokens + (picks == 1 ? prefill_tokens - 1 : i * (prefill_tokens - 1) / (picks - 1)));
+    sample.push_back(decode_tokens +
+                     (picks == 1 ? prefill_tokens - 1 : i * (prefill_tokens - 1) / (picks - 1)));
   SampleBatch sampled = make_sample(sb, sample);
   const int64_t s_count = static_cast<int64_t>(sample.size());
 
@@ -224,7 +259,8 @@ int run_demo(const DemoOptions& o) {
     bool exact = true;
     for (int d = 0; d < kHeadDim; ++d) {
       const float x = testing::load(DType::bf16, new_rows.view().data, t * kHeadDim + d);
-      const float stored = testing::load(index_dtype, sb.index_k_cache.view().data, slot * kHeadDim + d);
+      const float stored =
+          testing::load(index_dtype, sb.index_k_cache.view().data, slot * kHeadDim + d);
       const float want = index_dtype == DType::bf16 ? x : e4m3_bits_to_float(float_to_e4m3_bits(x));
       exact = exact && stored == want;
     }
@@ -232,19 +268,28 @@ int run_demo(const DemoOptions& o) {
   }
 
   const testing::RunOptions reference_options{Backend::reference, 1};
-  PlanRequest sample_request = testing::plan_request(OpKind::index_topk, config, sb, reference_options);
+  PlanRequest sample_request =
+      testing::plan_request(OpKind::index_topk, config, sb, reference_options);
   sample_request.capacities = {s_count, s_count, sb.width()};
-  HostTensor ref_topk(DType::i32, {o.index_heads, s_count, o.top_k}), ref_scores(DType::f32, {o.index_heads, s_count, sb.width()});
-  HostTensor ref_out(DType::bf16, {s_count, o.q_heads, kHeadDim}), ref_lse(DType::f32, {s_count, o.q_heads});
-  const HostTensor got_topk = gather_tokens(topk, sample, 1), got_out = gather_tokens(out, sample, 0), got_lse = gather_tokens(lse, sample, 0);
+  HostTensor ref_topk(DType::i32, {o.index_heads, s_count, o.top_k}),
+      ref_scores(DType::f32, {o.index_heads, s_count, sb.width()});
+  HostTensor ref_out(DType::bf16, {s_count, o.q_heads, kHeadDim}),
+      ref_lse(DType::f32, {s_count, o.q_heads});
+  const HostTensor got_topk = gather_tokens(topk, sample, 1),
+                   got_out = gather_tokens(out, sample, 0), got_lse = gather_tokens(lse, sample, 0);
   double ref_topk_ms = 0, ref_attention_ms = 0, unused_ms = 0;
   status = timed(sample_request, &ref_topk_ms, [&](const OpPlan& plan, Workspace ws) {
-    return index_topk(plan, {sampled.index_q.view(), sb.index_k_cache.view(), sampled.batch(), ref_topk.view()}, ws);
+    return index_topk(
+        plan, {sampled.index_q.view(), sb.index_k_cache.view(), sampled.batch(), ref_topk.view()},
+        ws);
   });
   sample_request.op = OpKind::score_blocks;
   if (status.ok())
     status = timed(sample_request, &unused_ms, [&](const OpPlan& plan, Workspace ws) {
-      return score_blocks(plan, {sampled.index_q.view(), sb.index_k_cache.view(), sampled.batch(), ref_scores.view()}, ws);
+      return score_blocks(
+          plan,
+          {sampled.index_q.view(), sb.index_k_cache.view(), sampled.batch(), ref_scores.view()},
+          ws);
     });
   sample_request.op = OpKind::sparse_attention;
   sample_request.cache_dtype = kv_dtype;
@@ -252,7 +297,8 @@ int run_demo(const DemoOptions& o) {
     status = timed(sample_request, &ref_attention_ms, [&](const OpPlan& plan, Workspace ws) {
       SparseAttentionArgs args;
       args.q = sampled.q.view(), args.k_cache = sb.k_cache.view(), args.v_cache = sb.v_cache.view();
-      args.topk = got_topk.view(), args.batch = sampled.batch(), args.kv_block_table = sampled.kv_block_table.view();
+      args.topk = got_topk.view(), args.batch = sampled.batch(),
+      args.kv_block_table = sampled.kv_block_table.view();
       args.out = ref_out.view(), args.lse = ref_lse.view();
       return sparse_attention(plan, args, ws);
     });
@@ -260,7 +306,8 @@ int run_demo(const DemoOptions& o) {
     std::printf("[FAIL] reference: %s\n", status.to_string().c_str());
     return 1;
   }
-  const testing::TopkComparison topk_check = testing::compare_topk(ref_topk.view(), got_topk.view(), ref_scores.view());
+  const testing::TopkComparison topk_check =
+      testing::compare_topk(ref_topk.view(), got_topk.view(), ref_scores.view());
   const testing::AttentionComparison attention_check =
       testing::compare_attention(ref_out.view(), got_out.view(), ref_lse.view(), got_lse.view());
 
@@ -270,45 +317,70 @@ int run_demo(const DemoOptions& o) {
     HostTensor full_topk, full_out, full_lse;
     const auto start = Clock::now();
     status = testing::run_index_topk(config, sb, reference_options, &full_topk);
-    if (status.ok()) status = testing::run_sparse_attention(config, sb, topk, reference_options, &full_out, &full_lse);
+    if (status.ok())
+      status =
+          testing::run_sparse_attention(config, sb, topk, reference_options, &full_out, &full_lse);
     full_reference_ms = ms_since(start);
-    if (!status.ok()) std::fprintf(stderr, "m3sa demo: reference: %s\n", status.to_string().c_str());
+    if (!status.ok())
+      std::fprintf(stderr, "m3sa demo: reference: %s\n", status.to_string().c_str());
   }
 
   // Report.
-  const bool insert_ok = insert_exact == s_count, topk_ok = topk_check.ok(), attention_ok = attention_check.ok(1e-3);
+  const bool insert_ok = insert_exact == s_count, topk_ok = topk_check.ok(),
+             attention_ok = attention_check.ok(1e-3);
   const bool all_ok = insert_ok && topk_ok && attention_ok && status.ok();
-  const int threads = backend == Backend::cpu ? (o.threads > 0 ? o.threads : PlannedOp(request_for(OpKind::index_topk, run_options)).plan.num_threads) : 1;
-  std::printf("m3sa demo: one MiniMax-M3 sparse attention layer; indexer on %s, attention on %s", to_string(indexer_backend),
-              to_string(backend));
-  if (backend == Backend::cpu || indexer_backend == Backend::cpu) std::printf(" (CPU: %d threads)", threads);
+  const int threads =
+      backend == Backend::cpu
+          ? (o.threads > 0
+                 ? o.threads
+                 : PlannedOp(request_for(OpKind::index_topk, run_options)).plan.num_threads)
+          : 1;
+  std::printf("m3sa demo: one MiniMax-M3 sparse attention layer; indexer on %s, attention on %s",
+              to_string(indexer_backend), to_string(backend));
+  if (backend == Backend::cpu || indexer_backend == Backend::cpu)
+    std::printf(" (CPU: %d threads)", threads);
   std::printf("\n");
-  std::printf("  batch      %d decode requests x %d tokens (q_len %d) + prefill chunk %d after %d = %lld query tokens\n",
-              o.decode_requests, o.decode_context, o.mtp, o.prefill_chunk, o.prefill_prefix, static_cast<long long>(tokens));
-  std::printf("  indexer    %d index heads, %s index cache (%d pages, %s), top-k %d, local %d, init %d\n", o.index_heads,
-              to_string(index_dtype), sb.num_pages(), mib(sb.index_k_cache.bytes()).c_str(), config.top_k, config.local_blocks, config.init_blocks);
-  std::printf("  attention  %d query / %d KV heads, %s KV cache (%s)\n", o.q_heads, o.kv_heads, to_string(kv_dtype),
-              mib(sb.k_cache.bytes() + sb.v_cache.bytes()).c_str());
+  std::printf("  batch      %d decode requests x %d tokens (q_len %d) + prefill chunk %d after %d "
+              "= %lld query tokens\n",
+              o.decode_requests, o.decode_context, o.mtp, o.prefill_chunk, o.prefill_prefix,
+              static_cast<long long>(tokens));
+  std::printf(
+      "  indexer    %d index heads, %s index cache (%d pages, %s), top-k %d, local %d, init %d\n",
+      o.index_heads, to_string(index_dtype), sb.num_pages(), mib(sb.index_k_cache.bytes()).c_str(),
+      config.top_k, config.local_blocks, config.init_blocks);
+  std::printf("  attention  %d query / %d KV heads, %s KV cache (%s)\n", o.q_heads, o.kv_heads,
+              to_string(kv_dtype), mib(sb.k_cache.bytes() + sb.v_cache.bytes()).c_str());
   std::printf("\n  stage              time\n");
-  std::printf("  insert_index_k   %10.3f ms  (%s)\n  index_topk       %10.3f ms  (%s)\n  sparse_attention %10.3f ms  (%s)\n  total            %10.3f ms\n",
-              insert_ms, to_string(indexer_backend), topk_ms, to_string(indexer_backend), attention_ms, to_string(backend),
-              insert_ms + topk_ms + attention_ms);
-  std::printf("\n  verification against the reference on %lld tokens (%lld decode, %lld prefill):\n", static_cast<long long>(s_count),
-              static_cast<long long>(decode_tokens), static_cast<long long>(picks));
-  std::printf("  insert_index_k   %lld/%lld rows bit-exact %s\n", static_cast<long long>(insert_exact), static_cast<long long>(s_count), insert_ok ? "[OK]" : "[FAIL]");
-  std::printf("  index_topk       %s %s\n", testing::describe(topk_check).c_str(), topk_ok ? "[OK]" : "[FAIL]");
-  std::printf("  sparse_attention %s %s\n", testing::describe(attention_check).c_str(), attention_ok ? "[OK]" : "[FAIL]");
+  std::printf("  insert_index_k   %10.3f ms  (%s)\n  index_topk       %10.3f ms  (%s)\n  "
+              "sparse_attention %10.3f ms  (%s)\n  total            %10.3f ms\n",
+              insert_ms, to_string(indexer_backend), topk_ms, to_string(indexer_backend),
+              attention_ms, to_string(backend), insert_ms + topk_ms + attention_ms);
+  std::printf(
+      "\n  verification against the reference on %lld tokens (%lld decode, %lld prefill):\n",
+      static_cast<long long>(s_count), static_cast<long long>(decode_tokens),
+      static_cast<long long>(picks));
+  std::printf("  insert_index_k   %lld/%lld rows bit-exact %s\n",
+              static_cast<long long>(insert_exact), static_cast<long long>(s_count),
+              insert_ok ? "[OK]" : "[FAIL]");
+  std::printf("  index_topk       %s %s\n", testing::describe(topk_check).c_str(),
+              topk_ok ? "[OK]" : "[FAIL]");
+  std::printf("  sparse_attention %s %s\n", testing::describe(attention_check).c_str(),
+              attention_ok ? "[OK]" : "[FAIL]");
   const double per_token_ref = (ref_topk_ms + ref_attention_ms) / static_cast<double>(s_count);
   const double projected = per_token_ref * static_cast<double>(tokens);
-  std::printf("\n  reference: %.1f ms for %lld sampled tokens -> %.1f s projected for the batch", ref_topk_ms + ref_attention_ms,
-              static_cast<long long>(s_count), projected / 1e3);
-  if (backend != Backend::reference) std::printf("; the %s/%s pipeline is %.1fx faster (projected)", to_string(indexer_backend), to_string(backend), projected / (topk_ms + attention_ms));
+  std::printf("\n  reference: %.1f ms for %lld sampled tokens -> %.1f s projected for the batch",
+              ref_topk_ms + ref_attention_ms, static_cast<long long>(s_count), projected / 1e3);
+  if (backend != Backend::reference)
+    std::printf("; the %s/%s pipeline is %.1fx faster (projected)", to_string(indexer_backend),
+                to_string(backend), projected / (topk_ms + attention_ms));
   std::printf("\n");
   if (full_reference_ms >= 0)
-    std::printf("  reference on the whole batch: %.1f s (index_topk + sparse_attention); %.1fx slower than the %s/%s pipeline (measured)\n",
-                full_reference_ms / 1e3, full_reference_ms / (topk_ms + attention_ms), to_string(indexer_backend), to_string(backend));
+    std::printf("  reference on the whole batch: %.1f s (index_topk + sparse_attention); %.1fx "
+                "slower than the %s/%s pipeline (measured)\n",
+                full_reference_ms / 1e3, full_reference_ms / (topk_ms + attention_ms),
+                to_string(indexer_backend), to_string(backend));
   std::printf("\n%s\n", all_ok ? "[OK]" : "[FAIL]");
   return all_ok ? 0 : 1;
 }
 
-}  // namespace m3sa::cli
+} // namespace m3sa::cli

@@ -13,8 +13,8 @@ namespace {
 
 int print_info() {
   std::printf("m3sa %s (commit %s)\n", m3sa::version_string(), m3sa::build_commit());
-  std::printf("CUDA backend built: %s; CUDA devices visible: %d\n", m3sa::cuda_backend_built() ? "yes" : "no",
-              m3sa::cuda_device_count());
+  std::printf("CUDA backend built: %s; CUDA devices visible: %d\n",
+              m3sa::cuda_backend_built() ? "yes" : "no", m3sa::cuda_device_count());
   const m3sa::MsaConfig config;
   for (m3sa::Backend b : {m3sa::Backend::reference, m3sa::Backend::cpu, m3sa::Backend::cuda}) {
     const m3sa::Status s = m3sa::supports(b, config);
@@ -23,36 +23,54 @@ int print_info() {
   return 0;
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"m3sa: MiniMax-M3 sparse attention (MSA) kernels for inference engines"};
   app.require_subcommand(1);
 
   m3sa::cli::DemoOptions demo;
-  CLI::App* demo_cmd = app.add_subcommand("demo", "Run one MSA layer end to end on a synthetic mixed batch and verify it");
+  CLI::App* demo_cmd = app.add_subcommand(
+      "demo", "Run one MSA layer end to end on a synthetic mixed batch and verify it");
   demo_cmd->add_option("--backend", demo.backend, "auto, cuda, cpu or reference")
       ->check(CLI::IsMember({"auto", "cuda", "cpu", "reference"}));
   demo_cmd->add_option("--index-dtype", demo.index_dtype, "index-K cache (and index-Q) dtype")
       ->check(CLI::IsMember({"bf16", "fp8"}));
-  demo_cmd->add_option("--kv-dtype", demo.kv_dtype, "main KV cache dtype")->check(CLI::IsMember({"bf16", "fp8"}));
-  demo_cmd->add_option("--decode-requests", demo.decode_requests, "decode requests")->check(CLI::Range(0, 4096));
-  demo_cmd->add_option("--decode-context", demo.decode_context, "tokens cached per decode request")->check(CLI::Range(1, 1 << 20));
-  demo_cmd->add_option("--mtp", demo.mtp, "query tokens per decode request (MTP)")->check(CLI::Range(1, 16));
-  demo_cmd->add_option("--prefill-chunk", demo.prefill_chunk, "prefill chunk tokens (0: no prefill request)")->check(CLI::Range(0, 1 << 16));
-  demo_cmd->add_option("--prefill-prefix", demo.prefill_prefix, "tokens cached before the chunk")->check(CLI::Range(0, 1 << 20));
-  demo_cmd->add_option("--index-heads", demo.index_heads, "index-Q heads (== KV heads)")->check(CLI::Range(1, 16));
+  demo_cmd->add_option("--kv-dtype", demo.kv_dtype, "main KV cache dtype")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
+  demo_cmd->add_option("--decode-requests", demo.decode_requests, "decode requests")
+      ->check(CLI::Range(0, 4096));
+  demo_cmd->add_option("--decode-context", demo.decode_context, "tokens cached per decode request")
+      ->check(CLI::Range(1, 1 << 20));
+  demo_cmd->add_option("--mtp", demo.mtp, "query tokens per decode request (MTP)")
+      ->check(CLI::Range(1, 16));
+  demo_cmd
+      ->add_option("--prefill-chunk", demo.prefill_chunk,
+                   "prefill chunk tokens (0: no prefill request)")
+      ->check(CLI::Range(0, 1 << 16));
+  demo_cmd->add_option("--prefill-prefix", demo.prefill_prefix, "tokens cached before the chunk")
+      ->check(CLI::Range(0, 1 << 20));
+  demo_cmd->add_option("--index-heads", demo.index_heads, "index-Q heads (== KV heads)")
+      ->check(CLI::Range(1, 16));
   demo_cmd->add_option("--q-heads", demo.q_heads, "query heads")->check(CLI::Range(1, 256));
   demo_cmd->add_option("--kv-heads", demo.kv_heads, "KV heads")->check(CLI::Range(1, 16));
-  demo_cmd->add_option("--top-k", demo.top_k, "selected blocks per token and head")->check(CLI::Range(1, 32));
-  demo_cmd->add_option("--threads", demo.threads, "CPU threads (0: OpenMP default)")->check(CLI::Range(0, 1024));
-  demo_cmd->add_option("--sample-rows", demo.sample_rows, "prefill tokens verified against the reference")->check(CLI::Range(0, 1 << 16));
-  demo_cmd->add_flag("--reference-full", demo.reference_full, "also time the reference on the whole batch (slow)");
+  demo_cmd->add_option("--top-k", demo.top_k, "selected blocks per token and head")
+      ->check(CLI::Range(1, 32));
+  demo_cmd->add_option("--threads", demo.threads, "CPU threads (0: OpenMP default)")
+      ->check(CLI::Range(0, 1024));
+  demo_cmd
+      ->add_option("--sample-rows", demo.sample_rows,
+                   "prefill tokens verified against the reference")
+      ->check(CLI::Range(0, 1 << 16));
+  demo_cmd->add_flag("--reference-full", demo.reference_full,
+                     "also time the reference on the whole batch (slow)");
   demo_cmd->add_option("--seed", demo.seed, "data seed");
 
   m3sa::cli::BenchOptions bench;
-  CLI::App* bench_cmd = app.add_subcommand("bench", "Time the CUDA indexer ops against ceilings measured in the same run");
-  bench_cmd->add_option("--set", bench.set, "full or quick")->check(CLI::IsMember({"full", "quick"}));
+  CLI::App* bench_cmd = app.add_subcommand(
+      "bench", "Time the CUDA indexer ops against ceilings measured in the same run");
+  bench_cmd->add_option("--set", bench.set, "full or quick")
+      ->check(CLI::IsMember({"full", "quick"}));
   bench_cmd->add_option("--json", bench.json_path, "also write the records as JSON to this file");
   bench_cmd->add_option("--filter", bench.filter, "only cases whose name contains this text");
 
@@ -65,7 +83,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "m3sa: usage error: %s\nRun 'm3sa --help' or 'm3sa demo --help'.\n", e.what());
+    std::fprintf(stderr, "m3sa: usage error: %s\nRun 'm3sa --help' or 'm3sa demo --help'.\n",
+                 e.what());
     return 2;
   }
   if (demo_cmd->parsed()) return m3sa::cli::run_demo(demo);

@@ -23,8 +23,10 @@ __device__ __forceinline__ int request_of_token(const int32_t* cu_q_lens, int nu
   int lo = 0, hi = num_requests - 1, found = 0;
   while (lo <= hi) {
     const int mid = (lo + hi) >> 1;
-    if (cu_q_lens[mid] <= t) found = mid, lo = mid + 1;
-    else hi = mid - 1;
+    if (cu_q_lens[mid] <= t)
+      found = mid, lo = mid + 1;
+    else
+      hi = mid - 1;
   }
   return found;
 }
@@ -35,4 +37,4 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-}  // namespace m3sa::cuda
+} // namespace m3sa::cuda

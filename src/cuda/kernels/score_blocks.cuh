@@ -22,22 +22,24 @@ inline constexpr bool kHaveFp8Mma = false;
 
 inline constexpr int kScoreThreads = 128;
 inline constexpr int kTileRows = 64;
-inline constexpr int kSmemStride = 128 + 8;  // bf16 elements per staged row: +16 B kills bank conflicts
-inline constexpr int kScoreSmemBytes = (kTileRows + 128) * kSmemStride * 2 + 4 * 16 * 4;  // + partial row maxima
+inline constexpr int kSmemStride =
+    128 + 8; // bf16 elements per staged row: +16 B kills bank conflicts
+inline constexpr int kScoreSmemBytes =
+    (kTileRows + 128) * kSmemStride * 2 + 4 * 16 * 4; // + partial row maxima
 
 // 16-byte chunks of a 128-element stored row: loaded raw, stored into a staged bf16 row.
-template <typename StoredT>
-struct Staging;
+template <typename StoredT> struct Staging;
 
-template <>
-struct Staging<__nv_bfloat16> {
-  static constexpr int kChunks = 16;  // 256 B per row
-  __device__ static void store(uint32_t* dst_row, int chunk, uint4 raw) { reinterpret_cast<uint4*>(dst_row)[chunk] = raw; }
+template <> struct Staging<__nv_bfloat16> {
+  static constexpr int kChunks = 16; // 256 B per row
+  __device__ static void store(uint32_t* dst_row, int chunk, uint4 raw) {
+    reinterpret_cast<uint4*>(dst_row)[chunk] = raw;
+  }
 };
 
-template <>
-struct Staging<__nv_fp8_e4m3> {
-  static constexpr int kChunks = 8;  // 128 B per row: kept as bytes for the e4m3 MMA, else widened to 256 B
+template <> struct Staging<__nv_fp8_e4m3> {
+  static constexpr int kChunks =
+      8; // 128 B per row: kept as bytes for the e4m3 MMA, else widened to 256 B
   __device__ static void store(uint32_t* dst_row, int chunk, uint4 raw) {
     if constexpr (kHaveFp8Mma) {
       reinterpret_cast<uint4*>(dst_row)[chunk] = raw;
@@ -64,20 +66,20 @@ __device__ __forceinline__ uint4 load_chunk(const StoredT* row, int chunk) {
 // Stages rows [0, rows) (row i at src + row_offset(i)) as bf16 into dst[i][0..128); rows in
 // [rows, padded_rows) become zeros.
 template <typename StoredT, typename RowOffset>
-__device__ __forceinline__ void stage_rows(uint32_t* dst, const StoredT* src, int rows, int padded_rows,
-                                           RowOffset row_offset) {
+__device__ __forceinline__ void stage_rows(uint32_t* dst, const StoredT* src, int rows,
+                                           int padded_rows, RowOffset row_offset) {
   constexpr int kChunks = Staging<StoredT>::kChunks;
   for (int i = threadIdx.x; i < padded_rows * kChunks; i += kScoreThreads) {
     const int row = i / kChunks, chunk = i % kChunks;
-    const uint4 raw = row < rows ? load_chunk(src + row_offset(row), chunk) : make_uint4(0, 0, 0, 0);
+    const uint4 raw =
+        row < rows ? load_chunk(src + row_offset(row), chunk) : make_uint4(0, 0, 0, 0);
     Staging<StoredT>::store(dst + row * (kSmemStride / 2), chunk, raw);
   }
 }
 
 // One 128-key block in flight: every thread holds its share of the raw chunks in registers, so
 // all of a block's loads are issued back to back and overlap the MMAs of the previous block.
-template <typename StoredT>
-struct KeyBlockPrefetch {
+template <typename StoredT> struct KeyBlockPrefetch {
   static constexpr int kChunks = Staging<StoredT>::kChunks;
   static constexpr int kPerThread = 128 * kChunks / kScoreThreads;
   uint4 raw[kPerThread];
@@ -86,7 +88,8 @@ struct KeyBlockPrefetch {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int idx = threadIdx.x + i * kScoreThreads, row = idx / kChunks, chunk = idx % kChunks;
-      raw[i] = row < keys ? load_chunk(page_base + row * token_stride, chunk) : make_uint4(0, 0, 0, 0);
+      raw[i] =
+          row < keys ? load_chunk(page_base + row * token_stride, chunk) : make_uint4(0, 0, 0, 0);
     }
   }
   __device__ void store(uint32_t* k_s) const {
@@ -98,32 +101,35 @@ struct KeyBlockPrefetch {
   }
 };
 
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+               "{%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // e4m3 x e4m3 -> fp32, 16x8x32. Same register pattern as the bf16 MMA: word k/4 of a row.
-__device__ __forceinline__ void mma_e4m3_16832(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_e4m3_16832(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+               "{%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 }
 
 template <typename StoredT>
-__global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __grid_constant__ ScoreBlocksParams p) {
+__global__ void __launch_bounds__(kScoreThreads)
+    score_blocks_kernel(const __grid_constant__ ScoreBlocksParams p) {
   // 32-bit words per 16x8 MMA step along k: 16 bf16 or 32 e4m3 values; 8 or 4 steps per 128 dims.
   constexpr bool kFp8Mma = kHaveFp8Mma && std::is_same_v<StoredT, __nv_fp8_e4m3>;
   constexpr int kSteps = kFp8Mma ? 4 : 8;
   if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
   extern __shared__ uint32_t smem[];
-  uint32_t* q_s = smem;                                  // [64][136] bf16
-  uint32_t* k_s = smem + kTileRows * (kSmemStride / 2);  // [128][136] bf16
+  uint32_t* q_s = smem;                                 // [64][136] bf16
+  uint32_t* k_s = smem + kTileRows * (kSmemStride / 2); // [128][136] bf16
 
   const RowTile tile = p.tiles[blockIdx.x];
   const int r = tile.request;
@@ -134,10 +140,13 @@ __global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __gri
     if (threadIdx.x == 0 && blockIdx.y == 0) atomicOr(p.error_flags, kSeqLenBeyondTable);
     return;
   }
-  const int first_pos = seq_len - q_len + (tile.token_begin - q_begin);  // position of the tile's first token
+  const int first_pos =
+      seq_len - q_len + (tile.token_begin - q_begin); // position of the tile's first token
   const int rows = tile.token_count * p.heads;
   const int last_pos = first_pos + tile.token_count - 1;
-  const int n_max = seq_len == 0 ? 0 : last_pos / 128 + 1;  // causal blocks of the tile's last token; padding: none
+  const int n_max =
+      seq_len == 0 ? 0
+                   : last_pos / 128 + 1; // causal blocks of the tile's last token; padding: none
   const int per_split = (n_max + p.splits - 1) / p.splits;
   const int b_begin = blockIdx.y * per_split;
   const int b_end = min(n_max, b_begin + per_split);
@@ -152,45 +161,49 @@ __global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __gri
   const int tiles_per_warp = 16 / warps_per_group;
   const int row0 = group * 16 + g, row1 = row0 + 8;
   const int pos0 = first_pos + row0 / p.heads, pos1 = first_pos + row1 / p.heads;
-  float* partial = reinterpret_cast<float*>(smem + (kTileRows + 128) * (kSmemStride / 2));  // [4 warps][16 rows]
+  float* partial =
+      reinterpret_cast<float*>(smem + (kTileRows + 128) * (kSmemStride / 2)); // [4 warps][16 rows]
 
   if (b_begin < b_end) {
     const int heads = p.heads;
     const int64_t q_token = p.q_stride_token, q_head = p.q_stride_head;
-    stage_rows(q_s, static_cast<const StoredT*>(p.index_q) + tile.token_begin * q_token, rows, kTileRows,
+    stage_rows(q_s, static_cast<const StoredT*>(p.index_q) + tile.token_begin * q_token, rows,
+               kTileRows,
                [=](int row) { return (row / heads) * q_token + (row % heads) * q_head; });
     __syncthreads();
-    uint32_t a[kSteps][4];  // this warp's 16 query rows as A fragments, all k-steps
+    uint32_t a[kSteps][4]; // this warp's 16 query rows as A fragments, all k-steps
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {
-      const int col = ks * 8 + c;  // in bf16 pairs
+      const int col = ks * 8 + c; // in bf16 pairs
       a[ks][0] = q_s[row0 * (kSmemStride / 2) + col];
       a[ks][1] = q_s[row1 * (kSmemStride / 2) + col];
       a[ks][2] = q_s[row0 * (kSmemStride / 2) + col + 4];
       a[ks][3] = q_s[row1 * (kSmemStride / 2) + col + 4];
     }
     const StoredT* cache = static_cast<const StoredT*>(p.index_k_cache);
-    const auto block_keys = [&](int b) { return min(128, min(seq_len - b * 128, last_pos - b * 128 + 1)); };
+    const auto block_keys = [&](int b) {
+      return min(128, min(seq_len - b * 128, last_pos - b * 128 + 1));
+    };
     const auto block_page = [&](int b) { return p.block_table[r * p.block_table_stride + b]; };
     const auto page_valid = [&](int page) { return page >= 0 && page < p.num_pages; };
     KeyBlockPrefetch<StoredT> prefetch;
     {
       const int page = block_page(b_begin);
-      prefetch.load(cache + (page_valid(page) ? page * p.cache_stride_page : 0), p.cache_stride_token,
-                    page_valid(page) ? block_keys(b_begin) : 0);
+      prefetch.load(cache + (page_valid(page) ? page * p.cache_stride_page : 0),
+                    p.cache_stride_token, page_valid(page) ? block_keys(b_begin) : 0);
     }
     for (int b = b_begin; b < b_end; ++b) {
       const int page = block_page(b);
       const bool page_ok = page_valid(page);
       const int keys = block_keys(b);
       if (!page_ok && threadIdx.x == 0) atomicOr(p.error_flags, kPageOutOfRange);
-      __syncthreads();  // every warp is done with the previous block's k_s and partial maxima
+      __syncthreads(); // every warp is done with the previous block's k_s and partial maxima
       prefetch.store(k_s);
       __syncthreads();
-      if (b + 1 < b_end) {  // next block's loads fly while this block's MMAs run
+      if (b + 1 < b_end) { // next block's loads fly while this block's MMAs run
         const int next = block_page(b + 1);
-        prefetch.load(cache + (page_valid(next) ? next * p.cache_stride_page : 0), p.cache_stride_token,
-                      page_valid(next) ? block_keys(b + 1) : 0);
+        prefetch.load(cache + (page_valid(next) ? next * p.cache_stride_page : 0),
+                      p.cache_stride_token, page_valid(next) ? block_keys(b + 1) : 0);
       }
       float m0 = -INFINITY, m1 = -INFINITY;
       if (group * 16 < rows) {
@@ -199,10 +212,12 @@ __global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __gri
           const uint32_t* krow = k_s + (nt * 8 + g) * (kSmemStride / 2);
 #pragma unroll
           for (int ks = 0; ks < kSteps; ++ks) {
-            if constexpr (kFp8Mma) mma_e4m3_16832(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
-            else mma_bf16_16816(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
+            if constexpr (kFp8Mma)
+              mma_e4m3_16832(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
+            else
+              mma_bf16_16816(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
           }
-          const int j = b * 128 + nt * 8 + 2 * c;  // key positions j, j + 1
+          const int j = b * 128 + nt * 8 + 2 * c; // key positions j, j + 1
           if (j < b * 128 + keys) {
             if (j <= pos0) m0 = nan_propagating_max(m0, acc[0]);
             if (j <= pos1) m1 = nan_propagating_max(m1, acc[2]);
@@ -222,25 +237,30 @@ __global__ void __launch_bounds__(kScoreThreads) score_blocks_kernel(const __gri
         partial[warp * 16 + g + 8] = m1;
       }
       __syncthreads();
-      if (static_cast<int>(threadIdx.x) < rows && page_ok) {  // thread i finishes row i across its group's warps
+      if (static_cast<int>(threadIdx.x) < rows &&
+          page_ok) { // thread i finishes row i across its group's warps
         const int row = threadIdx.x, row_group = row / 16;
         float m = -INFINITY;
-        for (int s = 0; s < warps_per_group; ++s) m = nan_propagating_max(m, partial[(row_group * warps_per_group + s) * 16 + row % 16]);
-        p.scores[(row % p.heads) * p.score_stride_head + (tile.token_begin + row / p.heads) * p.score_stride_token +
+        for (int s = 0; s < warps_per_group; ++s)
+          m = nan_propagating_max(m, partial[(row_group * warps_per_group + s) * 16 + row % 16]);
+        p.scores[(row % p.heads) * p.score_stride_head +
+                 (tile.token_begin + row / p.heads) * p.score_stride_token +
                  b * p.score_stride_block] = m * p.scale;
       }
     }
   }
-  if (p.fill_tail) {  // columns [n_max, width): no visible key for any row of the tile
+  if (p.fill_tail) { // columns [n_max, width): no visible key for any row of the tile
     const int tail = p.score_width - n_max;
     const int per_tail = (tail + p.splits - 1) / p.splits;
-    const int t_begin = n_max + blockIdx.y * per_tail, t_end = min(p.score_width, t_begin + per_tail);
+    const int t_begin = n_max + blockIdx.y * per_tail,
+              t_end = min(p.score_width, t_begin + per_tail);
     for (int i = threadIdx.x; i < rows * max(0, t_end - t_begin); i += kScoreThreads) {
       const int row = i % rows, b = t_begin + i / rows;
-      p.scores[(row % p.heads) * p.score_stride_head + (tile.token_begin + row / p.heads) * p.score_stride_token +
+      p.scores[(row % p.heads) * p.score_stride_head +
+               (tile.token_begin + row / p.heads) * p.score_stride_token +
                b * p.score_stride_block] = -INFINITY;
     }
   }
 }
 
-}  // namespace m3sa::cuda
+} // namespace m3sa::cuda

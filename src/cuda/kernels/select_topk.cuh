@@ -14,11 +14,13 @@ namespace m3sa::cuda {
 inline constexpr int kSelectWarps = 8;
 
 __device__ __forceinline__ uint64_t selection_key(float score, int32_t block) {
-  return (static_cast<uint64_t>(rank_key(score)) << 32) | (0xffffffffu - static_cast<uint32_t>(block));
+  return (static_cast<uint64_t>(rank_key(score)) << 32) |
+         (0xffffffffu - static_cast<uint32_t>(block));
 }
 
 template <int MaxK>
-__global__ void __launch_bounds__(kSelectWarps * 32) select_topk_kernel(const __grid_constant__ SelectTopkParams p) {
+__global__ void __launch_bounds__(kSelectWarps * 32)
+    select_topk_kernel(const __grid_constant__ SelectTopkParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row = blockIdx.x * kSelectWarps + warp;
   const int h = row / p.token_capacity, t = row % p.token_capacity;
@@ -31,7 +33,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32) select_topk_kernel(const __
   int32_t* out = p.topk + h * p.topk_stride_head + t * p.topk_stride_token;
   const int k = p.top_k;
 
-  if (n > p.score_width) {  // seq_len beyond the block table: nothing valid to read
+  if (n > p.score_width) { // seq_len beyond the block table: nothing valid to read
     for (int slot = lane; slot < k; slot += 32) out[slot * p.topk_stride_k] = -1;
     if (lane == 0) atomicOr(p.error_flags, kSeqLenBeyondTable);
     return;
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32) select_topk_kernel(const __
   const int local_begin = n - p.local_blocks;
   const float* scores = p.scores + h * p.score_stride_head + t * p.score_stride_token;
 
-  uint64_t best[MaxK];  // descending; 0 is below every real key
+  uint64_t best[MaxK]; // descending; 0 is below every real key
 #pragma unroll
   for (int i = 0; i < MaxK; ++i) best[i] = 0;
   if (fill > 0) {
@@ -64,8 +66,9 @@ __global__ void __launch_bounds__(kSelectWarps * 32) select_topk_kernel(const __
   for (int round = 0; round < fill; ++round) {
     uint64_t top = best[0];
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, offset));
-    if (best[0] == top) {  // keys are unique (they hold the block id), so one lane pops
+    for (int offset = 16; offset > 0; offset >>= 1)
+      top = max(top, __shfl_xor_sync(0xffffffffu, top, offset));
+    if (best[0] == top) { // keys are unique (they hold the block id), so one lane pops
 #pragma unroll
       for (int i = 0; i < MaxK - 1; ++i) best[i] = best[i + 1];
       best[MaxK - 1] = 0;
@@ -77,7 +80,8 @@ __global__ void __launch_bounds__(kSelectWarps * 32) select_topk_kernel(const __
   for (int i = 0; i < fill; ++i) rank += __shfl_sync(0xffffffffu, chosen, i) < chosen;
   if (lane < fill) out[(p.init_blocks + rank) * p.topk_stride_k] = chosen;
   for (int slot = lane; slot < p.init_blocks; slot += 32) out[slot * p.topk_stride_k] = slot;
-  for (int i = lane; i < p.local_blocks; i += 32) out[(p.init_blocks + fill + i) * p.topk_stride_k] = local_begin + i;
+  for (int i = lane; i < p.local_blocks; i += 32)
+    out[(p.init_blocks + fill + i) * p.topk_stride_k] = local_begin + i;
 }
 
-}  // namespace m3sa::cuda
+} // namespace m3sa::cuda
