@@ -157,7 +157,7 @@ Status make_plan(const PlanRequest& request, OpPlan* plan) {
   // Enough block ranges per row tile that a batch of max_requests single-tile requests still
   // puts about two CTAs on every SM (decode at batch 1 must fill the GPU).
   plan->cuda_block_splits = static_cast<int>(std::clamp<int64_t>(
-      (2 * sms + request.capacities.max_requests - 1) / request.capacities.max_requests, 1, 128));
+      (2 * sms + request.capacities.max_requests - 1) / request.capacities.max_requests, 1, 256));
   carve(request, nullptr, &plan->workspace_bytes);
   return {};
 }

@@ -120,8 +120,13 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&c)[4], const uint32_t (&a
 #endif
 }
 
+// Residency: the bf16 path needs ~165 registers (3 CTAs per SM); the e4m3 path fits 128 with
+// almost no spill, so it asks for 4 CTAs per SM to keep more key bytes in flight.
 template <typename StoredT>
-__global__ void __launch_bounds__(kScoreThreads)
+inline constexpr int kScoreMinBlocks = std::is_same_v<StoredT, __nv_fp8_e4m3> ? 4 : 3;
+
+template <typename StoredT>
+__global__ void __launch_bounds__(kScoreThreads, kScoreMinBlocks<StoredT>)
     score_blocks_kernel(const __grid_constant__ ScoreBlocksParams p) {
   // 32-bit words per 16x8 MMA step along k: 16 bf16 or 32 e4m3 values; 8 or 4 steps per 128 dims.
   constexpr bool kFp8Mma = kHaveFp8Mma && std::is_same_v<StoredT, __nv_fp8_e4m3>;
@@ -165,6 +170,18 @@ __global__ void __launch_bounds__(kScoreThreads)
       reinterpret_cast<float*>(smem + (kTileRows + 128) * (kSmemStride / 2)); // [4 warps][16 rows]
 
   if (b_begin < b_end) {
+    const StoredT* cache = static_cast<const StoredT*>(p.index_k_cache);
+    const auto block_keys = [&](int b) {
+      return min(128, min(seq_len - b * 128, last_pos - b * 128 + 1));
+    };
+    const auto block_page = [&](int b) { return p.block_table[r * p.block_table_stride + b]; };
+    const auto page_valid = [&](int page) { return page >= 0 && page < p.num_pages; };
+    KeyBlockPrefetch<StoredT> prefetch;  // the first key block loads while the queries are staged
+    {
+      const int page = block_page(b_begin);
+      prefetch.load(cache + (page_valid(page) ? page * p.cache_stride_page : 0),
+                    p.cache_stride_token, page_valid(page) ? block_keys(b_begin) : 0);
+    }
     const int heads = p.heads;
     const int64_t q_token = p.q_stride_token, q_head = p.q_stride_head;
     stage_rows(q_s, static_cast<const StoredT*>(p.index_q) + tile.token_begin * q_token, rows,
@@ -179,18 +196,6 @@ __global__ void __launch_bounds__(kScoreThreads)
       a[ks][1] = q_s[row1 * (kSmemStride / 2) + col];
       a[ks][2] = q_s[row0 * (kSmemStride / 2) + col + 4];
       a[ks][3] = q_s[row1 * (kSmemStride / 2) + col + 4];
-    }
-    const StoredT* cache = static_cast<const StoredT*>(p.index_k_cache);
-    const auto block_keys = [&](int b) {
-      return min(128, min(seq_len - b * 128, last_pos - b * 128 + 1));
-    };
-    const auto block_page = [&](int b) { return p.block_table[r * p.block_table_stride + b]; };
-    const auto page_valid = [&](int page) { return page >= 0 && page < p.num_pages; };
-    KeyBlockPrefetch<StoredT> prefetch;
-    {
-      const int page = block_page(b_begin);
-      prefetch.load(cache + (page_valid(page) ? page * p.cache_stride_page : 0),
-                    p.cache_stride_token, page_valid(page) ? block_keys(b_begin) : 0);
     }
     for (int b = b_begin; b < b_end; ++b) {
       const int page = block_page(b);
