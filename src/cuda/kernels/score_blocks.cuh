@@ -120,13 +120,8 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&c)[4], const uint32_t (&a
 #endif
 }
 
-// Residency: the bf16 path needs ~165 registers (3 CTAs per SM); the e4m3 path fits 128 with
-// almost no spill, so it asks for 4 CTAs per SM to keep more key bytes in flight.
 template <typename StoredT>
-inline constexpr int kScoreMinBlocks = std::is_same_v<StoredT, __nv_fp8_e4m3> ? 4 : 3;
-
-template <typename StoredT>
-__global__ void __launch_bounds__(kScoreThreads, kScoreMinBlocks<StoredT>)
+__global__ void __launch_bounds__(kScoreThreads)
     score_blocks_kernel(const __grid_constant__ ScoreBlocksParams p) {
   // 32-bit words per 16x8 MMA step along k: 16 bf16 or 32 e4m3 values; 8 or 4 steps per 128 dims.
   constexpr bool kFp8Mma = kHaveFp8Mma && std::is_same_v<StoredT, __nv_fp8_e4m3>;
