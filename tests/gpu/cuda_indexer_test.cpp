@@ -9,6 +9,7 @@
 
 #include "gpu/device_tensor.h"
 #include "support/test_util.h"
+#include "testing/sample_batch.h"
 
 namespace m3sa::testing {
 namespace {
@@ -208,6 +209,37 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuIndexer, ::testing::ValuesIn(indexer_cases())
                          [](const ::testing::TestParamInfo<IndexerCase>& param_info) {
                            return std::string(param_info.param.name);
                          });
+
+TEST(GpuIndexerLarge, PrefillChunk16kAfterMillionTokenPrefixSpotCheck) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  BatchSpec spec;
+  spec.q_lens = {16384};
+  spec.seq_lens = {1 << 20}; // a 16K chunk after a 1M - 16K prefix: 8192 causal blocks at the end
+  spec.index_heads = 1;
+  spec.seed = seed;
+  SyntheticBatch sb(spec);
+  sb.fill_index_integers(seed, -3, 3);
+  const DeviceBatch db(sb);
+  const HostTensor got = cuda_index_topk(cfg(1), sb, db);
+  // The whole chunk is 2.2e13 multiply-adds: the CPU backend checks spread tokens (both chunk
+  // ends, block boundaries) as single-token requests over the same cache.
+  const std::vector<int64_t> tokens = {0,    1,    127,   128,   129,   1000,  4095,  4096,
+                                       8191, 8192, 12000, 16254, 16255, 16256, 16382, 16383};
+  const SampleBatch sample = make_sample(sb, tokens);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  PlanRequest request{OpKind::index_topk, Backend::cpu, cfg(1), Capacities{n, n, sb.width()},
+                      DType::bf16};
+  PlannedOp planned(request);
+  M3SA_ASSERT_OK(planned.status);
+  HostTensor want(DType::i32, {1, n, 16});
+  M3SA_ASSERT_OK(index_topk(
+      planned.plan, {sample.index_q.view(), sb.index_k_cache.view(), sample.batch(), want.view()},
+      planned.workspace()));
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_EQ(topk_row(want, 0, i), topk_row(got, 0, tokens[i])) << "token " << tokens[i];
+}
 
 TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
   M3SA_SKIP_WITHOUT_CUDA();
