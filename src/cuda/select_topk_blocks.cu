@@ -2,15 +2,26 @@
 #include "cuda/launchers.h"
 
 namespace m3sa::cuda {
+namespace {
+
+template <int MaxK> void launch_for_width(const SelectTopkParams& params, cudaStream_t stream) {
+  const int rows = params.heads * params.token_capacity;
+  // Few, wide rows (long-context decode): a CTA per row; otherwise a warp per row.
+  if (params.score_width >= 2048 && rows <= 2048)
+    select_topk_wide_kernel<MaxK><<<rows, kSelectWarps * 32, 0, stream>>>(params);
+  else
+    select_topk_kernel<MaxK>
+        <<<(rows + kSelectWarps - 1) / kSelectWarps, kSelectWarps * 32, 0, stream>>>(params);
+}
+
+} // namespace
 
 cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream) {
-  const int rows = params.heads * params.token_capacity;
-  const dim3 grid((rows + kSelectWarps - 1) / kSelectWarps);
   // K <= 16 keeps half the registers per lane list; both lists cover every K in 1..32.
   if (params.top_k - params.init_blocks - params.local_blocks <= 16)
-    select_topk_kernel<16><<<grid, kSelectWarps * 32, 0, stream>>>(params);
+    launch_for_width<16>(params, stream);
   else
-    select_topk_kernel<32><<<grid, kSelectWarps * 32, 0, stream>>>(params);
+    launch_for_width<32>(params, stream);
   return cudaGetLastError();
 }
 

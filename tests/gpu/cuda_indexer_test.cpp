@@ -243,17 +243,23 @@ TEST(GpuIndexerLarge, PrefillChunk16kAfterMillionTokenPrefixSpotCheck) {
 
 TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
   M3SA_SKIP_WITHOUT_CUDA();
-  SyntheticBatch sb(decode_spec({40 * 128, 3000, 129, 0}, 2, DType::bf16));
-  HostTensor scores(DType::f32, {2, sb.num_tokens(), sb.width()});
-  Rng rng(test_seed());
-  const float specials[] = {NAN, INFINITY, -INFINITY, 0.f, -0.f, 1.f, 2.f};
-  for (int64_t i = 0; i < scores.view().numel(); ++i)
-    scores.data<float>()[i] = specials[rng.uniform_int(0, 6)];
-  for (MsaConfig config : {cfg(2), cfg(2, 32, 3, 2), cfg(2, 5, 0, 0)}) {
-    HostTensor want;
-    M3SA_ASSERT_OK(run_select_topk_blocks(config, sb, scores, {Backend::reference}, &want));
-    const DeviceBatch db(sb);
-    EXPECT_TRUE(same_bytes(want, cuda_select(config, sb, db, scores))) << "K " << config.top_k;
+  // Narrow rows take the warp-per-row kernel, 2344-block rows the CTA-per-row one.
+  for (std::vector<int32_t> lens :
+       {std::vector<int32_t>{40 * 128, 3000, 129, 0}, std::vector<int32_t>{300000, 40 * 128, 0}}) {
+    SyntheticBatch sb(decode_spec(lens, 2, DType::bf16));
+    HostTensor scores(DType::f32, {2, sb.num_tokens(), sb.width()});
+    Rng rng(test_seed());
+    const float specials[] = {NAN, INFINITY, -INFINITY, 0.f, -0.f, 1.f, 2.f};
+    for (int64_t i = 0; i < scores.view().numel(); ++i)
+      scores.data<float>()[i] = rng.uniform() < 0.5 ? specials[rng.uniform_int(0, 6)]
+                                                    : static_cast<float>(rng.uniform_int(-50, 50));
+    for (MsaConfig config : {cfg(2), cfg(2, 32, 3, 2), cfg(2, 5, 0, 0)}) {
+      HostTensor want;
+      M3SA_ASSERT_OK(run_select_topk_blocks(config, sb, scores, {Backend::reference}, &want));
+      const DeviceBatch db(sb);
+      EXPECT_TRUE(same_bytes(want, cuda_select(config, sb, db, scores)))
+          << "K " << config.top_k << " width " << sb.width();
+    }
   }
 }
 
