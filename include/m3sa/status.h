@@ -21,7 +21,6 @@ public:
   Status() = default;
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
-  static Status ok_status() { return {}; }
   // "<argument>: expected <expectation>, got <received>" keeps every message greppable and
   // actionable.
   static Status invalid_argument(const std::string& argument, const std::string& expectation,

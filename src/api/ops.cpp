@@ -22,6 +22,7 @@ using detail::check_disjoint;
 using detail::check_tensor;
 using detail::kAnyExtent;
 using detail::kAtLeastOne;
+using detail::TensorRule;
 
 Status with_op(OpKind op, Status status) {
   if (status.ok()) return status;
@@ -62,37 +63,34 @@ Status validate_and_dispatch(OpKind op, const OpPlan& plan, const Workspace& wor
   return Status(StatusCode::internal, "unknown backend");
 }
 
-Status check_index_cache(const OpPlan& plan, const TensorView& cache, DeviceKind device) {
-  M3SA_RETURN_IF_ERROR(check_tensor(cache,
-                                    {"index_k_cache",
-                                     {DType::bf16, DType::fp8_e4m3},
-                                     {kAtLeastOne, kBlockTokens, kHeadDim},
-                                     "[num_pages, 128, 128]"},
-                                    device));
-  M3SA_RETURN_IF_ERROR(detail::check_vector_rows(cache, "index_k_cache", device));
-  if (cache.dtype != plan.request.cache_dtype)
+// A bf16 / e4m3 tensor of 128-wide rows whose dtype must be the plan's cache dtype.
+Status check_cache_dtype_rows(const OpPlan& plan, const TensorView& t, const TensorRule& rule,
+                              const char* why, DeviceKind device) {
+  M3SA_RETURN_IF_ERROR(check_tensor(t, rule, device));
+  M3SA_RETURN_IF_ERROR(detail::check_vector_rows(t, rule.name, device));
+  if (t.dtype != plan.request.cache_dtype)
     return Status::invalid_argument(
-        "index_k_cache",
-        detail::concat("dtype ", to_string(plan.request.cache_dtype), " (the plan's cache_dtype)"),
-        cache.describe());
+        rule.name, detail::concat("dtype ", to_string(plan.request.cache_dtype), " (", why, ")"),
+        t.describe());
   return {};
 }
 
+Status check_index_cache(const OpPlan& plan, const TensorView& cache, DeviceKind device) {
+  return check_cache_dtype_rows(plan, cache,
+                                {"index_k_cache",
+                                 {DType::bf16, DType::fp8_e4m3},
+                                 {kAtLeastOne, kBlockTokens, kHeadDim},
+                                 "[num_pages, 128, 128]"},
+                                "the plan's cache_dtype", device);
+}
+
 Status check_index_q(const OpPlan& plan, const TensorView& q, int64_t tokens, DeviceKind device) {
-  const int64_t heads = plan.request.config.num_index_heads;
-  M3SA_RETURN_IF_ERROR(check_tensor(q,
-                                    {"index_q",
-                                     {DType::bf16, DType::fp8_e4m3},
-                                     {tokens, heads, kHeadDim},
-                                     "[num_tokens, num_index_heads, 128]"},
-                                    device));
-  M3SA_RETURN_IF_ERROR(detail::check_vector_rows(q, "index_q", device));
-  if (q.dtype != plan.request.cache_dtype)
-    return Status::invalid_argument("index_q",
-                                    detail::concat("dtype ", to_string(plan.request.cache_dtype),
-                                                   " (index-Q follows the index cache dtype)"),
-                                    q.describe());
-  return {};
+  return check_cache_dtype_rows(plan, q,
+                                {"index_q",
+                                 {DType::bf16, DType::fp8_e4m3},
+                                 {tokens, plan.request.config.num_index_heads, kHeadDim},
+                                 "[num_tokens, num_index_heads, 128]"},
+                                "index-Q follows the index cache dtype", device);
 }
 
 Status check_topk_out(const OpPlan& plan, const TensorView& topk, int64_t tokens,
