@@ -22,5 +22,5 @@ if command -v nvcc >/dev/null 2>&1; then
       > build/cpu-only.log 2>&1 || { cat build/cpu-only.log; exit 1; }
 fi
 
-echo "[m3sa] tests: $(ctest --test-dir build -N -L cpu | tail -1 | sed 's/Total //') labelled cpu, $(ctest --test-dir build -N -L gpu | tail -1 | sed 's/Total //') labelled gpu" >&2
+echo "[m3sa] tests: $(ctest --test-dir build -N -L cpu | tail -1 | sed 's/Total Tests: //') labelled cpu, $(ctest --test-dir build -N -L gpu | tail -1 | sed 's/Total Tests: //') labelled gpu" >&2
 ctest --test-dir build --output-on-failure -j "$M3SA_JOBS"
