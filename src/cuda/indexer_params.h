@@ -19,7 +19,7 @@ struct RowTile {
   int32_t request;
   int32_t token_begin; // packed token index
   int32_t token_count; // <= tile_tokens
-  int32_t unused;
+  int32_t padding;     // keeps the struct 16 bytes: one vector load per tile
 };
 
 struct ScheduleParams {
