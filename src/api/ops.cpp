@@ -93,6 +93,20 @@ Status check_index_q(const OpPlan& plan, const TensorView& q, int64_t tokens, De
                                 "index-Q follows the index cache dtype", device);
 }
 
+// The inputs score_blocks and index_topk share: cache, batch (its pages bounded by the cache), q.
+Status check_scoring_inputs(const OpPlan& plan, const TensorView& q, const TensorView& cache,
+                            const BatchMetadata& batch, DeviceKind device) {
+  M3SA_RETURN_IF_ERROR(check_index_cache(plan, cache, device));
+  M3SA_RETURN_IF_ERROR(detail::check_batch(plan, batch, device, cache.shape[0]));
+  return check_index_q(plan, q, rows_of(batch), device);
+}
+
+Status check_disjoint_from_scoring_inputs(const TensorView& out, const char* name,
+                                          const TensorView& q, const TensorView& cache) {
+  M3SA_RETURN_IF_ERROR(check_disjoint(out, name, q, "index_q"));
+  return check_disjoint(out, name, cache, "index_k_cache");
+}
+
 Status check_topk_out(const OpPlan& plan, const TensorView& topk, int64_t tokens,
                       DeviceKind device) {
   return check_tensor(topk,
@@ -247,15 +261,11 @@ Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace w
   return validate_and_dispatch(
       op, plan, workspace, ctx,
       [&]() -> Status {
-        M3SA_RETURN_IF_ERROR(check_index_cache(plan, args.index_k_cache, device));
         M3SA_RETURN_IF_ERROR(
-            detail::check_batch(plan, args.batch, device, args.index_k_cache.shape[0]));
-        M3SA_RETURN_IF_ERROR(check_index_q(plan, args.index_q, rows_of(args.batch), device));
+            check_scoring_inputs(plan, args.index_q, args.index_k_cache, args.batch, device));
         M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, true, device));
-        M3SA_RETURN_IF_ERROR(check_disjoint(args.scores, "scores", args.index_q, "index_q"));
-        M3SA_RETURN_IF_ERROR(
-            check_disjoint(args.scores, "scores", args.index_k_cache, "index_k_cache"));
-        return {};
+        return check_disjoint_from_scoring_inputs(args.scores, "scores", args.index_q,
+                                                  args.index_k_cache);
       },
       [&] { ref::score_blocks(plan.request.config, args); },
       [&] { cpu::score_blocks(plan.request.config, args, workspace, threads_for(plan, ctx)); },
@@ -291,15 +301,11 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
   return validate_and_dispatch(
       op, plan, workspace, ctx,
       [&]() -> Status {
-        M3SA_RETURN_IF_ERROR(check_index_cache(plan, args.index_k_cache, device));
         M3SA_RETURN_IF_ERROR(
-            detail::check_batch(plan, args.batch, device, args.index_k_cache.shape[0]));
-        M3SA_RETURN_IF_ERROR(check_index_q(plan, args.index_q, rows_of(args.batch), device));
+            check_scoring_inputs(plan, args.index_q, args.index_k_cache, args.batch, device));
         M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, rows_of(args.batch), device));
-        M3SA_RETURN_IF_ERROR(check_disjoint(args.topk, "topk", args.index_q, "index_q"));
-        M3SA_RETURN_IF_ERROR(
-            check_disjoint(args.topk, "topk", args.index_k_cache, "index_k_cache"));
-        return {};
+        return check_disjoint_from_scoring_inputs(args.topk, "topk", args.index_q,
+                                                  args.index_k_cache);
       },
       [&] { ref::index_topk(plan.request.config, args, workspace); },
       [&] { cpu::index_topk(plan.request.config, args, workspace, threads_for(plan, ctx)); },

@@ -23,8 +23,8 @@ namespace {
 using testing::gather_tokens;
 using testing::HostTensor;
 using testing::make_sample;
-using testing::SampleBatch;
 using testing::PlannedOp;
+using testing::SampleBatch;
 using testing::SyntheticBatch;
 using Clock = std::chrono::steady_clock;
 
@@ -271,16 +271,15 @@ int run_demo(const DemoOptions& o) {
   const bool insert_ok = insert_exact == s_count, topk_ok = topk_check.ok(),
              attention_ok = attention_check.ok(1e-3);
   const bool all_ok = insert_ok && topk_ok && attention_ok && status.ok();
+  OpPlan cpu_plan; // only its resolved thread count is reported: no workspace is needed
   const int threads =
-      backend == Backend::cpu
-          ? (o.threads > 0
-                 ? o.threads
-                 : PlannedOp(request_for(OpKind::index_topk, run_options)).plan.num_threads)
+      make_plan(request_for(OpKind::sparse_attention, {Backend::cpu, o.threads}), &cpu_plan).ok()
+          ? cpu_plan.num_threads
           : 1;
   std::printf("m3sa demo: one MiniMax-M3 sparse attention layer; indexer on %s, attention on %s",
               to_string(indexer_backend), to_string(backend));
   if (backend == Backend::cpu || indexer_backend == Backend::cpu)
-    std::printf(" (CPU: %d threads)", threads);
+    std::printf(" (CPU threads: %d)", threads);
   std::printf("\n");
   std::printf("  batch      %d decode requests x %d tokens (q_len %d) + prefill chunk %d after %d "
               "= %lld query tokens\n",
