@@ -108,7 +108,8 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
 // (page id out of range, seq_len beyond the block table, slot beyond the cache) they skip the read
 // and set bits in a flag kept in the workspace, cleared at the start of every run. This reads the
 // flag of the last run on `ctx.stream` (it synchronises that stream: not for use inside capture).
-// Bits: 1 page id out of range, 2 seq_len beyond the block table or q_len > seq_len, 4 bad slot.
+// Bits: 1 page id out of range, 2 seq_len beyond the block table or q_len > seq_len, 4 bad slot,
+// 8 a decode request whose q_len is not batch.decode_q_len.
 // Host backends validate their data up front, so their flag is always 0.
 Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx,
                           int32_t* flags);

@@ -210,6 +210,11 @@ Status check_batch(const OpPlan& plan, const BatchMetadata& batch, DeviceKind de
     return Status::invalid_argument("batch.num_tokens",
                                     detail::concat("0..", cap.max_tokens, " (plan capacity)"),
                                     std::to_string(batch.num_tokens));
+  if (int64_t{batch.num_decode_requests} * batch.decode_q_len > batch.num_tokens)
+    return Status::invalid_argument(
+        "batch.num_decode_requests",
+        detail::concat("num_decode_requests x decode_q_len <= num_tokens (", batch.num_tokens, ")"),
+        detail::concat(batch.num_decode_requests, " x ", batch.decode_q_len));
   M3SA_RETURN_IF_ERROR(check_tensor(
       batch.cu_q_lens,
       {"batch.cu_q_lens", {DType::i32}, {r_count + 1}, "[num_requests + 1]", false}, device));

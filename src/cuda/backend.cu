@@ -22,55 +22,84 @@ Status cuda_status(cudaError_t error, const char* what) {
 
 constexpr int kTileRows = 64;
 int tile_tokens(int heads) { return std::max(1, kTileRows / heads); }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Decode row tiles per request at most, and in all (the decode kernel's grid.x).
+int64_t decode_tiles_per_request(const PlanRequest& request) {
+  const int64_t q_len = std::min<int64_t>(kMaxDecodeQLen, request.capacities.max_tokens);
+  return ceil_div(q_len, tile_tokens(request.config.num_index_heads));
+}
+int64_t decode_tile_capacity(const PlanRequest& request) {
+  return request.capacities.max_requests * decode_tiles_per_request(request);
+}
+int ranked_slots(const MsaConfig& config) {
+  return config.top_k - config.init_blocks - config.local_blocks;
+}
+
+// The error flag and the decode arrival counters share one region: one memset resets both.
+constexpr int64_t kArrivalsOffset = 16; // int32s: keeps the counters on their own 64-byte line
 
 struct Layout {
-  int32_t* error_flags = nullptr; // [1]
-  int32_t* num_tiles = nullptr;   // [1]
-  RowTile* tiles = nullptr;       // [tile_capacity]
-  float* scores = nullptr;        // [H, max_tokens, max_blocks] (index_topk)
+  int32_t* error_flags = nullptr;    // [1]
+  int32_t* arrivals = nullptr;       // [decode tiles] (index_topk)
+  int64_t reset_bytes = 0;           // error flag through arrivals
+  int32_t* num_tiles = nullptr;      // [1]
+  RowTile* tiles = nullptr;          // [tile_capacity]
+  float* scores = nullptr;           // [H, max_tokens, max_blocks] (index_topk: prefill rows)
+  uint64_t* partial_lists = nullptr; // [decode tiles, splits, 64, ranked slots] (index_topk)
   int64_t tile_capacity = 0;
 };
 
 // The one description of the workspace: sizes it at plan time, carves it at run time.
-Layout carve(const PlanRequest& request, void* base, size_t* bytes) {
+Layout carve(const PlanRequest& request, int splits, void* base, size_t* bytes) {
   detail::WorkspaceCarver carver(base);
   Layout l;
-  l.error_flags = carver.take<int32_t>(1);
+  const bool topk = request.op == OpKind::index_topk;
+  const int64_t arrivals = topk ? decode_tile_capacity(request) : 0;
+  l.error_flags = carver.take<int32_t>(kArrivalsOffset + arrivals);
+  l.arrivals = l.error_flags ? l.error_flags + kArrivalsOffset : nullptr;
+  l.reset_bytes = (kArrivalsOffset + arrivals) * int64_t{sizeof(int32_t)};
   l.num_tiles = carver.take<int32_t>(1);
   const Capacities& cap = request.capacities;
-  l.tile_capacity = (cap.max_tokens + tile_tokens(request.config.num_index_heads) - 1) /
-                        tile_tokens(request.config.num_index_heads) +
-                    cap.max_requests;
-  if (request.op == OpKind::score_blocks || request.op == OpKind::index_topk)
-    l.tiles = carver.take<RowTile>(l.tile_capacity);
-  if (request.op == OpKind::index_topk)
-    l.scores = carver.take<float>(int64_t{request.config.num_index_heads} * cap.max_tokens *
-                                  cap.max_blocks_per_request);
+  const int heads = request.config.num_index_heads;
+  l.tile_capacity = ceil_div(cap.max_tokens, tile_tokens(heads)) + cap.max_requests;
+  if (request.op == OpKind::score_blocks || topk) l.tiles = carver.take<RowTile>(l.tile_capacity);
+  if (topk) {
+    l.scores = carver.take<float>(int64_t{heads} * cap.max_tokens * cap.max_blocks_per_request);
+    l.partial_lists = carver.take<uint64_t>(arrivals * splits * kTileRows *
+                                            std::max(1, ranked_slots(request.config)));
+  }
   if (bytes) *bytes = carver.bytes_used();
   return l;
 }
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// index_topk leaves decode requests to the decode kernel; score_blocks schedules every request.
+int first_scheduled_request(const OpPlan& plan, const BatchMetadata& batch) {
+  return plan.request.op == OpKind::index_topk ? batch.num_decode_requests : 0;
+}
+
+Status reset_error_state(const Layout& l, cudaStream_t stream) {
+  M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.error_flags, 0, l.reset_bytes, stream));
+  return {};
+}
+
 ScheduleParams schedule_params(const OpPlan& plan, const BatchMetadata& batch, const Layout& l) {
   ScheduleParams s{};
   s.cu_q_lens = batch.cu_q_lens.ptr<const int32_t>();
   s.seq_lens = batch.seq_lens.ptr<const int32_t>();
+  s.first_request = first_scheduled_request(plan, batch);
   s.num_requests = batch.num_requests;
   s.tile_tokens = tile_tokens(plan.request.config.num_index_heads);
   s.tile_capacity = static_cast<int32_t>(l.tile_capacity);
   s.tiles = l.tiles;
   s.num_tiles = l.num_tiles;
-  s.error_flags = l.error_flags;
   return s;
 }
 
-// Scores into `scores` with strides (head, token, block) and width; fill_tail for exported scores.
-Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView& cache,
-                      const BatchMetadata& batch, const Layout& l, float* scores,
-                      const int64_t (&strides)[3], int64_t width, bool fill_tail,
-                      cudaStream_t stream) {
-  M3SA_CUDA_RETURN_IF_ERROR(launch_schedule_tiles(schedule_params(plan, batch, l), stream));
+ScoreBlocksParams scoring_params(const OpPlan& plan, const TensorView& q, const TensorView& cache,
+                                 const BatchMetadata& batch, const Layout& l) {
   ScoreBlocksParams p{};
   p.index_q = q.data;
   p.q_stride_token = q.strides[0];
@@ -86,17 +115,28 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
   p.block_table_width = static_cast<int32_t>(batch.block_table.shape[1]);
   p.tiles = l.tiles;
   p.num_tiles = l.num_tiles;
+  p.heads = plan.request.config.num_index_heads;
+  p.tile_tokens = tile_tokens(p.heads);
+  p.splits = plan.cuda_block_splits;
+  p.scale = plan.request.config.score_scale;
+  p.error_flags = l.error_flags;
+  return p;
+}
+
+// Scores of the scheduled requests into `scores` with strides (head, token, block) and width;
+// fill_tail for exported scores.
+Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView& cache,
+                      const BatchMetadata& batch, const Layout& l, float* scores,
+                      const int64_t (&strides)[3], int64_t width, bool fill_tail,
+                      cudaStream_t stream) {
+  M3SA_CUDA_RETURN_IF_ERROR(launch_schedule_tiles(schedule_params(plan, batch, l), stream));
+  ScoreBlocksParams p = scoring_params(plan, q, cache, batch, l);
   p.scores = scores;
   p.score_stride_head = strides[0];
   p.score_stride_token = strides[1];
   p.score_stride_block = strides[2];
   p.score_width = static_cast<int32_t>(width);
   p.fill_tail = fill_tail ? 1 : 0;
-  p.heads = plan.request.config.num_index_heads;
-  p.tile_tokens = tile_tokens(p.heads);
-  p.splits = plan.cuda_block_splits;
-  p.scale = plan.request.config.score_scale;
-  p.error_flags = l.error_flags;
   const dim3 grid(static_cast<unsigned>(l.tile_capacity), static_cast<unsigned>(p.splits));
   if (cache.dtype == DType::fp8_e4m3)
     M3SA_CUDA_RETURN_IF_ERROR(launch_score_blocks_fp8(p, grid, stream));
@@ -118,6 +158,7 @@ Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const fl
   p.cu_q_lens = batch.cu_q_lens.ptr<const int32_t>();
   p.seq_lens = batch.seq_lens.ptr<const int32_t>();
   p.num_requests = batch.num_requests;
+  p.first_request = first_scheduled_request(plan, batch);
   p.num_tokens = batch.num_tokens;
   p.token_capacity = static_cast<int32_t>(plan.request.capacities.max_tokens);
   p.topk = topk.ptr<int32_t>();
@@ -132,8 +173,35 @@ Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const fl
   return {};
 }
 
+// Decode rows: one launch scores and selects (no score matrix).
+Status launch_decode_topk(const OpPlan& plan, const IndexTopkArgs& args, const Layout& l,
+                          cudaStream_t stream) {
+  DecodeTopkParams p{};
+  p.scoring = scoring_params(plan, args.index_q, args.index_k_cache, args.batch, l);
+  p.num_decode_requests = args.batch.num_decode_requests;
+  p.decode_q_len = args.batch.decode_q_len;
+  p.tiles_per_request = static_cast<int32_t>(ceil_div(p.decode_q_len, p.scoring.tile_tokens));
+  const MsaConfig& config = plan.request.config;
+  p.top_k = config.top_k;
+  p.init_blocks = config.init_blocks;
+  p.local_blocks = config.local_blocks;
+  p.partial_lists = l.partial_lists;
+  p.arrivals = l.arrivals;
+  p.topk = args.topk.ptr<int32_t>();
+  p.topk_stride_head = args.topk.strides[0];
+  p.topk_stride_token = args.topk.strides[1];
+  p.topk_stride_k = args.topk.strides[2];
+  const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
+                  static_cast<unsigned>(p.scoring.splits));
+  if (args.index_k_cache.dtype == DType::fp8_e4m3)
+    M3SA_CUDA_RETURN_IF_ERROR(launch_decode_topk_fp8(p, grid, stream));
+  else
+    M3SA_CUDA_RETURN_IF_ERROR(launch_decode_topk_bf16(p, grid, stream));
+  return {};
+}
+
 Layout run_layout(const OpPlan& plan, Workspace workspace) {
-  return carve(plan.request, workspace.data, nullptr);
+  return carve(plan.request, plan.cuda_block_splits, workspace.data, nullptr);
 }
 
 } // namespace
@@ -158,14 +226,14 @@ Status make_plan(const PlanRequest& request, OpPlan* plan) {
   // puts about two CTAs on every SM (decode at batch 1 must fill the GPU).
   plan->cuda_block_splits = static_cast<int>(std::clamp<int64_t>(
       (2 * sms + request.capacities.max_requests - 1) / request.capacities.max_requests, 1, 256));
-  carve(request, nullptr, &plan->workspace_bytes);
+  carve(request, plan->cuda_block_splits, nullptr, &plan->workspace_bytes);
   return {};
 }
 
 Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace,
                       void* stream) {
   const Layout l = run_layout(plan, workspace);
-  M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.error_flags, 0, sizeof(int32_t), as_stream(stream)));
+  M3SA_RETURN_IF_ERROR(reset_error_state(l, as_stream(stream)));
   InsertIndexKParams p{};
   p.index_k = args.index_k.data;
   p.k_stride_token = args.index_k.strides[0];
@@ -187,6 +255,7 @@ Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspac
 Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace,
                     void* stream) {
   const Layout l = run_layout(plan, workspace);
+  M3SA_RETURN_IF_ERROR(reset_error_state(l, as_stream(stream)));
   const TensorView& s = args.scores;
   const int64_t strides[3] = {s.strides[0], s.strides[1], s.strides[2]};
   return launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l, s.ptr<float>(),
@@ -196,7 +265,7 @@ Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace w
 Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace,
                           void* stream) {
   const Layout l = run_layout(plan, workspace);
-  M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.error_flags, 0, sizeof(int32_t), as_stream(stream)));
+  M3SA_RETURN_IF_ERROR(reset_error_state(l, as_stream(stream)));
   const TensorView& s = args.scores;
   const int64_t strides[3] = {s.strides[0], s.strides[1], s.strides[2]};
   return launch_selection(plan, args.batch, s.ptr<const float>(), strides, s.shape[2], args.topk,
@@ -206,6 +275,10 @@ Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, 
 Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace,
                   void* stream) {
   const Layout l = run_layout(plan, workspace);
+  M3SA_RETURN_IF_ERROR(reset_error_state(l, as_stream(stream)));
+  if (args.batch.num_decode_requests > 0)
+    M3SA_RETURN_IF_ERROR(launch_decode_topk(plan, args, l, as_stream(stream)));
+  if (args.batch.num_requests == args.batch.num_decode_requests) return {};
   const Capacities& cap = plan.request.capacities;
   const int64_t strides[3] = {cap.max_tokens * cap.max_blocks_per_request,
                               cap.max_blocks_per_request, 1};

@@ -9,9 +9,10 @@ namespace m3sa::cuda {
 // Bits of the device-side error flag (contract §8): a kernel that meets bad metadata skips the read
 // and ORs a bit in; read it with m3sa::read_device_errors().
 enum DeviceErrorBits : int32_t {
-  kPageOutOfRange = 1,    // a block-table entry outside [0, num_pages)
-  kSeqLenBeyondTable = 2, // seq_len > block-table width * 128, or q_len > seq_len
-  kSlotOutOfRange = 4,    // insert_index_k slot >= num_pages * 128
+  kPageOutOfRange = 1,     // a block-table entry outside [0, num_pages)
+  kSeqLenBeyondTable = 2,  // seq_len > block-table width * 128, or q_len > seq_len
+  kSlotOutOfRange = 4,     // insert_index_k slot >= num_pages * 128
+  kDecodeQLenMismatch = 8, // a decode request whose q_len is not batch.decode_q_len
 };
 
 // One unit of scoring work: consecutive tokens of one request.
@@ -25,12 +26,12 @@ struct RowTile {
 struct ScheduleParams {
   const int32_t* cu_q_lens; // [R + 1]
   const int32_t* seq_lens;  // [R]
+  int32_t first_request;    // tiles for requests [first_request, num_requests)
   int32_t num_requests;
   int32_t tile_tokens;   // tokens per tile: 64 / H rows of 128-d queries
   int32_t tile_capacity; // entries in tiles
   RowTile* tiles;        // [tile_capacity] out
   int32_t* num_tiles;    // [1] out
-  int32_t* error_flags;  // [1] reset here: the schedule runs first
 };
 
 struct ScoreBlocksParams {
@@ -57,6 +58,20 @@ struct ScoreBlocksParams {
   int32_t* error_flags; // [1]
 };
 
+// Decode rows of index_topk: scoring as above (tiles, num_tiles and scores unused; tiles are
+// derived from the request index), then per-range candidate lists merged by the last CTA.
+struct DecodeTopkParams {
+  ScoreBlocksParams scoring;
+  int32_t num_decode_requests;
+  int32_t decode_q_len;
+  int32_t tiles_per_request; // ceil(decode_q_len / tile_tokens); gridDim.x >= requests * this
+  int32_t top_k, init_blocks, local_blocks;
+  uint64_t* partial_lists; // [gridDim.x, splits, 64, top_k - init - local] workspace
+  int32_t* arrivals;       // [gridDim.x] zero on entry; left zero on exit
+  int32_t* topk;           // [H, T, K] out
+  int64_t topk_stride_head, topk_stride_token, topk_stride_k;
+};
+
 struct SelectTopkParams {
   const float* scores; // [H, T, width]
   int64_t score_stride_head, score_stride_token, score_stride_block;
@@ -64,6 +79,7 @@ struct SelectTopkParams {
   const int32_t* cu_q_lens; // [R + 1]
   const int32_t* seq_lens;  // [R]
   int32_t num_requests;
+  int32_t first_request;  // rows of earlier requests (decode) are left to the decode kernel
   int32_t num_tokens;     // live tokens; rows past it are left alone
   int32_t token_capacity; // rows per head in the grid
   int32_t* topk;          // [H, T, K] out

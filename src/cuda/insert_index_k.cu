@@ -64,9 +64,8 @@ __global__ void __launch_bounds__(kInsertThreads)
 // at most), so the whole schedule costs one tiny launch and no host round trip.
 __global__ void schedule_tiles_kernel(const __grid_constant__ ScheduleParams p) {
   if (threadIdx.x != 0) return;
-  *p.error_flags = 0;
   int count = 0;
-  for (int r = 0; r < p.num_requests; ++r) {
+  for (int r = p.first_request; r < p.num_requests; ++r) {
     const int begin = p.cu_q_lens[r], end = p.cu_q_lens[r + 1];
     // Padding requests get tiles too: exported scores of their rows are all -inf.
     for (int t = begin; t < end && count < p.tile_capacity; t += p.tile_tokens)

@@ -158,6 +158,11 @@ std::vector<IndexerCase> indexer_cases() {
        false},
       {"DecodeMtp4", decode_spec({5000, 300, 7000}, 4, bf, 4), cfg(4), true, true},
       {"DecodeMtp16", decode_spec({5000, 16, 20000}, 2, bf, 16), cfg(2), true, false},
+      // 16 x 16 rows per request: four 64-row tiles, each merged by its own last CTA.
+      {"DecodeMtp16H16K32Init2", decode_spec({9000, 0, 300, 40000}, 16, bf, 16), cfg(16, 32, 1, 2),
+       true, false},
+      {"DecodeMtp3H4Fp8RandomData", decode_spec({7000, 129, 33000}, 4, f8, 3), cfg(4), false,
+       false},
       {"MixedDecodePrefillH4", mixed_spec(4, bf), cfg(4), true, false},
       {"MixedDecodePrefillFp8RandomData", mixed_spec(4, f8), cfg(4), false, false},
       {"MixedK32Local2Init1", mixed_spec(3, bf), cfg(3, 32, 2, 1), true, false},
@@ -315,6 +320,40 @@ TEST(GpuIndexerSmall, BadPageIdsAreReportedNotRead) {
   int32_t flags = 0;
   M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace->get(), {}, &flags));
   EXPECT_EQ(flags & 1, 1);
+}
+
+TEST(GpuIndexerSmall, DecodeQLenMismatchIsReported) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  SyntheticBatch sb(mixed_spec(1, DType::bf16)); // decode requests of q_len 2
+  sb.fill_index_integers(2, -2, 2);
+  DeviceBatch db(sb);
+  db.decode_q_len = 1; // what the host says; the device cu_q_lens disagree
+  CudaRun run = cuda_plan(OpKind::index_topk, cfg(1), sb);
+  DeviceTensor topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
+  M3SA_ASSERT_OK(index_topk(run.plan,
+                            {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
+                            run.workspace->get()));
+  int32_t flags = 0;
+  M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace->get(), {}, &flags));
+  EXPECT_EQ(flags, 8);
+}
+
+TEST(GpuIndexerSmall, PlanLargerThanTheBatch) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  // Capacities of a serving engine (256 requests, 8K tokens, 1M-token rows) run on a small mixed
+  // batch: the grid is the plan's, the idle CTAs leave outputs and the arrival counters alone.
+  SyntheticBatch sb(mixed_spec(4, DType::bf16));
+  sb.fill_index_integers(3, -2, 2);
+  const DeviceBatch db(sb);
+  PlanRequest request = plan_request(OpKind::index_topk, cfg(4), sb, {Backend::cuda});
+  request.capacities = {256, 8192, 8192};
+  CudaRun run;
+  M3SA_ASSERT_OK(make_plan(request, &run.plan));
+  run.workspace = std::make_unique<DeviceWorkspace>(run.plan.workspace_bytes);
+  HostTensor want;
+  M3SA_ASSERT_OK(run_index_topk(cfg(4), sb, {Backend::reference}, &want));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(same_bytes(want, cuda_index_topk(cfg(4), sb, db, &run))) << "run " << i;
 }
 
 TEST(GpuIndexerSmall, TwentyRunsAreBitwiseIdentical) {

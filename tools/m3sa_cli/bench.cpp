@@ -11,6 +11,8 @@ int run_bench(const BenchOptions&) {
 }
 } // namespace m3sa::cli
 #else
+#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -136,40 +138,130 @@ bool measure_copy(cudaStream_t stream, double* gbps) {
   return true;
 }
 
-// Ceiling 2: cuBLAS bf16 GEMM 8192^3 (fp32 accumulate), loaded at run time so the binary needs no
-// cuBLAS to start. Returns false (and leaves *tflops 0) where the library is absent.
-bool measure_gemm(cudaStream_t stream, double* tflops) {
+// Symbols of a library opened at run time, typed by the toolkit's own declarations, so the binary
+// needs no cuBLAS to start and the ceilings are simply absent where the library is.
+template <typename Fn> Fn* symbol(void* lib, const char* name) {
+  return lib ? reinterpret_cast<Fn*>(dlsym(lib, name)) : nullptr;
+}
+void* open_library(const char* versioned, const char* plain) {
+  void* lib = dlopen(versioned, RTLD_NOW);
+  return lib ? lib : dlopen(plain, RTLD_NOW);
+}
+
+constexpr int kGemmSize = 8192;
+
+// Ceiling 2: cuBLAS bf16 GEMM 8192^3, fp32 accumulate.
+bool measure_bf16_gemm(cudaStream_t stream, double* tflops) {
   *tflops = 0;
-  void* lib = dlopen("libcublas.so.13", RTLD_NOW);
-  if (!lib) lib = dlopen("libcublas.so", RTLD_NOW);
-  if (!lib) return false;
-  using Create = int (*)(void**);
-  using SetStream = int (*)(void*, cudaStream_t);
-  using GemmEx = int (*)(void*, int, int, int, int, int, const void*, const void*, int, int,
-                         const void*, int, int, const void*, void*, int, int, int, int);
-  auto create = reinterpret_cast<Create>(dlsym(lib, "cublasCreate_v2"));
-  auto set_stream = reinterpret_cast<SetStream>(dlsym(lib, "cublasSetStream_v2"));
-  auto gemm = reinterpret_cast<GemmEx>(dlsym(lib, "cublasGemmEx"));
-  if (!create || !set_stream || !gemm) return false;
-  void* handle = nullptr;
-  if (create(&handle) != 0) return false;
+  void* lib = open_library("libcublas.so.13", "libcublas.so");
+  auto create = symbol<decltype(cublasCreate_v2)>(lib, "cublasCreate_v2");
+  auto destroy = symbol<decltype(cublasDestroy_v2)>(lib, "cublasDestroy_v2");
+  auto set_stream = symbol<decltype(cublasSetStream_v2)>(lib, "cublasSetStream_v2");
+  // Spelled out: C++ sees cublasGemmEx overloaded (compute type as cublasComputeType_t or int).
+  using GemmEx =
+      cublasStatus_t(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                     const void*, const void*, cudaDataType, int, const void*, cudaDataType, int,
+                     const void*, void*, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+  auto gemm = symbol<GemmEx>(lib, "cublasGemmEx");
+  if (!create || !destroy || !set_stream || !gemm) return false;
+  cublasHandle_t handle = nullptr;
+  if (create(&handle) != CUBLAS_STATUS_SUCCESS) return false;
   set_stream(handle, stream);
-  const int n = 8192;
+  const int n = kGemmSize;
   DeviceBuffer a(size_t{2} * n * n), b(size_t{2} * n * n), c(size_t{2} * n * n);
-  if (!fill_random(a, DType::bf16, 1) || !fill_random(b, DType::bf16, 2)) return false;
+  bool ok = fill_random(a, DType::bf16, 1) && fill_random(b, DType::bf16, 2);
   const float one = 1.f, zero = 0.f;
-  constexpr int kOpN = 0, kBf16 = 14, kComputeF32 = 68, kDefaultAlgo = -1; // cuBLAS enum values
   Timing t;
-  const bool ok = time_graph(
-      stream, 1, 10,
-      [&](int) {
-        return gemm(handle, kOpN, kOpN, n, n, n, &one, a.ptr, kBf16, n, b.ptr, kBf16, n, &zero,
-                    c.ptr, kBf16, n, kComputeF32, kDefaultAlgo) == 0;
-      },
-      &t);
+  ok = ok && time_graph(
+                 stream, 1, 10,
+                 [&](int) {
+                   return gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a.ptr, CUDA_R_16BF,
+                               n, b.ptr, CUDA_R_16BF, n, &zero, c.ptr, CUDA_R_16BF, n,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+                 },
+                 &t);
+  destroy(handle);
   if (ok) *tflops = 2.0 * n * n * n / (t.median_us * 1e6);
   return ok;
 }
+
+// Ceiling 3: cuBLASLt e4m3 GEMM 8192^3 (A transposed, as fp8 requires), fp32 accumulate, bf16 out.
+bool measure_fp8_gemm(cudaStream_t stream, double* tflops) {
+  *tflops = 0;
+  void* lib = open_library("libcublasLt.so.13", "libcublasLt.so");
+#define M3SA_LT(name) auto name##_ = symbol<decltype(name)>(lib, #name)
+  M3SA_LT(cublasLtCreate);
+  M3SA_LT(cublasLtDestroy);
+  M3SA_LT(cublasLtMatmulDescCreate);
+  M3SA_LT(cublasLtMatmulDescDestroy);
+  M3SA_LT(cublasLtMatmulDescSetAttribute);
+  M3SA_LT(cublasLtMatrixLayoutCreate);
+  M3SA_LT(cublasLtMatrixLayoutDestroy);
+  M3SA_LT(cublasLtMatmulPreferenceCreate);
+  M3SA_LT(cublasLtMatmulPreferenceDestroy);
+  M3SA_LT(cublasLtMatmulPreferenceSetAttribute);
+  M3SA_LT(cublasLtMatmulAlgoGetHeuristic);
+  M3SA_LT(cublasLtMatmul);
+#undef M3SA_LT
+  if (!cublasLtCreate_ || !cublasLtDestroy_ || !cublasLtMatmulDescCreate_ ||
+      !cublasLtMatmulDescDestroy_ || !cublasLtMatmulDescSetAttribute_ ||
+      !cublasLtMatrixLayoutCreate_ || !cublasLtMatrixLayoutDestroy_ ||
+      !cublasLtMatmulPreferenceCreate_ || !cublasLtMatmulPreferenceDestroy_ ||
+      !cublasLtMatmulPreferenceSetAttribute_ || !cublasLtMatmulAlgoGetHeuristic_ ||
+      !cublasLtMatmul_)
+    return false;
+  const int n = kGemmSize;
+  DeviceBuffer a(size_t{1} * n * n), b(size_t{1} * n * n), c(size_t{2} * n * n),
+      workspace(size_t{32} << 20);
+  if (!fill_random(a, DType::fp8_e4m3, 1) || !fill_random(b, DType::fp8_e4m3, 2)) return false;
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, c_layout = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+  const size_t workspace_bytes = workspace.bytes;
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  bool ok =
+      cublasLtCreate_(&handle) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulDescCreate_(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulDescSetAttribute_(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                      sizeof transpose) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulDescSetAttribute_(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof none) ==
+          CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate_(&a_layout, CUDA_R_8F_E4M3, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate_(&b_layout, CUDA_R_8F_E4M3, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate_(&c_layout, CUDA_R_16BF, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulPreferenceCreate_(&preference) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulPreferenceSetAttribute_(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &workspace_bytes,
+                                            sizeof workspace_bytes) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulAlgoGetHeuristic_(handle, desc, a_layout, b_layout, c_layout, c_layout,
+                                      preference, 1, &heuristic, &found) == CUBLAS_STATUS_SUCCESS &&
+      found > 0;
+  const float one = 1.f, zero = 0.f;
+  Timing t;
+  ok = ok && time_graph(
+                 stream, 1, 10,
+                 [&](int) {
+                   return cublasLtMatmul_(handle, desc, &one, a.ptr, a_layout, b.ptr, b_layout,
+                                          &zero, c.ptr, c_layout, c.ptr, c_layout, &heuristic.algo,
+                                          workspace.ptr, workspace_bytes,
+                                          stream) == CUBLAS_STATUS_SUCCESS;
+                 },
+                 &t);
+  if (preference) cublasLtMatmulPreferenceDestroy_(preference);
+  for (cublasLtMatrixLayout_t layout : {a_layout, b_layout, c_layout})
+    if (layout) cublasLtMatrixLayoutDestroy_(layout);
+  if (desc) cublasLtMatmulDescDestroy_(desc);
+  if (handle) cublasLtDestroy_(handle);
+  if (ok) *tflops = 2.0 * n * n * n / (t.median_us * 1e6);
+  return ok;
+}
+
+struct Ceilings {
+  double copy_gbps = 0, bf16_gemm_tflops = 0, fp8_gemm_tflops = 0;
+};
 
 struct Case {
   std::string name;
@@ -215,7 +307,7 @@ struct Record {
 
 // One case: build data sets (enough to rotate past 2x L2 for small caches), plan the three ops,
 // time each: score_blocks, select_topk_blocks, index_topk.
-bool run_case(const Case& c, cudaStream_t stream, double copy_gbps, double gemm_tflops,
+bool run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
               std::vector<Record>* records) {
   const int blocks = (c.context + 127) / 128;
   const int64_t pages = int64_t{c.batch} * blocks;
@@ -303,18 +395,18 @@ bool run_case(const Case& c, cudaStream_t stream, double copy_gbps, double gemm_
         &t);
     if (!ok) return false;
     Record rec{c.name, to_string(op), t};
-    if (op == OpKind::select_topk_blocks) {
-      rec.bytes = static_cast<double>(c.heads) * tokens * blocks * 4;
-      rec.fraction = rec.bytes / (t.median_us * 1e3) / copy_gbps;
-      rec.ceiling = "copy";
-    } else if (c.decode) {
-      rec.bytes = key_bytes;
-      rec.fraction = rec.bytes / (t.median_us * 1e3) / copy_gbps;
+    if (op == OpKind::select_topk_blocks || c.decode) {
+      rec.bytes = op == OpKind::select_topk_blocks
+                      ? static_cast<double>(c.heads) * tokens * blocks * 4
+                      : key_bytes;
+      rec.fraction = rec.bytes / (t.median_us * 1e3) / ceilings.copy_gbps;
       rec.ceiling = "copy";
     } else {
+      const bool fp8 = c.dtype == DType::fp8_e4m3;
+      const double gemm = fp8 ? ceilings.fp8_gemm_tflops : ceilings.bf16_gemm_tflops;
       rec.flops = flops;
-      rec.fraction = gemm_tflops > 0 ? flops / (t.median_us * 1e6) / gemm_tflops : 0;
-      rec.ceiling = "bf16 GEMM";
+      rec.fraction = gemm > 0 ? flops / (t.median_us * 1e6) / gemm : 0;
+      rec.ceiling = fp8 ? "fp8 GEMM" : "bf16 GEMM";
     }
     records->push_back(rec);
     std::fprintf(stderr, "[m3sa bench] %-34s %-18s %10.2f us\n", c.name.c_str(), rec.mode.c_str(),
@@ -341,21 +433,26 @@ int run_bench(const BenchOptions& options) {
   cudaGetDeviceProperties(&prop, 0);
   cudaStream_t stream;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 1;
-  double copy_gbps = 0, gemm_tflops = 0;
-  if (!measure_copy(stream, &copy_gbps)) return 1;
-  const bool have_gemm = measure_gemm(stream, &gemm_tflops);
+  Ceilings ceilings;
+  if (!measure_copy(stream, &ceilings.copy_gbps)) return 1;
+  const auto describe_gemm = [](bool measured, double tflops) {
+    return measured ? std::to_string(static_cast<int>(tflops)) + " TFLOP/s"
+                    : std::string("unavailable (library absent or refused)");
+  };
+  const std::string bf16_gemm = describe_gemm(measure_bf16_gemm(stream, &ceilings.bf16_gemm_tflops),
+                                              ceilings.bf16_gemm_tflops);
+  const std::string fp8_gemm =
+      describe_gemm(measure_fp8_gemm(stream, &ceilings.fp8_gemm_tflops), ceilings.fp8_gemm_tflops);
   std::printf("# m3sa bench on %s (%d SMs), commit %s, %s\n\n", prop.name, prop.multiProcessorCount,
               build_commit(), iso_date().c_str());
   std::printf("ceilings measured in this run: device-to-device copy %.0f GB/s (read + write); "
-              "cuBLAS bf16 GEMM 8192^3 %s\n\n",
-              copy_gbps,
-              have_gemm ? (std::to_string(static_cast<int>(gemm_tflops)) + " TFLOP/s").c_str()
-                        : "unavailable (no libcublas)");
+              "cuBLAS bf16 GEMM 8192^3 %s; cuBLASLt e4m3 GEMM 8192^3 %s\n\n",
+              ceilings.copy_gbps, bf16_gemm.c_str(), fp8_gemm.c_str());
   std::vector<Record> records;
   int failures = 0;
   for (const Case& c : cases(options.set)) {
     if (!options.filter.empty() && c.name.find(options.filter) == std::string::npos) continue;
-    if (!run_case(c, stream, copy_gbps, gemm_tflops, &records)) ++failures;
+    if (!run_case(c, stream, ceilings, &records)) ++failures;
   }
   std::printf("| case | op | median us | CV | GB/s | TFLOP/s | of ceiling "
               "|\n|---|---|---|---|---|---|---|\n");
@@ -369,9 +466,10 @@ int run_bench(const BenchOptions& options) {
     std::fprintf(
         f, "{\n  \"device\": \"%s\", \"sm_count\": %d, \"commit\": \"%s\", \"date\": \"%s\",\n",
         prop.name, prop.multiProcessorCount, build_commit(), iso_date().c_str());
-    std::fprintf(
-        f, "  \"ceilings\": {\"copy_gbps\": %.1f, \"bf16_gemm_tflops\": %.1f},\n  \"records\": [\n",
-        copy_gbps, gemm_tflops);
+    std::fprintf(f,
+                 "  \"ceilings\": {\"copy_gbps\": %.1f, \"bf16_gemm_tflops\": %.1f, "
+                 "\"fp8_gemm_tflops\": %.1f},\n  \"records\": [\n",
+                 ceilings.copy_gbps, ceilings.bf16_gemm_tflops, ceilings.fp8_gemm_tflops);
     for (size_t i = 0; i < records.size(); ++i) {
       const Record& r = records[i];
       std::fprintf(f,

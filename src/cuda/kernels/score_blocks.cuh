@@ -120,39 +120,57 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&c)[4], const uint32_t (&a
 #endif
 }
 
-template <typename StoredT>
-__global__ void __launch_bounds__(kScoreThreads)
-    score_blocks_kernel(const __grid_constant__ ScoreBlocksParams p) {
+// Where a row tile sits in its request's sequence. `bad`: the metadata cannot be served (seq_len
+// beyond the block table, or q_len > seq_len); the caller flags it and reads nothing.
+struct TileGeometry {
+  int request, seq_len, first_pos, last_pos, rows, n_max;
+  bool bad;
+};
+
+__device__ __forceinline__ TileGeometry tile_geometry(const ScoreBlocksParams& p,
+                                                      const RowTile& tile) {
+  TileGeometry geo;
+  geo.request = tile.request;
+  const int q_begin = p.cu_q_lens[tile.request];
+  const int q_len = p.cu_q_lens[tile.request + 1] - q_begin;
+  geo.seq_len = p.seq_lens[tile.request];
+  geo.bad = geo.seq_len > p.block_table_width * 128 || (geo.seq_len > 0 && q_len > geo.seq_len);
+  geo.first_pos = geo.seq_len - q_len + (tile.token_begin - q_begin);
+  geo.last_pos = geo.first_pos + tile.token_count - 1;
+  geo.rows = tile.token_count * p.heads;
+  geo.n_max = geo.seq_len == 0 ? 0 : geo.last_pos / 128 + 1; // padding rows: no blocks
+  return geo;
+}
+
+// The blocks [begin, end) this CTA scores: split blockIdx.y of the tile's causal blocks.
+struct BlockRange {
+  int begin, end;
+};
+__device__ __forceinline__ BlockRange split_block_range(int n_max, int splits) {
+  const int per_split = (n_max + splits - 1) / splits;
+  const int begin = blockIdx.y * per_split;
+  return {begin, min(n_max, begin + per_split)};
+}
+
+// Scores blocks [range.begin, range.end) for the tile's rows: after each block, thread `row`
+// (< rows) calls on_score(row, block, max * scale) with its row's causal block maximum. Blocks
+// whose page id is out of range are flagged and not reported. Needs kScoreSmemBytes of `smem`.
+template <typename StoredT, typename OnScore>
+__device__ __forceinline__ void score_block_range(const ScoreBlocksParams& p, const RowTile& tile,
+                                                  const TileGeometry& geo, BlockRange range,
+                                                  uint32_t* smem, OnScore on_score) {
   // 32-bit words per 16x8 MMA step along k: 16 bf16 or 32 e4m3 values; 8 or 4 steps per 128 dims.
   constexpr bool kFp8Mma = kHaveFp8Mma && std::is_same_v<StoredT, __nv_fp8_e4m3>;
   constexpr int kSteps = kFp8Mma ? 4 : 8;
-  if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
-  extern __shared__ uint32_t smem[];
+  if (range.begin >= range.end) return;
   uint32_t* q_s = smem;                                 // [64][136] bf16
   uint32_t* k_s = smem + kTileRows * (kSmemStride / 2); // [128][136] bf16
-
-  const RowTile tile = p.tiles[blockIdx.x];
-  const int r = tile.request;
-  const int q_begin = p.cu_q_lens[r];
-  const int q_len = p.cu_q_lens[r + 1] - q_begin;
-  const int seq_len = p.seq_lens[r];
-  if (seq_len > p.block_table_width * 128 || (seq_len > 0 && q_len > seq_len)) {
-    if (threadIdx.x == 0 && blockIdx.y == 0) atomicOr(p.error_flags, kSeqLenBeyondTable);
-    return;
-  }
-  const int first_pos =
-      seq_len - q_len + (tile.token_begin - q_begin); // position of the tile's first token
-  const int rows = tile.token_count * p.heads;
-  const int last_pos = first_pos + tile.token_count - 1;
-  const int n_max =
-      seq_len == 0 ? 0
-                   : last_pos / 128 + 1; // causal blocks of the tile's last token; padding: none
-  const int per_split = (n_max + p.splits - 1) / p.splits;
-  const int b_begin = blockIdx.y * per_split;
-  const int b_end = min(n_max, b_begin + per_split);
+  float* partial =
+      reinterpret_cast<float*>(smem + (kTileRows + 128) * (kSmemStride / 2)); // [4 warps][16 rows]
 
   // Warps split the work of a key block: G groups of 16 query rows (G = 1, 2 or 4 as the tile
   // needs), each served by 4 / G warps that take disjoint 8-key column tiles.
+  const int rows = geo.rows, r = geo.request, seq_len = geo.seq_len, last_pos = geo.last_pos;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int groups = rows <= 16 ? 1 : (rows <= 32 ? 2 : 4);
@@ -160,106 +178,113 @@ __global__ void __launch_bounds__(kScoreThreads)
   const int group = warp / warps_per_group, slice = warp % warps_per_group;
   const int tiles_per_warp = 16 / warps_per_group;
   const int row0 = group * 16 + g, row1 = row0 + 8;
-  const int pos0 = first_pos + row0 / p.heads, pos1 = first_pos + row1 / p.heads;
-  float* partial =
-      reinterpret_cast<float*>(smem + (kTileRows + 128) * (kSmemStride / 2)); // [4 warps][16 rows]
+  const int pos0 = geo.first_pos + row0 / p.heads, pos1 = geo.first_pos + row1 / p.heads;
 
-  if (b_begin < b_end) {
-    const StoredT* cache = static_cast<const StoredT*>(p.index_k_cache);
-    const auto block_keys = [&](int b) {
-      return min(128, min(seq_len - b * 128, last_pos - b * 128 + 1));
-    };
-    const auto block_page = [&](int b) { return p.block_table[r * p.block_table_stride + b]; };
-    const auto page_valid = [&](int page) { return page >= 0 && page < p.num_pages; };
-    KeyBlockPrefetch<StoredT> prefetch;  // the first key block loads while the queries are staged
-    {
-      const int page = block_page(b_begin);
-      prefetch.load(cache + (page_valid(page) ? page * p.cache_stride_page : 0),
-                    p.cache_stride_token, page_valid(page) ? block_keys(b_begin) : 0);
-    }
-    const int heads = p.heads;
-    const int64_t q_token = p.q_stride_token, q_head = p.q_stride_head;
-    stage_rows(q_s, static_cast<const StoredT*>(p.index_q) + tile.token_begin * q_token, rows,
-               kTileRows,
-               [=](int row) { return (row / heads) * q_token + (row % heads) * q_head; });
+  const StoredT* cache = static_cast<const StoredT*>(p.index_k_cache);
+  const auto block_keys = [&](int b) {
+    return min(128, min(seq_len - b * 128, last_pos - b * 128 + 1));
+  };
+  const auto block_page = [&](int b) { return p.block_table[r * p.block_table_stride + b]; };
+  const auto page_valid = [&](int page) { return page >= 0 && page < p.num_pages; };
+  KeyBlockPrefetch<StoredT> prefetch; // the first key block loads while the queries are staged
+  {
+    const int page = block_page(range.begin);
+    prefetch.load(cache + (page_valid(page) ? page * p.cache_stride_page : 0), p.cache_stride_token,
+                  page_valid(page) ? block_keys(range.begin) : 0);
+  }
+  const int heads = p.heads;
+  const int64_t q_token = p.q_stride_token, q_head = p.q_stride_head;
+  stage_rows(q_s, static_cast<const StoredT*>(p.index_q) + tile.token_begin * q_token, rows,
+             kTileRows, [=](int row) { return (row / heads) * q_token + (row % heads) * q_head; });
+  __syncthreads();
+  uint32_t a[kSteps][4]; // this warp's 16 query rows as A fragments, all k-steps
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    const int col = ks * 8 + c; // in bf16 pairs
+    a[ks][0] = q_s[row0 * (kSmemStride / 2) + col];
+    a[ks][1] = q_s[row1 * (kSmemStride / 2) + col];
+    a[ks][2] = q_s[row0 * (kSmemStride / 2) + col + 4];
+    a[ks][3] = q_s[row1 * (kSmemStride / 2) + col + 4];
+  }
+  for (int b = range.begin; b < range.end; ++b) {
+    const int page = block_page(b);
+    const bool page_ok = page_valid(page);
+    const int keys = block_keys(b);
+    if (!page_ok && threadIdx.x == 0) atomicOr(p.error_flags, kPageOutOfRange);
+    __syncthreads(); // every warp is done with the previous block's k_s and partial maxima
+    prefetch.store(k_s);
     __syncthreads();
-    uint32_t a[kSteps][4]; // this warp's 16 query rows as A fragments, all k-steps
-#pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {
-      const int col = ks * 8 + c; // in bf16 pairs
-      a[ks][0] = q_s[row0 * (kSmemStride / 2) + col];
-      a[ks][1] = q_s[row1 * (kSmemStride / 2) + col];
-      a[ks][2] = q_s[row0 * (kSmemStride / 2) + col + 4];
-      a[ks][3] = q_s[row1 * (kSmemStride / 2) + col + 4];
+    if (b + 1 < range.end) { // next block's loads fly while this block's MMAs run
+      const int next = block_page(b + 1);
+      prefetch.load(cache + (page_valid(next) ? next * p.cache_stride_page : 0),
+                    p.cache_stride_token, page_valid(next) ? block_keys(b + 1) : 0);
     }
-    for (int b = b_begin; b < b_end; ++b) {
-      const int page = block_page(b);
-      const bool page_ok = page_valid(page);
-      const int keys = block_keys(b);
-      if (!page_ok && threadIdx.x == 0) atomicOr(p.error_flags, kPageOutOfRange);
-      __syncthreads(); // every warp is done with the previous block's k_s and partial maxima
-      prefetch.store(k_s);
-      __syncthreads();
-      if (b + 1 < b_end) { // next block's loads fly while this block's MMAs run
-        const int next = block_page(b + 1);
-        prefetch.load(cache + (page_valid(next) ? next * p.cache_stride_page : 0),
-                      p.cache_stride_token, page_valid(next) ? block_keys(b + 1) : 0);
-      }
-      float m0 = -INFINITY, m1 = -INFINITY;
-      if (group * 16 < rows) {
-        for (int nt = slice * tiles_per_warp; nt < (slice + 1) * tiles_per_warp; ++nt) {
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-          const uint32_t* krow = k_s + (nt * 8 + g) * (kSmemStride / 2);
+    float m0 = -INFINITY, m1 = -INFINITY;
+    if (group * 16 < rows) {
+      for (int nt = slice * tiles_per_warp; nt < (slice + 1) * tiles_per_warp; ++nt) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const uint32_t* krow = k_s + (nt * 8 + g) * (kSmemStride / 2);
 #pragma unroll
-          for (int ks = 0; ks < kSteps; ++ks) {
-            if constexpr (kFp8Mma)
-              mma_e4m3_16832(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
-            else
-              mma_bf16_16816(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
-          }
-          const int j = b * 128 + nt * 8 + 2 * c; // key positions j, j + 1
-          if (j < b * 128 + keys) {
-            if (j <= pos0) m0 = nan_propagating_max(m0, acc[0]);
-            if (j <= pos1) m1 = nan_propagating_max(m1, acc[2]);
-          }
-          if (j + 1 < b * 128 + keys) {
-            if (j + 1 <= pos0) m0 = nan_propagating_max(m0, acc[1]);
-            if (j + 1 <= pos1) m1 = nan_propagating_max(m1, acc[3]);
-          }
+        for (int ks = 0; ks < kSteps; ++ks) {
+          if constexpr (kFp8Mma)
+            mma_e4m3_16832(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
+          else
+            mma_bf16_16816(acc, a[ks], krow[ks * 8 + c], krow[ks * 8 + c + 4]);
+        }
+        const int j = b * 128 + nt * 8 + 2 * c; // key positions j, j + 1
+        if (j < b * 128 + keys) {
+          if (j <= pos0) m0 = nan_propagating_max(m0, acc[0]);
+          if (j <= pos1) m1 = nan_propagating_max(m1, acc[2]);
+        }
+        if (j + 1 < b * 128 + keys) {
+          if (j + 1 <= pos0) m0 = nan_propagating_max(m0, acc[1]);
+          if (j + 1 <= pos1) m1 = nan_propagating_max(m1, acc[3]);
         }
       }
-      m0 = nan_propagating_max(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-      m0 = nan_propagating_max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-      m1 = nan_propagating_max(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-      m1 = nan_propagating_max(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-      if (c == 0) {
-        partial[warp * 16 + g] = m0;
-        partial[warp * 16 + g + 8] = m1;
-      }
-      __syncthreads();
-      if (static_cast<int>(threadIdx.x) < rows &&
-          page_ok) { // thread i finishes row i across its group's warps
-        const int row = threadIdx.x, row_group = row / 16;
-        float m = -INFINITY;
-        for (int s = 0; s < warps_per_group; ++s)
-          m = nan_propagating_max(m, partial[(row_group * warps_per_group + s) * 16 + row % 16]);
-        p.scores[(row % p.heads) * p.score_stride_head +
-                 (tile.token_begin + row / p.heads) * p.score_stride_token +
-                 b * p.score_stride_block] = m * p.scale;
-      }
+    }
+    m0 = nan_propagating_max(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+    m0 = nan_propagating_max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+    m1 = nan_propagating_max(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+    m1 = nan_propagating_max(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+    if (c == 0) {
+      partial[warp * 16 + g] = m0;
+      partial[warp * 16 + g + 8] = m1;
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < rows && page_ok) { // thread i finishes row i
+      const int row = threadIdx.x, row_group = row / 16;
+      float m = -INFINITY;
+      for (int s = 0; s < warps_per_group; ++s)
+        m = nan_propagating_max(m, partial[(row_group * warps_per_group + s) * 16 + row % 16]);
+      on_score(row, b, m * p.scale);
     }
   }
+}
+
+// score_blocks and the prefill rows of index_topk: one CTA per (scheduled row tile, block range),
+// block maxima written to a [H, T, width] score matrix.
+template <typename StoredT>
+__global__ void __launch_bounds__(kScoreThreads)
+    score_blocks_kernel(const __grid_constant__ ScoreBlocksParams p) {
+  if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
+  extern __shared__ uint32_t smem[];
+  const RowTile tile = p.tiles[blockIdx.x];
+  const TileGeometry geo = tile_geometry(p, tile);
+  if (geo.bad) {
+    if (threadIdx.x == 0 && blockIdx.y == 0) atomicOr(p.error_flags, kSeqLenBeyondTable);
+    return;
+  }
+  const auto score_at = [&](int row, int b) -> float& {
+    return p.scores[(row % p.heads) * p.score_stride_head +
+                    (tile.token_begin + row / p.heads) * p.score_stride_token +
+                    b * p.score_stride_block];
+  };
+  score_block_range<StoredT>(p, tile, geo, split_block_range(geo.n_max, p.splits), smem,
+                             [&](int row, int b, float score) { score_at(row, b) = score; });
   if (p.fill_tail) { // columns [n_max, width): no visible key for any row of the tile
-    const int tail = p.score_width - n_max;
-    const int per_tail = (tail + p.splits - 1) / p.splits;
-    const int t_begin = n_max + blockIdx.y * per_tail,
-              t_end = min(p.score_width, t_begin + per_tail);
-    for (int i = threadIdx.x; i < rows * max(0, t_end - t_begin); i += kScoreThreads) {
-      const int row = i % rows, b = t_begin + i / rows;
-      p.scores[(row % p.heads) * p.score_stride_head +
-               (tile.token_begin + row / p.heads) * p.score_stride_token +
-               b * p.score_stride_block] = -INFINITY;
-    }
+    const BlockRange tail = split_block_range(p.score_width - geo.n_max, p.splits);
+    for (int i = threadIdx.x; i < geo.rows * max(0, tail.end - tail.begin); i += kScoreThreads)
+      score_at(i % geo.rows, geo.n_max + tail.begin + i / geo.rows) = -INFINITY;
   }
 }
 

@@ -1,9 +1,9 @@
 #pragma once
-// Top-k block selection (contract §5), one warp per (index head, token) row. Each lane keeps the
-// MaxK best of its strided share of the candidates in registers (a branch-free compare-exchange
-// chain, constant indices only), then the warp merges the lane lists by repeated warp-wide max.
-// Keys pack (rank of the score, ~block id) into 64 bits, so "larger key" is exactly the contract's
-// order: score descending, NaN last, lower id first on ties.
+// Top-k block selection (contract §5). Keys pack (rank of the score, ~block id) into 64 bits, so
+// "larger key" is exactly the contract's order: score descending, NaN last, lower id first on
+// ties; 0 is below every real key and marks an empty list slot.
+// Two sources feed the same warp merge: a row of scores (prefill, score_blocks + select), and
+// sorted candidate lists, one per block range (decode splits; later, context-parallel ranks).
 #include <cstdint>
 
 #include "cuda/indexer_params.h"
@@ -17,43 +17,49 @@ __device__ __forceinline__ uint64_t selection_key(float score, int32_t block) {
   return (static_cast<uint64_t>(rank_key(score)) << 32) |
          (0xffffffffu - static_cast<uint32_t>(block));
 }
+__device__ __forceinline__ int32_t block_of_key(uint64_t key) {
+  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
+}
 
-// Where a row's selection stands after its trivial cases are handled.
+// What the selection of one (head, token) row needs to know.
 struct SelectionRow {
-  int32_t* out;
-  const float* scores;
-  int n, fill, local_begin;
-  bool done; // written already (padding, n <= K, or refused)
+  int32_t* out; // [K] with stride out_stride
+  int64_t out_stride;
+  int n;           // causal blocks of the row
+  int fill;        // ranked slots: K - init - local
+  int local_begin; // first forced local block
+  int init_blocks, local_blocks, top_k;
+
+  // Candidates are the blocks that are neither forced init nor forced local.
+  __device__ bool is_candidate(int b) const { return b >= init_blocks && b < local_begin; }
 };
 
-// Position and causal block count of (h, t); writes the rows that need no ranking. Lanes of one
-// warp share the writes (`writer` false: another warp writes).
-__device__ __forceinline__ SelectionRow begin_selection_row(const SelectTopkParams& p, int h, int t,
-                                                            int lane, bool writer) {
-  const int r = request_of_token(p.cu_q_lens, p.num_requests, t);
-  const int seq_len = p.seq_lens[r];
-  const int q_len = p.cu_q_lens[r + 1] - p.cu_q_lens[r];
-  const int position = seq_len == 0 ? -1 : seq_len - q_len + (t - p.cu_q_lens[r]);
+__device__ __forceinline__ SelectionRow make_selection_row(int32_t* out, int64_t out_stride,
+                                                           int position, int top_k, int init_blocks,
+                                                           int local_blocks) {
   SelectionRow row;
+  row.out = out;
+  row.out_stride = out_stride;
   row.n = position < 0 ? 0 : position / 128 + 1;
-  row.out = p.topk + h * p.topk_stride_head + t * p.topk_stride_token;
-  row.scores = p.scores + h * p.score_stride_head + t * p.score_stride_token;
-  row.fill = p.top_k - p.init_blocks - p.local_blocks;
-  row.local_begin = row.n - p.local_blocks;
-  row.done = true;
-  if (row.n > p.score_width) { // seq_len beyond the block table: nothing valid to read
-    if (writer) {
-      for (int slot = lane; slot < p.top_k; slot += 32) row.out[slot * p.topk_stride_k] = -1;
-      if (lane == 0) atomicOr(p.error_flags, kSeqLenBeyondTable);
-    }
-  } else if (row.n <= p.top_k) {
-    if (writer)
-      for (int slot = lane; slot < p.top_k; slot += 32)
-        row.out[slot * p.topk_stride_k] = slot < row.n ? slot : -1;
-  } else {
-    row.done = false;
-  }
+  row.fill = top_k - init_blocks - local_blocks;
+  row.local_begin = row.n - local_blocks;
+  row.init_blocks = init_blocks;
+  row.local_blocks = local_blocks;
+  row.top_k = top_k;
   return row;
+}
+
+// Rows with n <= K need no ranking: blocks 0..n-1 then -1 padding. Lanes of one warp share the
+// writes. Returns whether the row was written.
+__device__ __forceinline__ bool write_short_row(const SelectionRow& row, int lane) {
+  if (row.n > row.top_k) return false;
+  for (int slot = lane; slot < row.top_k; slot += 32)
+    row.out[slot * row.out_stride] = slot < row.n ? slot : -1;
+  return true;
+}
+
+__device__ __forceinline__ void write_empty_row(const SelectionRow& row, int lane) {
+  for (int slot = lane; slot < row.top_k; slot += 32) row.out[slot * row.out_stride] = -1;
 }
 
 // Inserts `key` into a lane's descending list (compare-exchange chain: constant indices only).
@@ -68,14 +74,34 @@ __device__ __forceinline__ void insert_key(uint64_t (&best)[MaxK], uint64_t key)
   }
 }
 
+template <int MaxK> __device__ __forceinline__ void clear_list(uint64_t (&best)[MaxK]) {
+#pragma unroll
+  for (int i = 0; i < MaxK; ++i) best[i] = 0;
+}
+
 // Candidates b = first, first + step, ... below `end`, ranked into the lane's list.
 template <int MaxK>
-__device__ __forceinline__ void rank_candidates(uint64_t (&best)[MaxK], const SelectTopkParams& p,
-                                                const float* scores, int first, int end, int step) {
-#pragma unroll
-  for (int i = 0; i < MaxK; ++i) best[i] = 0; // 0 is below every real key
-  for (int b = first; b < end; b += step)
-    insert_key(best, selection_key(scores[b * p.score_stride_block], b));
+__device__ __forceinline__ void rank_candidates(uint64_t (&best)[MaxK], const float* scores,
+                                                int64_t stride, int first, int end, int step) {
+  clear_list(best);
+  for (int b = first; b < end; b += step) insert_key(best, selection_key(scores[b * stride], b));
+}
+
+// Sorted candidate lists (descending, 0-terminated) l = first, first + step, ... below `count`,
+// `list_stride` apart, `len` slots each. A list is abandoned at its first key that cannot enter.
+template <int MaxK>
+__device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const uint64_t* lists,
+                                           int64_t list_stride, int len, int first, int count,
+                                           int step) {
+  clear_list(best);
+  for (int l = first; l < count; l += step) {
+    const uint64_t* list = lists + l * list_stride;
+    for (int i = 0; i < len; ++i) {
+      const uint64_t key = __ldcg(list + i); // written by other CTAs of this launch: skip L1
+      if (key <= best[MaxK - 1]) break;      // also stops at the 0 terminator
+      insert_key(best, key);
+    }
+  }
 }
 
 // `fill` rounds of "the largest list head wins, its lane pops it": lane i returns round i's key.
@@ -87,7 +113,7 @@ __device__ __forceinline__ uint64_t merge_warp(uint64_t (&best)[MaxK], int fill,
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
       top = max(top, __shfl_xor_sync(0xffffffffu, top, offset));
-    if (best[0] == top) { // keys are unique (they hold the block id), so one lane pops
+    if (best[0] == top && top != 0) { // keys are unique (they hold the block id): one lane pops
 #pragma unroll
       for (int i = 0; i < MaxK - 1; ++i) best[i] = best[i + 1];
       best[MaxK - 1] = 0;
@@ -97,18 +123,46 @@ __device__ __forceinline__ uint64_t merge_warp(uint64_t (&best)[MaxK], int fill,
   return mine;
 }
 
-// Writes init blocks, the chosen blocks in ascending order, then the local blocks.
-__device__ __forceinline__ void write_selection(const SelectTopkParams& p, const SelectionRow& row,
-                                                uint64_t chosen_key, int lane) {
-  const int32_t chosen = lane < row.fill
-                             ? static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(chosen_key))
-                             : 0x7fffffff;
+// Writes init blocks, the chosen blocks in ascending order, then the local blocks. Lane i holds
+// the i-th chosen key (lanes >= fill: anything).
+__device__ __forceinline__ void write_selection(const SelectionRow& row, uint64_t chosen_key,
+                                                int lane) {
+  const int32_t chosen = lane < row.fill ? block_of_key(chosen_key) : 0x7fffffff;
   int rank = 0; // among the chosen ids: the ascending slot after the forced init blocks
   for (int i = 0; i < row.fill; ++i) rank += __shfl_sync(0xffffffffu, chosen, i) < chosen;
-  if (lane < row.fill) row.out[(p.init_blocks + rank) * p.topk_stride_k] = chosen;
-  for (int slot = lane; slot < p.init_blocks; slot += 32) row.out[slot * p.topk_stride_k] = slot;
-  for (int i = lane; i < p.local_blocks; i += 32)
-    row.out[(p.init_blocks + row.fill + i) * p.topk_stride_k] = row.local_begin + i;
+  if (lane < row.fill) row.out[(row.init_blocks + rank) * row.out_stride] = chosen;
+  for (int slot = lane; slot < row.init_blocks; slot += 32) row.out[slot * row.out_stride] = slot;
+  for (int i = lane; i < row.local_blocks; i += 32)
+    row.out[(row.init_blocks + row.fill + i) * row.out_stride] = row.local_begin + i;
+}
+
+// Row (h, t) of a select launch: its output, its position, and whether it is written already
+// (rows owned by the decode kernel, rows past the score width, rows with n <= K).
+__device__ __forceinline__ bool begin_scored_row(const SelectTopkParams& p, int h, int t, int lane,
+                                                 bool writer, SelectionRow* row) {
+  if (t < p.cu_q_lens[p.first_request]) return true; // decode rows: another kernel's
+  const int r = request_of_token(p.cu_q_lens, p.num_requests, t);
+  const int seq_len = p.seq_lens[r];
+  const int q_len = p.cu_q_lens[r + 1] - p.cu_q_lens[r];
+  const int position = seq_len == 0 ? -1 : seq_len - q_len + (t - p.cu_q_lens[r]);
+  *row = make_selection_row(p.topk + h * p.topk_stride_head + t * p.topk_stride_token,
+                            p.topk_stride_k, position, p.top_k, p.init_blocks, p.local_blocks);
+  if (row->n > p.score_width) { // seq_len beyond the block table: nothing valid to read
+    if (writer) {
+      write_empty_row(*row, lane);
+      if (lane == 0) atomicOr(p.error_flags, kSeqLenBeyondTable);
+    }
+    return true;
+  }
+  if (row->n <= row->top_k) {
+    if (writer) write_short_row(*row, lane);
+    return true;
+  }
+  return false;
+}
+
+__device__ __forceinline__ const float* row_scores(const SelectTopkParams& p, int h, int t) {
+  return p.scores + h * p.score_stride_head + t * p.score_stride_token;
 }
 
 // One warp per row: rows of up to a few thousand blocks (prefill, small decode contexts).
@@ -119,15 +173,16 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   const int row_index = blockIdx.x * kSelectWarps + warp;
   const int h = row_index / p.token_capacity, t = row_index % p.token_capacity;
   if (h >= p.heads || t >= p.num_tokens) return;
-  const SelectionRow row = begin_selection_row(p, h, t, lane, true);
-  if (row.done) return;
+  SelectionRow row;
+  if (begin_scored_row(p, h, t, lane, true, &row)) return;
   uint64_t best[MaxK];
-  rank_candidates(best, p, row.scores, p.init_blocks + lane, row.local_begin, 32);
-  write_selection(p, row, merge_warp(best, row.fill, lane), lane);
+  rank_candidates(best, row_scores(p, h, t), p.score_stride_block, p.init_blocks + lane,
+                  row.local_begin, 32);
+  write_selection(row, merge_warp(best, row.fill, lane), lane);
 }
 
 // One CTA per row for long contexts (up to 8192+ blocks): each warp ranks a 1/8 share, then
-// warp 0 merges the eight lists. Used by plans whose rows are few and wide (decode).
+// warp 0 merges the eight lists.
 template <int MaxK>
 __global__ void __launch_bounds__(kSelectWarps * 32)
     select_topk_wide_kernel(const __grid_constant__ SelectTopkParams p) {
@@ -135,18 +190,17 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = blockIdx.x / p.token_capacity, t = blockIdx.x % p.token_capacity;
   if (h >= p.heads || t >= p.num_tokens) return;
-  const SelectionRow row = begin_selection_row(p, h, t, lane, warp == 0);
-  if (row.done) return; // uniform across the CTA: every warp computed the same row
+  SelectionRow row;
+  if (begin_scored_row(p, h, t, lane, warp == 0, &row)) return; // uniform across the CTA
   uint64_t best[MaxK];
-  rank_candidates(best, p, row.scores, p.init_blocks + warp * 32 + lane, row.local_begin,
-                  32 * kSelectWarps);
+  rank_candidates(best, row_scores(p, h, t), p.score_stride_block, p.init_blocks + warp * 32 + lane,
+                  row.local_begin, 32 * kSelectWarps);
   lists[warp][lane] = merge_warp(best, row.fill, lane); // lanes >= fill hold 0
   __syncthreads();
   if (warp != 0) return;
-#pragma unroll
-  for (int i = 0; i < MaxK; ++i) best[i] = 0;
+  clear_list(best);
   for (int w = 0; w < kSelectWarps; ++w) insert_key(best, lists[w][lane]);
-  write_selection(p, row, merge_warp(best, row.fill, lane), lane);
+  write_selection(row, merge_warp(best, row.fill, lane), lane);
 }
 
 } // namespace m3sa::cuda

@@ -1,0 +1,98 @@
+#pragma once
+// Decode rows of index_topk in one launch: score and select without a score matrix.
+// One CTA = one row tile of a decode request (all its q_len x H rows when they fit 64) times one
+// range of its causal blocks. While it scores, each row keeps its best candidates in a sorted
+// list in shared memory; the CTA then publishes its lists, and the last CTA of the tile to arrive
+// merges all ranges' lists into the final selection (split-K style: no second launch, no sync).
+#include "cuda/kernels/score_blocks.cuh"
+#include "cuda/kernels/select_topk.cuh"
+
+namespace m3sa::cuda {
+
+// Shared memory of the decode kernel: the scoring stage, then [64 rows][fill] candidate keys.
+inline constexpr int kDecodeSmemBytes = kScoreSmemBytes + kTileRows * 32 * 8;
+
+// Inserts `key` into a row's descending list of `len` keys (one thread per row).
+__device__ __forceinline__ void insert_sorted(uint64_t* list, int len, uint64_t key) {
+  if (key <= list[len - 1]) return;
+  int i = len - 1;
+  while (i > 0 && list[i - 1] < key) {
+    list[i] = list[i - 1];
+    --i;
+  }
+  list[i] = key;
+}
+
+template <typename StoredT>
+__global__ void __launch_bounds__(kScoreThreads)
+    decode_topk_kernel(const __grid_constant__ DecodeTopkParams p) {
+  const ScoreBlocksParams& s = p.scoring;
+  const int x = blockIdx.x;
+  if (x >= p.num_decode_requests * p.tiles_per_request) return;
+  extern __shared__ uint32_t smem[];
+  uint64_t* lists =
+      reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(smem) + kScoreSmemBytes); // [64][fill]
+  __shared__ int is_last;
+
+  const int r = x / p.tiles_per_request, part = x % p.tiles_per_request;
+  const int q_begin = s.cu_q_lens[r], q_len = s.cu_q_lens[r + 1] - q_begin;
+  const int tile_tokens = s.tile_tokens;
+  if (q_len != p.decode_q_len) { // the grid was sized from decode_q_len: rows would be lost
+    if (threadIdx.x == 0 && blockIdx.y == 0) atomicOr(s.error_flags, kDecodeQLenMismatch);
+    return;
+  }
+  const RowTile tile{r, q_begin + part * tile_tokens, min(tile_tokens, q_len - part * tile_tokens),
+                     0};
+  const TileGeometry geo = tile_geometry(s, tile);
+  const int fill = p.top_k - p.init_blocks - p.local_blocks;
+  const auto selection_row = [&](int row) {
+    const int t = tile.token_begin + row / s.heads;
+    return make_selection_row(
+        p.topk + (row % s.heads) * p.topk_stride_head + t * p.topk_stride_token, p.topk_stride_k,
+        geo.seq_len == 0 ? -1 : geo.first_pos + row / s.heads, p.top_k, p.init_blocks,
+        p.local_blocks);
+  };
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (geo.bad) { // nothing valid to read: -1 rows and the flag
+    if (blockIdx.y != 0) return;
+    if (threadIdx.x == 0) atomicOr(s.error_flags, kSeqLenBeyondTable);
+    for (int row = warp; row < geo.rows; row += kScoreThreads / 32)
+      write_empty_row(selection_row(row), lane);
+    return;
+  }
+
+  for (int i = threadIdx.x; i < geo.rows * fill; i += kScoreThreads) lists[i] = 0;
+  __syncthreads();
+  score_block_range<StoredT>(s, tile, geo, split_block_range(geo.n_max, s.splits), smem,
+                             [&](int row, int b, float score) {
+                               if (fill > 0 && selection_row(row).is_candidate(b))
+                                 insert_sorted(lists + row * fill, fill, selection_key(score, b));
+                             });
+  __syncthreads();
+
+  // Publish this range's lists: [tile][split][64 rows][fill].
+  const int64_t list_stride = int64_t{kTileRows} * fill;
+  uint64_t* tile_lists = p.partial_lists + int64_t{x} * s.splits * list_stride;
+  uint64_t* mine = tile_lists + blockIdx.y * list_stride;
+  for (int i = threadIdx.x; i < geo.rows * fill; i += kScoreThreads) mine[i] = lists[i];
+  __threadfence(); // lists visible device-wide before the arrival is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int arrived = atomicAdd(p.arrivals + x, 1);
+    is_last = arrived == s.splits - 1;
+    if (is_last) p.arrivals[x] = 0; // every range is in: ready for the next run
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence(); // the other ranges' lists are read after their arrivals
+
+  for (int row = warp; row < geo.rows; row += kScoreThreads / 32) {
+    const SelectionRow sel = selection_row(row);
+    if (write_short_row(sel, lane)) continue;
+    uint64_t best[32];
+    rank_lists(best, tile_lists + row * fill, list_stride, fill, lane, s.splits, 32);
+    write_selection(sel, merge_warp(best, fill, lane), lane);
+  }
+}
+
+} // namespace m3sa::cuda
