@@ -53,6 +53,13 @@ struct ExecContext {
   void* stream = nullptr; // CUDA backend: a cudaStream_t (must not be the legacy default stream)
 };
 
+// Call once after allocating a workspace for a plan, before its first run (and again after a
+// run that failed part-way). The CUDA backend keeps its device error flag and the arrival
+// counters of split reductions in the workspace and does not reset them per run: a reset is one
+// more graph node, which at batch 1 costs as much as the scoring itself. Enqueued on ctx.stream
+// (two memsets; capturable). Host backends need no preparation: it only checks the workspace.
+Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecContext& ctx = {});
+
 struct InsertIndexKArgs {
   TensorView index_k;       // [T, 128] bf16 or f32, rows of this step's tokens
   TensorView slot_mapping;  // [T] i64, page * 128 + offset; < 0 skips the row (padding)
@@ -106,8 +113,9 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
 
 // Device-side validation (contract §8): CUDA kernels never read out of bounds; on bad metadata
 // (page id out of range, seq_len beyond the block table, slot beyond the cache) they skip the read
-// and set bits in a flag kept in the workspace, cleared at the start of every run. This reads the
-// flag of the last run on `ctx.stream` (it synchronises that stream: not for use inside capture).
+// and set bits in a flag kept in the workspace. The bits accumulate over runs; this returns them
+// and clears the flag (it synchronises `ctx.stream`: not for use inside capture). A workspace
+// never prepared by prepare_workspace is reported as an invalid_argument.
 // Bits: 1 page id out of range, 2 seq_len beyond the block table or q_len > seq_len, 4 bad slot,
 // 8 a decode request whose q_len is not batch.decode_q_len.
 // Host backends validate their data up front, so their flag is always 0.

@@ -409,16 +409,29 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
       });
 }
 
+namespace {
+// The workspace arguments of prepare_workspace and read_device_errors.
+Status check_control_workspace(const OpPlan& plan, Workspace workspace) {
+  if (workspace.bytes < plan.workspace_bytes || (workspace.data == nullptr && workspace.bytes > 0))
+    return Status::invalid_argument(
+        "workspace", detail::concat("the plan's workspace (>= ", plan.workspace_bytes, " bytes)"),
+        detail::concat(workspace.bytes, " bytes at ", workspace.data));
+  return {};
+}
+} // namespace
+
+Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecContext& ctx) {
+  M3SA_RETURN_IF_ERROR(check_control_workspace(plan, workspace));
+  if (plan.request.backend != Backend::cuda) return {};
+  M3SA_CUDA_DISPATCH(prepare_workspace(plan, workspace, ctx.stream));
+}
+
 Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx,
                           int32_t* flags) {
-  (void)ctx; // only the CUDA backend has a stream to read on
   if (flags == nullptr) return Status::invalid_argument("flags", "a non-null int32_t*", "nullptr");
   *flags = 0;
+  M3SA_RETURN_IF_ERROR(check_control_workspace(plan, workspace));
   if (plan.request.backend != Backend::cuda) return {};
-  if (workspace.data == nullptr || workspace.bytes < plan.workspace_bytes)
-    return Status::invalid_argument(
-        "workspace", detail::concat("the run's workspace (>= ", plan.workspace_bytes, " bytes)"),
-        detail::concat(workspace.bytes, " bytes at ", workspace.data));
   M3SA_CUDA_DISPATCH(read_device_errors(plan, workspace, ctx.stream, flags));
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/check.h"
 #include "common/workspace.h"
@@ -36,13 +37,19 @@ int ranked_slots(const MsaConfig& config) {
   return config.top_k - config.init_blocks - config.local_blocks;
 }
 
-// The error flag and the decode arrival counters share one region: one memset resets both.
-constexpr int64_t kArrivalsOffset = 16; // int32s: keeps the counters on their own 64-byte line
+// Control state, zeroed once by prepare_workspace and never per run (a reset per run would be one
+// more graph node, ~2 us at batch 1): [prepared mark: 2 int32][error flag][pad][arrivals...].
+// The flag accumulates until read_device_errors clears it; the arrival counters return to zero
+// at the end of every decode launch.
+constexpr int64_t kFlagOffset = 2;            // int32s
+constexpr int64_t kArrivalsOffset = 16;       // int32s: the counters start a 64-byte line
+constexpr unsigned char kPreparedByte = 0xa5; // prepare_workspace writes 8 of them
 
 struct Layout {
-  int32_t* error_flags = nullptr;    // [1]
-  int32_t* arrivals = nullptr;       // [decode tiles] (index_topk)
-  int64_t reset_bytes = 0;           // error flag through arrivals
+  int32_t* control = nullptr;     // the region prepare_workspace initialises
+  int32_t* error_flags = nullptr; // [1]
+  int32_t* arrivals = nullptr;    // [decode tiles] (index_topk)
+  int64_t control_bytes = 0;
   int32_t* num_tiles = nullptr;      // [1]
   RowTile* tiles = nullptr;          // [tile_capacity]
   float* scores = nullptr;           // [H, max_tokens, max_blocks] (index_topk: prefill rows)
@@ -56,9 +63,10 @@ Layout carve(const PlanRequest& request, int splits, void* base, size_t* bytes) 
   Layout l;
   const bool topk = request.op == OpKind::index_topk;
   const int64_t arrivals = topk ? decode_tile_capacity(request) : 0;
-  l.error_flags = carver.take<int32_t>(kArrivalsOffset + arrivals);
-  l.arrivals = l.error_flags ? l.error_flags + kArrivalsOffset : nullptr;
-  l.reset_bytes = (kArrivalsOffset + arrivals) * int64_t{sizeof(int32_t)};
+  l.control = carver.take<int32_t>(kArrivalsOffset + arrivals);
+  l.error_flags = l.control ? l.control + kFlagOffset : nullptr;
+  l.arrivals = l.control ? l.control + kArrivalsOffset : nullptr;
+  l.control_bytes = (kArrivalsOffset + arrivals) * int64_t{sizeof(int32_t)};
   l.num_tiles = carver.take<int32_t>(1);
   const Capacities& cap = request.capacities;
   const int heads = request.config.num_index_heads;
@@ -78,11 +86,6 @@ cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream);
 // index_topk leaves decode requests to the decode kernel; score_blocks schedules every request.
 int first_scheduled_request(const OpPlan& plan, const BatchMetadata& batch) {
   return plan.request.op == OpKind::index_topk ? batch.num_decode_requests : 0;
-}
-
-Status reset_error_state(const Layout& l, cudaStream_t stream) {
-  M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.error_flags, 0, l.reset_bytes, stream));
-  return {};
 }
 
 ScheduleParams schedule_params(const OpPlan& plan, const BatchMetadata& batch, const Layout& l) {
@@ -233,7 +236,6 @@ Status make_plan(const PlanRequest& request, OpPlan* plan) {
 Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace workspace,
                       void* stream) {
   const Layout l = run_layout(plan, workspace);
-  M3SA_RETURN_IF_ERROR(reset_error_state(l, as_stream(stream)));
   InsertIndexKParams p{};
   p.index_k = args.index_k.data;
   p.k_stride_token = args.index_k.strides[0];
@@ -255,7 +257,6 @@ Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspac
 Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace,
                     void* stream) {
   const Layout l = run_layout(plan, workspace);
-  M3SA_RETURN_IF_ERROR(reset_error_state(l, as_stream(stream)));
   const TensorView& s = args.scores;
   const int64_t strides[3] = {s.strides[0], s.strides[1], s.strides[2]};
   return launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l, s.ptr<float>(),
@@ -265,7 +266,6 @@ Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace w
 Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace,
                           void* stream) {
   const Layout l = run_layout(plan, workspace);
-  M3SA_RETURN_IF_ERROR(reset_error_state(l, as_stream(stream)));
   const TensorView& s = args.scores;
   const int64_t strides[3] = {s.strides[0], s.strides[1], s.strides[2]};
   return launch_selection(plan, args.batch, s.ptr<const float>(), strides, s.shape[2], args.topk,
@@ -275,7 +275,6 @@ Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, 
 Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace,
                   void* stream) {
   const Layout l = run_layout(plan, workspace);
-  M3SA_RETURN_IF_ERROR(reset_error_state(l, as_stream(stream)));
   if (args.batch.num_decode_requests > 0)
     M3SA_RETURN_IF_ERROR(launch_decode_topk(plan, args, l, as_stream(stream)));
   if (args.batch.num_requests == args.batch.num_decode_requests) return {};
@@ -289,11 +288,28 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
                           args.topk, l.error_flags, as_stream(stream));
 }
 
+Status prepare_workspace(const OpPlan& plan, Workspace workspace, void* stream) {
+  const Layout l = run_layout(plan, workspace);
+  M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.control, 0, l.control_bytes, as_stream(stream)));
+  M3SA_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(l.control, kPreparedByte, kFlagOffset * sizeof(int32_t), as_stream(stream)));
+  return {};
+}
+
 Status read_device_errors(const OpPlan& plan, Workspace workspace, void* stream, int32_t* flags) {
   const Layout l = run_layout(plan, workspace);
-  M3SA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(flags, l.error_flags, sizeof(int32_t),
-                                            cudaMemcpyDeviceToHost, as_stream(stream)));
+  int32_t head[kFlagOffset + 1] = {};
+  M3SA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(head, l.control, sizeof head, cudaMemcpyDeviceToHost, as_stream(stream)));
+  M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.error_flags, 0, sizeof(int32_t), as_stream(stream)));
   M3SA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(as_stream(stream)));
+  int32_t prepared;
+  std::memset(&prepared, kPreparedByte, sizeof prepared);
+  if (head[0] != prepared || head[1] != prepared)
+    return Status::invalid_argument("workspace", "one prepared by m3sa::prepare_workspace",
+                                    "no preparation mark (its error flag and counters are not "
+                                    "initialised; runs on it are undefined)");
+  *flags = head[kFlagOffset];
   return {};
 }
 

@@ -39,7 +39,7 @@ CudaRun cuda_plan(OpKind op, const MsaConfig& config, const SyntheticBatch& sb) 
   PlanRequest request = plan_request(op, config, sb, {Backend::cuda});
   const Status s = make_plan(request, &run.plan);
   EXPECT_TRUE(s.ok()) << s.to_string();
-  run.workspace = std::make_unique<DeviceWorkspace>(run.plan.workspace_bytes);
+  run.workspace = std::make_unique<DeviceWorkspace>(run.plan);
   return run;
 }
 
@@ -294,7 +294,7 @@ TEST(GpuIndexerSmall, InsertIndexKIsBitExactAndSkipsPadding) {
       request.backend = Backend::cuda;
       OpPlan plan;
       M3SA_ASSERT_OK(make_plan(request, &plan));
-      DeviceWorkspace ws(plan.workspace_bytes);
+      DeviceWorkspace ws(plan);
       DeviceTensor d_rows(rows), d_slots(slots), d_cache(cache);
       M3SA_ASSERT_OK(
           insert_index_k(plan, {d_rows.view(), d_slots.view(), d_cache.view()}, ws.get()));
@@ -338,6 +338,30 @@ TEST(GpuIndexerSmall, DecodeQLenMismatchIsReported) {
   EXPECT_EQ(flags, 8);
 }
 
+TEST(GpuIndexerSmall, ErrorFlagsAccumulateUntilReadAndUnpreparedWorkspacesAreReported) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  SyntheticBatch sb(mixed_spec(1, DType::bf16));
+  sb.fill_index_integers(4, -2, 2);
+  DeviceBatch db(sb);
+  db.decode_q_len = 1; // flagged on the device: bit 8
+  CudaRun run = cuda_plan(OpKind::index_topk, cfg(1), sb);
+  DeviceTensor topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
+  const IndexTopkArgs args{db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()};
+  M3SA_ASSERT_OK(index_topk(run.plan, args, run.workspace->get()));
+  db.decode_q_len = 2; // a clean run does not clear the earlier bit
+  M3SA_ASSERT_OK(index_topk(run.plan, args, run.workspace->get()));
+  int32_t flags = 0;
+  M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace->get(), {}, &flags));
+  EXPECT_EQ(flags, 8);
+  M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace->get(), {}, &flags));
+  EXPECT_EQ(flags, 0); // reading cleared it
+
+  const DeviceWorkspace unprepared(run.plan, false);
+  const Status s = read_device_errors(run.plan, unprepared.get(), {}, &flags);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.to_string().find("prepare_workspace"), std::string::npos) << s.to_string();
+}
+
 TEST(GpuIndexerSmall, PlanLargerThanTheBatch) {
   M3SA_SKIP_WITHOUT_CUDA();
   // Capacities of a serving engine (256 requests, 8K tokens, 1M-token rows) run on a small mixed
@@ -349,7 +373,7 @@ TEST(GpuIndexerSmall, PlanLargerThanTheBatch) {
   request.capacities = {256, 8192, 8192};
   CudaRun run;
   M3SA_ASSERT_OK(make_plan(request, &run.plan));
-  run.workspace = std::make_unique<DeviceWorkspace>(run.plan.workspace_bytes);
+  run.workspace = std::make_unique<DeviceWorkspace>(run.plan);
   HostTensor want;
   M3SA_ASSERT_OK(run_index_topk(cfg(4), sb, {Backend::reference}, &want));
   for (int i = 0; i < 3; ++i)

@@ -77,14 +77,19 @@ private:
   TensorView view_;
 };
 
-// A raw device workspace for a plan.
+// A device workspace for a plan: poisoned, then prepared as the API asks (`prepare` false: left
+// unprepared, for the test that checks this is reported).
 class DeviceWorkspace {
 public:
-  explicit DeviceWorkspace(size_t bytes) : bytes_(bytes) {
+  explicit DeviceWorkspace(const OpPlan& plan, bool prepare = true) : bytes_(plan.workspace_bytes) {
     void* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, bytes ? bytes : 64), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&p, bytes_ ? bytes_ : 64), cudaSuccess);
     storage_.reset(p);
-    EXPECT_EQ(cudaMemset(p, 0xcd, bytes ? bytes : 64), cudaSuccess); // poisoned
+    EXPECT_EQ(cudaMemset(p, 0xcd, bytes_ ? bytes_ : 64), cudaSuccess);
+    if (prepare) {
+      const Status s = prepare_workspace(plan, get());
+      EXPECT_TRUE(s.ok()) << s.to_string();
+    }
   }
   Workspace get() const { return {storage_.get(), bytes_}; }
 

@@ -1,6 +1,9 @@
 // Plans, capabilities and the value types of the public API.
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <vector>
+
 #include "support/test_util.h"
 
 namespace m3sa::testing {
@@ -86,6 +89,24 @@ TEST(Api, PlanForOneOpIsRejectedByAnother) {
                               scoring.workspace());
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_NE(s.message().find("a plan made for index_topk"), std::string::npos) << s.message();
+}
+
+TEST(Api, HostWorkspacesNeedNoPreparationAndReportNoDeviceErrors) {
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    OpPlan plan;
+    M3SA_ASSERT_OK(make_plan(small_request(OpKind::index_topk, backend), &plan));
+    std::vector<std::byte> memory(plan.workspace_bytes + 64);
+    const Workspace ws{memory.data(), plan.workspace_bytes};
+    M3SA_ASSERT_OK(prepare_workspace(plan, ws));
+    int32_t flags = -1;
+    M3SA_ASSERT_OK(read_device_errors(plan, ws, {}, &flags));
+    EXPECT_EQ(flags, 0);
+    if (plan.workspace_bytes > 0) {
+      const Status s = prepare_workspace(plan, {memory.data(), plan.workspace_bytes - 1});
+      EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+    }
+    EXPECT_EQ(read_device_errors(plan, ws, {}, nullptr).code(), StatusCode::invalid_argument);
+  }
 }
 
 TEST(Api, VersionAndCommitAreReported) {

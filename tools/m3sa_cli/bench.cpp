@@ -374,6 +374,11 @@ bool run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
       return false;
     }
     DeviceBuffer ws(plan.workspace_bytes);
+    s = prepare_workspace(plan, {ws.ptr, ws.bytes}, {0, stream});
+    if (!s.ok()) {
+      std::fprintf(stderr, "m3sa bench: %s: %s\n", c.name.c_str(), s.to_string().c_str());
+      return false;
+    }
     Timing t;
     const bool ok = time_graph(
         stream, sets, c.decode ? 20 : 5,

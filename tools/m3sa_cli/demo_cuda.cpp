@@ -46,6 +46,8 @@ Status timed_on_gpu(const PlanRequest& request, cudaStream_t stream, double* ms,
   M3SA_RETURN_IF_ERROR_DEMO(make_plan(request, &plan));
   void* ws = nullptr;
   DEMO_CUDA(cudaMalloc(&ws, plan.workspace_bytes ? plan.workspace_bytes : 64));
+  M3SA_RETURN_IF_ERROR_DEMO(
+      prepare_workspace(plan, Workspace{ws, plan.workspace_bytes}, ExecContext{0, stream}));
   cudaEvent_t start, stop;
   DEMO_CUDA(cudaEventCreate(&start));
   DEMO_CUDA(cudaEventCreate(&stop));

@@ -9,8 +9,11 @@
 
 namespace m3sa::cuda {
 
-// Shared memory of the decode kernel: the scoring stage, then [64 rows][fill] candidate keys.
-inline constexpr int kDecodeSmemBytes = kScoreSmemBytes + kTileRows * 32 * 8;
+// The candidate lists, [64 rows][fill <= 32] keys, reuse the staged-query shared memory: the
+// kernel needs no more than the scoring (and keeps its occupancy, and the L1 share that holds
+// the key loads in flight).
+inline constexpr int kDecodeSmemBytes = kScoreSmemBytes;
+static_assert(kTileRows * 32 * sizeof(uint64_t) <= kReusableSmemBytes);
 
 // Inserts `key` into a row's descending list of `len` keys (one thread per row).
 __device__ __forceinline__ void insert_sorted(uint64_t* list, int len, uint64_t key) {
@@ -30,8 +33,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   const int x = blockIdx.x;
   if (x >= p.num_decode_requests * p.tiles_per_request) return;
   extern __shared__ uint32_t smem[];
-  uint64_t* lists =
-      reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(smem) + kScoreSmemBytes); // [64][fill]
+  uint64_t* lists = reinterpret_cast<uint64_t*>(smem); // [64][fill], from on_start on
   __shared__ int is_last;
 
   const int r = x / p.tiles_per_request, part = x % p.tiles_per_request;
@@ -61,20 +63,29 @@ __global__ void __launch_bounds__(kScoreThreads)
     return;
   }
 
-  for (int i = threadIdx.x; i < geo.rows * fill; i += kScoreThreads) lists[i] = 0;
-  __syncthreads();
-  score_block_range<StoredT>(s, tile, geo, split_block_range(geo.n_max, s.splits), smem,
-                             [&](int row, int b, float score) {
-                               if (fill > 0 && selection_row(row).is_candidate(b))
-                                 insert_sorted(lists + row * fill, fill, selection_key(score, b));
-                             });
+  const BlockRange range = split_block_range(geo.n_max, s.splits);
+  score_block_range<StoredT>(
+      s, tile, geo, range, smem,
+      [&] {
+        for (int i = threadIdx.x; i < geo.rows * fill; i += kScoreThreads) lists[i] = 0;
+        __syncthreads();
+      },
+      [&](int row, int b, float score) {
+        if (fill > 0 && selection_row(row).is_candidate(b))
+          insert_sorted(lists + row * fill, fill, selection_key(score, b));
+      });
   __syncthreads();
 
-  // Publish this range's lists: [tile][split][64 rows][fill].
+  // Publish the best `len` of each row's list ([tile][split][64 rows][fill] in the workspace): a
+  // range of n blocks has at most n candidates, so short ranges publish short lists.
+  const int per_split = (geo.n_max + s.splits - 1) / s.splits;
+  const int len = min(fill, per_split);
+  const int active_splits = per_split == 0 ? 0 : (geo.n_max + per_split - 1) / per_split;
   const int64_t list_stride = int64_t{kTileRows} * fill;
   uint64_t* tile_lists = p.partial_lists + int64_t{x} * s.splits * list_stride;
   uint64_t* mine = tile_lists + blockIdx.y * list_stride;
-  for (int i = threadIdx.x; i < geo.rows * fill; i += kScoreThreads) mine[i] = lists[i];
+  for (int i = threadIdx.x; i < geo.rows * len; i += kScoreThreads)
+    mine[(i / len) * fill + i % len] = lists[(i / len) * fill + i % len];
   __threadfence(); // lists visible device-wide before the arrival is counted
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -90,7 +101,7 @@ __global__ void __launch_bounds__(kScoreThreads)
     const SelectionRow sel = selection_row(row);
     if (write_short_row(sel, lane)) continue;
     uint64_t best[32];
-    rank_lists(best, tile_lists + row * fill, list_stride, fill, lane, s.splits, 32);
+    rank_lists(best, tile_lists + row * fill, list_stride, len, active_splits, lane);
     write_selection(sel, merge_warp(best, fill, lane), lane);
   }
 }

@@ -152,17 +152,26 @@ __device__ __forceinline__ BlockRange split_block_range(int n_max, int splits) {
   return {begin, min(n_max, begin + per_split)};
 }
 
+// Bytes at the start of the scoring shared memory that are free once on_start runs (the staged
+// queries live in registers from then on).
+inline constexpr int kReusableSmemBytes = kTileRows * kSmemStride * 2;
+
 // Scores blocks [range.begin, range.end) for the tile's rows: after each block, thread `row`
 // (< rows) calls on_score(row, block, max * scale) with its row's causal block maximum. Blocks
-// whose page id is out of range are flagged and not reported. Needs kScoreSmemBytes of `smem`.
-template <typename StoredT, typename OnScore>
-__device__ __forceinline__ void score_block_range(const ScoreBlocksParams& p, const RowTile& tile,
-                                                  const TileGeometry& geo, BlockRange range,
-                                                  uint32_t* smem, OnScore on_score) {
+// whose page id is out of range are flagged and not reported. Every thread calls on_start()
+// once, before any on_score, when the first kReusableSmemBytes of `smem` are free for the
+// caller. Needs kScoreSmemBytes of `smem`.
+template <typename StoredT, typename OnStart, typename OnScore>
+__device__ __forceinline__ void
+score_block_range(const ScoreBlocksParams& p, const RowTile& tile, const TileGeometry& geo,
+                  BlockRange range, uint32_t* smem, OnStart on_start, OnScore on_score) {
   // 32-bit words per 16x8 MMA step along k: 16 bf16 or 32 e4m3 values; 8 or 4 steps per 128 dims.
   constexpr bool kFp8Mma = kHaveFp8Mma && std::is_same_v<StoredT, __nv_fp8_e4m3>;
   constexpr int kSteps = kFp8Mma ? 4 : 8;
-  if (range.begin >= range.end) return;
+  if (range.begin >= range.end) {
+    on_start();
+    return;
+  }
   uint32_t* q_s = smem;                                 // [64][136] bf16
   uint32_t* k_s = smem + kTileRows * (kSmemStride / 2); // [128][136] bf16
   float* partial =
@@ -206,6 +215,8 @@ __device__ __forceinline__ void score_block_range(const ScoreBlocksParams& p, co
     a[ks][2] = q_s[row0 * (kSmemStride / 2) + col + 4];
     a[ks][3] = q_s[row1 * (kSmemStride / 2) + col + 4];
   }
+  __syncthreads(); // every warp holds its fragments: q_s is free
+  on_start();
   for (int b = range.begin; b < range.end; ++b) {
     const int page = block_page(b);
     const bool page_ok = page_valid(page);
@@ -279,8 +290,9 @@ __global__ void __launch_bounds__(kScoreThreads)
                     (tile.token_begin + row / p.heads) * p.score_stride_token +
                     b * p.score_stride_block];
   };
-  score_block_range<StoredT>(p, tile, geo, split_block_range(geo.n_max, p.splits), smem,
-                             [&](int row, int b, float score) { score_at(row, b) = score; });
+  score_block_range<StoredT>(
+      p, tile, geo, split_block_range(geo.n_max, p.splits), smem, [] {},
+      [&](int row, int b, float score) { score_at(row, b) = score; });
   if (p.fill_tail) { // columns [n_max, width): no visible key for any row of the tile
     const BlockRange tail = split_block_range(p.score_width - geo.n_max, p.splits);
     for (int i = threadIdx.x; i < geo.rows * max(0, tail.end - tail.begin); i += kScoreThreads)

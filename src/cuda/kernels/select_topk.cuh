@@ -87,20 +87,23 @@ __device__ __forceinline__ void rank_candidates(uint64_t (&best)[MaxK], const fl
   for (int b = first; b < end; b += step) insert_key(best, selection_key(scores[b * stride], b));
 }
 
-// Sorted candidate lists (descending, 0-terminated) l = first, first + step, ... below `count`,
-// `list_stride` apart, `len` slots each. A list is abandoned at its first key that cannot enter.
+// Candidate lists l = 0 .. count-1, `list_stride` apart, `len` keys each (0 = empty slot): the
+// warp's lanes take the count x len keys strided, four independent loads in flight at a time.
 template <int MaxK>
 __device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const uint64_t* lists,
-                                           int64_t list_stride, int len, int first, int count,
-                                           int step) {
+                                           int64_t list_stride, int len, int count, int lane) {
   clear_list(best);
-  for (int l = first; l < count; l += step) {
-    const uint64_t* list = lists + l * list_stride;
-    for (int i = 0; i < len; ++i) {
-      const uint64_t key = __ldcg(list + i); // written by other CTAs of this launch: skip L1
-      if (key <= best[MaxK - 1]) break;      // also stops at the 0 terminator
-      insert_key(best, key);
+  const int total = count * len;
+  for (int base = lane; base < total; base += 4 * 32) {
+    uint64_t keys[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = base + u * 32;
+      // Written by other CTAs of this launch: read through L2, never a stale L1 line.
+      keys[u] = i < total ? __ldcg(lists + (i / len) * list_stride + i % len) : 0;
     }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) insert_key(best, keys[u]);
   }
 }
 
