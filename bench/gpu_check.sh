@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One GPU round on the device machine (binaries built on the build machine, carried in .gpu/):
 # the gpu suite, compute-sanitizer on its small cases, the demo, and the indexer benchmark.
+# QUICK=1 leaves out the sanitizer and the demo; BENCH_SET / BENCH_FILTER pick the bench cases.
 set -uo pipefail
 out="${OUT:-/tmp/m3sa_out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:$(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 ./.gpu/m3sa_gpu_tests 2>&1 > "$out/gpu_tests.log"; echo "gpu suite rc=$?"
 grep -E '^\[ [A-Z]|FAILED|PASSED|Failure' "$out/gpu_tests.log" | grep -v '^\[ RUN\|^\[       OK' | tail -30
+if [ -z "${QUICK:-}" ]; then
 small='GpuIndexerSmall.Insert*:GpuIndexerSmall.Bad*:GpuIndexerSmall.Selection*:GpuIndexerSmall.DecodeQLen*:*DecodeBoundaryLengthsH4*:*DecodeMtp4*:*MixedK8NoLocal*'
 for tool in memcheck racecheck synccheck initcheck; do
   compute-sanitizer --tool $tool --error-exitcode 1 ./.gpu/m3sa_gpu_tests --gtest_filter="$small" > "$out/sanitizer_$tool.log" 2>&1
@@ -15,5 +17,6 @@ done
 ./.gpu/m3sa demo > "$out/demo_bf16.txt" 2>&1; echo "demo bf16 rc=$?"
 ./.gpu/m3sa demo --index-dtype fp8 > "$out/demo_fp8.txt" 2>&1; echo "demo fp8 rc=$?"
 grep -E "indexer on|insert_index_k  |index_topk  |sparse_attention  |^\[" "$out/demo_bf16.txt" "$out/demo_fp8.txt"
-./.gpu/m3sa bench --set "${BENCH_SET:-quick}" --json "$out/bench.json" > "$out/bench.md" 2> "$out/bench.err"; echo "bench rc=$?"
+fi
+./.gpu/m3sa bench --set "${BENCH_SET:-quick}" --filter "${BENCH_FILTER:-}" --json "$out/bench.json" > "$out/bench.md" 2> "$out/bench.err"; echo "bench rc=$?"
 cat "$out/bench.md"

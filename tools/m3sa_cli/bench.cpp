@@ -444,10 +444,10 @@ int run_bench(const BenchOptions& options) {
     return measured ? std::to_string(static_cast<int>(tflops)) + " TFLOP/s"
                     : std::string("unavailable (library absent or refused)");
   };
-  const std::string bf16_gemm = describe_gemm(measure_bf16_gemm(stream, &ceilings.bf16_gemm_tflops),
-                                              ceilings.bf16_gemm_tflops);
-  const std::string fp8_gemm =
-      describe_gemm(measure_fp8_gemm(stream, &ceilings.fp8_gemm_tflops), ceilings.fp8_gemm_tflops);
+  const bool have_bf16_gemm = measure_bf16_gemm(stream, &ceilings.bf16_gemm_tflops);
+  const bool have_fp8_gemm = measure_fp8_gemm(stream, &ceilings.fp8_gemm_tflops);
+  const std::string bf16_gemm = describe_gemm(have_bf16_gemm, ceilings.bf16_gemm_tflops);
+  const std::string fp8_gemm = describe_gemm(have_fp8_gemm, ceilings.fp8_gemm_tflops);
   std::printf("# m3sa bench on %s (%d SMs), commit %s, %s\n\n", prop.name, prop.multiProcessorCount,
               build_commit(), iso_date().c_str());
   std::printf("ceilings measured in this run: device-to-device copy %.0f GB/s (read + write); "
