@@ -196,10 +196,12 @@ Status launch_decode_topk(const OpPlan& plan, const IndexTopkArgs& args, const L
   p.topk_stride_k = args.topk.strides[2];
   const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
                   static_cast<unsigned>(p.scoring.splits));
-  if (args.index_k_cache.dtype == DType::fp8_e4m3)
-    M3SA_CUDA_RETURN_IF_ERROR(launch_decode_topk_fp8(p, grid, stream));
-  else
-    M3SA_CUDA_RETURN_IF_ERROR(launch_decode_topk_bf16(p, grid, stream));
+  const bool fp8 = args.index_k_cache.dtype == DType::fp8_e4m3;
+  const bool short_lists = ranked_slots(config) <= 16;
+  const auto launch =
+      fp8 ? (short_lists ? launch_decode_topk_fp8_k16 : launch_decode_topk_fp8_k32)
+          : (short_lists ? launch_decode_topk_bf16_k16 : launch_decode_topk_bf16_k32);
+  M3SA_CUDA_RETURN_IF_ERROR(launch(p, grid, stream));
   return {};
 }
 

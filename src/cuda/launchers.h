@@ -11,8 +11,15 @@ cudaError_t launch_score_blocks_bf16(const ScoreBlocksParams& params, dim3 grid,
                                      cudaStream_t stream);
 cudaError_t launch_score_blocks_fp8(const ScoreBlocksParams& params, dim3 grid,
                                     cudaStream_t stream);
-cudaError_t launch_decode_topk_bf16(const DecodeTopkParams& params, dim3 grid, cudaStream_t stream);
-cudaError_t launch_decode_topk_fp8(const DecodeTopkParams& params, dim3 grid, cudaStream_t stream);
+// Decode scoring + selection; _k16 for at most 16 ranked slots (half the merge registers).
+cudaError_t launch_decode_topk_bf16_k16(const DecodeTopkParams& params, dim3 grid,
+                                        cudaStream_t stream);
+cudaError_t launch_decode_topk_bf16_k32(const DecodeTopkParams& params, dim3 grid,
+                                        cudaStream_t stream);
+cudaError_t launch_decode_topk_fp8_k16(const DecodeTopkParams& params, dim3 grid,
+                                       cudaStream_t stream);
+cudaError_t launch_decode_topk_fp8_k32(const DecodeTopkParams& params, dim3 grid,
+                                       cudaStream_t stream);
 cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream);
 cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity,
                                   cudaStream_t stream);

@@ -26,7 +26,8 @@ __device__ __forceinline__ void insert_sorted(uint64_t* list, int len, uint64_t 
   list[i] = key;
 }
 
-template <typename StoredT>
+// MaxK: 16 or 32, the register list length of the final merge (>= the ranked slots).
+template <typename StoredT, int MaxK>
 __global__ void __launch_bounds__(kScoreThreads)
     decode_topk_kernel(const __grid_constant__ DecodeTopkParams p) {
   const ScoreBlocksParams& s = p.scoring;
@@ -64,15 +65,23 @@ __global__ void __launch_bounds__(kScoreThreads)
   }
 
   const BlockRange range = split_block_range(geo.n_max, s.splits);
+  // Thread `row` owns row `row`'s list; it keeps the list's entry bar (its last key) and the
+  // row's candidate range in registers, so a block that does not enter costs one compare.
+  const bool owns_row = static_cast<int>(threadIdx.x) < geo.rows;
+  const SelectionRow own = selection_row(owns_row ? threadIdx.x : 0);
+  uint64_t* own_list = lists + threadIdx.x * fill;
+  uint64_t entry_bar = 0;
   score_block_range<StoredT>(
       s, tile, geo, range, smem,
       [&] {
         for (int i = threadIdx.x; i < geo.rows * fill; i += kScoreThreads) lists[i] = 0;
         __syncthreads();
       },
-      [&](int row, int b, float score) {
-        if (fill > 0 && selection_row(row).is_candidate(b))
-          insert_sorted(lists + row * fill, fill, selection_key(score, b));
+      [&](int, int b, float score) { // called by the owning thread only
+        const uint64_t key = selection_key(score, b);
+        if (fill == 0 || key <= entry_bar || !own.is_candidate(b)) return;
+        insert_sorted(own_list, fill, key);
+        entry_bar = own_list[fill - 1];
       });
   __syncthreads();
 
@@ -100,7 +109,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   for (int row = warp; row < geo.rows; row += kScoreThreads / 32) {
     const SelectionRow sel = selection_row(row);
     if (write_short_row(sel, lane)) continue;
-    uint64_t best[32];
+    uint64_t best[MaxK];
     rank_lists(best, tile_lists + row * fill, list_stride, len, active_splits, lane);
     write_selection(sel, merge_warp(best, fill, lane), lane);
   }

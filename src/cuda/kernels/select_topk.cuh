@@ -108,14 +108,17 @@ __device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const uint64_
 }
 
 // `fill` rounds of "the largest list head wins, its lane pops it": lane i returns round i's key.
+// The warp maximum of a 64-bit key is two 32-bit reductions (high word, then the low word among
+// the lanes holding the highest high word): two REDUX instructions instead of ten shuffles.
 template <int MaxK>
 __device__ __forceinline__ uint64_t merge_warp(uint64_t (&best)[MaxK], int fill, int lane) {
   uint64_t mine = 0;
   for (int round = 0; round < fill; ++round) {
-    uint64_t top = best[0];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1)
-      top = max(top, __shfl_xor_sync(0xffffffffu, top, offset));
+    const uint32_t hi = static_cast<uint32_t>(best[0] >> 32);
+    const uint32_t top_hi = __reduce_max_sync(0xffffffffu, hi);
+    const uint32_t top_lo =
+        __reduce_max_sync(0xffffffffu, hi == top_hi ? static_cast<uint32_t>(best[0]) : 0u);
+    const uint64_t top = (static_cast<uint64_t>(top_hi) << 32) | top_lo;
     if (best[0] == top && top != 0) { // keys are unique (they hold the block id): one lane pops
 #pragma unroll
       for (int i = 0; i < MaxK - 1; ++i) best[i] = best[i + 1];
