@@ -19,6 +19,15 @@ struct MsaConfig {
   int num_index_heads = 4;   // index-Q heads in this call (4 / TP, at least 1), 1..16
   float score_scale = 1.f;   // positive; selection does not depend on it, exported scores do
   bool reduce_heads = false; // HuggingFace parity: one selection from the max over heads
+
+  // norm_rope_insert: Gemma RMSNorm x * rsqrt(mean(x^2) + eps) * (offset + w), then NeoX RoPE on
+  // dims [0, 64) with pairs (i, i + 32).
+  float rms_norm_eps = 1e-6f;
+  float norm_weight_offset = 1.f; // 1: checkpoint gains (Gemma "+1"); 0: gains with +1 baked in
+  double rope_theta = 5e6;        // cos/sin computed from positions (no caller table)
 };
+
+inline constexpr int kRotaryDim = 64;                // partial RoPE: the first half of 128
+inline constexpr int64_t kMaxRopePosition = 1 << 24; // positions in [0, 2^24) (16M tokens)
 
 } // namespace m3sa

@@ -19,7 +19,8 @@ enum class OpKind : uint8_t {
   score_blocks,
   select_topk_blocks,
   index_topk,
-  sparse_attention
+  sparse_attention,
+  norm_rope_insert
 };
 const char* to_string(OpKind op);
 
@@ -59,6 +60,31 @@ struct ExecContext {
 // more graph node, which at batch 1 costs as much as the scoring itself. Enqueued on ctx.stream
 // (two memsets; capturable). Host backends need no preparation: it only checks the workspace.
 Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecContext& ctx = {});
+
+// The fused per-token step before attention (docs/contract.md §9): RMSNorm + partial RoPE on the
+// main q / k and on index q / k, then q out, k / v into the paged KV cache and index-K into the
+// index cache. fp32 from the bf16 load to one final rounding per output.
+struct NormRopeInsertArgs {
+  TensorView q;         // [T, Hq, 128] bf16, raw projection output
+  TensorView k;         // [T, Hkv, 128] bf16
+  TensorView v;         // [T, Hkv, 128] bf16 (stored as is: no norm, no RoPE)
+  TensorView index_q;   // [T, H, 128] bf16, H = config.num_index_heads
+  TensorView index_k;   // [T, 128] bf16
+  TensorView positions; // [T] i64 absolute positions, in [0, 2^24) (and < cos_sin_cache rows)
+  TensorView q_norm_weight, k_norm_weight;             // [128] bf16 or f32 gains
+  TensorView index_q_norm_weight, index_k_norm_weight; // [128] bf16 or f32 gains
+  TensorView cos_sin_cache; // optional [max_pos, 64] bf16 or f32: cos of pairs 0..31, then sin;
+                            // absent: computed from positions and config.rope_theta
+  TensorView slot_mapping;  // [T] i64 KV-cache slot (page * 128 + offset); < 0 skips
+  TensorView index_slot_mapping; // [T] i64 index-cache slot; < 0 skips (may alias slot_mapping)
+  TensorView q_out;              // [T, Hq, 128] bf16
+  TensorView k_cache;            // [num_pages, 128, Hkv, 128] bf16 or fp8_e4m3, written in place
+  TensorView v_cache;            // [num_pages, 128, Hkv, 128], same dtype as k_cache
+  float k_scale = 1.f;           // fp8 KV cache: stored = e4m3(x / scale)
+  float v_scale = 1.f;
+  TensorView index_q_out;   // [T, H, 128] in the index cache dtype (the plan's cache_dtype)
+  TensorView index_k_cache; // [num_index_pages, 128, 128], written in place
+};
 
 struct InsertIndexKArgs {
   TensorView index_k;       // [T, 128] bf16 or f32, rows of this step's tokens
@@ -110,6 +136,8 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
                   const ExecContext& ctx = {});
 Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Workspace workspace,
                         const ExecContext& ctx = {});
+Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& args, Workspace workspace,
+                        const ExecContext& ctx = {});
 
 // Device-side validation (contract §8): CUDA kernels never read out of bounds; on bad metadata
 // (page id out of range, seq_len beyond the block table, slot beyond the cache) they skip the read
@@ -117,7 +145,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
 // and clears the flag (it synchronises `ctx.stream`: not for use inside capture). A workspace
 // never prepared by prepare_workspace is reported as an invalid_argument.
 // Bits: 1 page id out of range, 2 seq_len beyond the block table or q_len > seq_len, 4 bad slot,
-// 8 a decode request whose q_len is not batch.decode_q_len.
+// 8 a decode request whose q_len is not batch.decode_q_len, 16 a position out of range.
 // Host backends validate their data up front, so their flag is always 0.
 Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx,
                           int32_t* flags);

@@ -99,6 +99,8 @@ const char* to_string(OpKind op) {
     return "index_topk";
   case OpKind::sparse_attention:
     return "sparse_attention";
+  case OpKind::norm_rope_insert:
+    return "norm_rope_insert";
   }
   return "unknown-op";
 }

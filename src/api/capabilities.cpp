@@ -40,7 +40,7 @@ Status supports(Backend backend, OpKind op, const MsaConfig& config, DType cache
 
 Status supports(Backend backend, const MsaConfig& config, DType cache_dtype) {
   for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
-                    OpKind::index_topk, OpKind::sparse_attention})
+                    OpKind::index_topk, OpKind::sparse_attention, OpKind::norm_rope_insert})
     M3SA_RETURN_IF_ERROR(supports(backend, op, config, cache_dtype));
   return {};
 }

@@ -11,7 +11,8 @@ namespace m3sa::detail {
 constexpr uint32_t op_bit(OpKind op) { return 1u << static_cast<uint32_t>(op); }
 inline constexpr uint32_t kAllOps = op_bit(OpKind::insert_index_k) | op_bit(OpKind::score_blocks) |
                                     op_bit(OpKind::select_topk_blocks) |
-                                    op_bit(OpKind::index_topk) | op_bit(OpKind::sparse_attention);
+                                    op_bit(OpKind::index_topk) | op_bit(OpKind::sparse_attention) |
+                                    op_bit(OpKind::norm_rope_insert);
 
 struct BackendCapability {
   Backend backend;

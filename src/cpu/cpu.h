@@ -20,5 +20,6 @@ void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace wo
                 int num_threads);
 void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& args,
                       Workspace workspace, int num_threads);
+void norm_rope_insert(const MsaConfig& config, const NormRopeInsertArgs& args, int num_threads);
 
 } // namespace m3sa::cpu

@@ -204,6 +204,7 @@ size_t workspace_bytes(const PlanRequest& request, int num_threads) {
   case OpKind::sparse_attention:
     return attention_workspace_bytes(request, num_threads);
   case OpKind::insert_index_k:
+  case OpKind::norm_rope_insert:
     break;
   }
   return carver.bytes_used();

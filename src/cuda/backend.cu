@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "common/norm_rope_math.h"
 #include "common/workspace.h"
 #include "cuda/backend.h"
 #include "cuda/launchers.h"
@@ -288,6 +289,65 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
                                       as_stream(stream)));
   return launch_selection(plan, args.batch, l.scores, strides, cap.max_blocks_per_request,
                           args.topk, l.error_flags, as_stream(stream));
+}
+
+Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& a, Workspace workspace,
+                        void* stream) {
+  const Layout l = run_layout(plan, workspace);
+  const MsaConfig& config = plan.request.config;
+  NormRopeInsertParams p{};
+  p.q = a.q.data, p.q_stride_token = a.q.strides[0], p.q_stride_head = a.q.strides[1];
+  p.k = a.k.data, p.k_stride_token = a.k.strides[0], p.k_stride_head = a.k.strides[1];
+  p.v = a.v.data, p.v_stride_token = a.v.strides[0], p.v_stride_head = a.v.strides[1];
+  p.index_q = a.index_q.data;
+  p.index_q_stride_token = a.index_q.strides[0], p.index_q_stride_head = a.index_q.strides[1];
+  p.index_k = a.index_k.data, p.index_k_stride_token = a.index_k.strides[0];
+  p.positions = a.positions.ptr<const int64_t>(), p.positions_stride = a.positions.strides[0];
+  const TensorView* weights[4] = {&a.q_norm_weight, &a.k_norm_weight, &a.index_q_norm_weight,
+                                  &a.index_k_norm_weight};
+  for (int i = 0; i < 4; ++i) {
+    p.norm_weights[i] = weights[i]->data;
+    p.norm_weight_is_f32[i] = weights[i]->dtype == DType::f32;
+  }
+  if (a.cos_sin_cache.present()) {
+    p.cos_sin_cache = a.cos_sin_cache.data;
+    p.cos_sin_stride = a.cos_sin_cache.strides[0];
+    p.cos_sin_rows = a.cos_sin_cache.shape[0];
+    p.cos_sin_is_f32 = a.cos_sin_cache.dtype == DType::f32;
+  }
+  p.slot_mapping = a.slot_mapping.ptr<const int64_t>(), p.slot_stride = a.slot_mapping.strides[0];
+  p.index_slot_mapping = a.index_slot_mapping.ptr<const int64_t>();
+  p.index_slot_stride = a.index_slot_mapping.strides[0];
+  p.q_out = a.q_out.data;
+  p.q_out_stride_token = a.q_out.strides[0], p.q_out_stride_head = a.q_out.strides[1];
+  p.k_cache = a.k_cache.data;
+  p.k_cache_stride_page = a.k_cache.strides[0], p.k_cache_stride_token = a.k_cache.strides[1];
+  p.k_cache_stride_head = a.k_cache.strides[2];
+  p.v_cache = a.v_cache.data;
+  p.v_cache_stride_page = a.v_cache.strides[0], p.v_cache_stride_token = a.v_cache.strides[1];
+  p.v_cache_stride_head = a.v_cache.strides[2];
+  p.kv_pages = a.k_cache.shape[0];
+  p.kv_is_fp8 = a.k_cache.dtype == DType::fp8_e4m3;
+  p.k_scale = a.k_scale, p.v_scale = a.v_scale;
+  p.index_q_out = a.index_q_out.data;
+  p.index_q_out_stride_token = a.index_q_out.strides[0];
+  p.index_q_out_stride_head = a.index_q_out.strides[1];
+  p.index_k_cache = a.index_k_cache.data;
+  p.index_cache_stride_page = a.index_k_cache.strides[0];
+  p.index_cache_stride_token = a.index_k_cache.strides[1];
+  p.index_pages = a.index_k_cache.shape[0];
+  p.index_is_fp8 = a.index_k_cache.dtype == DType::fp8_e4m3;
+  p.num_tokens = static_cast<int32_t>(a.q.shape[0]);
+  p.q_heads = static_cast<int32_t>(a.q.shape[1]);
+  p.kv_heads = static_cast<int32_t>(a.k.shape[1]);
+  p.index_heads = static_cast<int32_t>(a.index_q.shape[1]);
+  p.eps = config.rms_norm_eps, p.weight_offset = config.norm_weight_offset;
+  for (int i = 0; i < 32; ++i)
+    p.inv_freq[i] = detail::norm_rope::inverse_frequency(config.rope_theta, i);
+  p.error_flags = l.error_flags;
+  M3SA_CUDA_RETURN_IF_ERROR(launch_norm_rope_insert(
+      p, static_cast<int>(plan.request.capacities.max_tokens), as_stream(stream)));
+  return {};
 }
 
 Status prepare_workspace(const OpPlan& plan, Workspace workspace, void* stream) {

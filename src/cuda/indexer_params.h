@@ -9,10 +9,11 @@ namespace m3sa::cuda {
 // Bits of the device-side error flag (contract §8): a kernel that meets bad metadata skips the read
 // and ORs a bit in; read it with m3sa::read_device_errors().
 enum DeviceErrorBits : int32_t {
-  kPageOutOfRange = 1,     // a block-table entry outside [0, num_pages)
-  kSeqLenBeyondTable = 2,  // seq_len > block-table width * 128, or q_len > seq_len
-  kSlotOutOfRange = 4,     // insert_index_k slot >= num_pages * 128
-  kDecodeQLenMismatch = 8, // a decode request whose q_len is not batch.decode_q_len
+  kPageOutOfRange = 1,      // a block-table entry outside [0, num_pages)
+  kSeqLenBeyondTable = 2,   // seq_len > block-table width * 128, or q_len > seq_len
+  kSlotOutOfRange = 4,      // insert_index_k slot >= num_pages * 128
+  kDecodeQLenMismatch = 8,  // a decode request whose q_len is not batch.decode_q_len
+  kPositionOutOfRange = 16, // norm_rope_insert: a position outside [0, 2^24) or the cos/sin table
 };
 
 // One unit of scoring work: consecutive tokens of one request.
@@ -85,6 +86,50 @@ struct SelectTopkParams {
   int32_t* topk;          // [H, T, K] out
   int64_t topk_stride_head, topk_stride_token, topk_stride_k;
   int32_t heads, top_k, local_blocks, init_blocks;
+  int32_t* error_flags; // [1]
+};
+
+// norm_rope_insert: one CTA per token; rows are q heads, index-q heads, k heads, v heads, index k.
+struct NormRopeInsertParams {
+  const void* q; // [T, Hq, 128] bf16
+  int64_t q_stride_token, q_stride_head;
+  const void* k; // [T, Hkv, 128] bf16
+  int64_t k_stride_token, k_stride_head;
+  const void* v; // [T, Hkv, 128] bf16
+  int64_t v_stride_token, v_stride_head;
+  const void* index_q; // [T, H, 128] bf16
+  int64_t index_q_stride_token, index_q_stride_head;
+  const void* index_k; // [T, 128] bf16
+  int64_t index_k_stride_token;
+  const int64_t* positions; // [T]
+  int64_t positions_stride;
+  const void* norm_weights[4]; // [128] each: q, k, index q, index k
+  int32_t norm_weight_is_f32[4];
+  const void* cos_sin_cache; // [rows, 64] bf16 or f32, or null: computed from inv_freq
+  int64_t cos_sin_stride, cos_sin_rows;
+  int32_t cos_sin_is_f32;
+  const int64_t* slot_mapping; // [T]
+  int64_t slot_stride;
+  const int64_t* index_slot_mapping; // [T]
+  int64_t index_slot_stride;
+  void* q_out; // [T, Hq, 128] bf16
+  int64_t q_out_stride_token, q_out_stride_head;
+  void* k_cache; // [pages, 128, Hkv, 128] bf16 or e4m3
+  int64_t k_cache_stride_page, k_cache_stride_token, k_cache_stride_head;
+  void* v_cache; // [pages, 128, Hkv, 128], k_cache's dtype
+  int64_t v_cache_stride_page, v_cache_stride_token, v_cache_stride_head;
+  int64_t kv_pages;
+  int32_t kv_is_fp8;
+  float k_scale, v_scale;
+  void* index_q_out; // [T, H, 128] bf16 or e4m3 (the index cache dtype)
+  int64_t index_q_out_stride_token, index_q_out_stride_head;
+  void* index_k_cache; // [index_pages, 128, 128]
+  int64_t index_cache_stride_page, index_cache_stride_token;
+  int64_t index_pages;
+  int32_t index_is_fp8;
+  int32_t num_tokens, q_heads, kv_heads, index_heads;
+  float eps, weight_offset;
+  float inv_freq[32];   // theta^(-i/32) rounded to fp32, computed on the host
   int32_t* error_flags; // [1]
 };
 

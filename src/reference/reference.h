@@ -16,5 +16,6 @@ void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& arg
                         Workspace workspace);
 void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace workspace);
 void sparse_attention(const SparseAttentionArgs& args, Workspace workspace);
+void norm_rope_insert(const MsaConfig& config, const NormRopeInsertArgs& args);
 
 } // namespace m3sa::ref

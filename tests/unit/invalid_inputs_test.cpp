@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "support/test_util.h"
+#include "testing/norm_rope_batch.h"
 
 namespace m3sa::testing {
 namespace {
@@ -22,6 +23,8 @@ struct ValidSetup {
   SelectTopkBlocksArgs select;
   IndexTopkArgs index;
   SparseAttentionArgs attention;
+  NormRopeBatch norm_rope_batch{NormRopeSpec{}};
+  NormRopeInsertArgs norm_rope;
   HostTensor workspace_buffer;
   Workspace workspace;
   bool null_plan = false;
@@ -51,6 +54,11 @@ struct ValidSetup {
     HostTensor index_out_storage;
     index = {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()};
     attention = attention_args(sb, topk, out, lse, true);
+    norm_rope = norm_rope_batch.args();
+    if (op == OpKind::norm_rope_insert) {
+      request.capacities.max_tokens = norm_rope_batch.spec().tokens;
+      request.config.num_index_heads = norm_rope_batch.spec().index_heads;
+    }
   }
   void set_batch(const std::function<void(BatchMetadata&)>& edit) {
     for (BatchMetadata* b : {&score.batch, &select.batch, &index.batch, &attention.batch}) edit(*b);
@@ -88,6 +96,8 @@ Status run_case(ValidSetup& s, OpKind op) {
     return index_topk(plan, s.index, ws);
   case OpKind::sparse_attention:
     return sparse_attention(plan, s.attention, ws);
+  case OpKind::norm_rope_insert:
+    return norm_rope_insert(plan, s.norm_rope, ws);
   }
   return {};
 }
@@ -256,6 +266,60 @@ const std::vector<InvalidCase>& cases() {
       {"AttentionKvTablePageOutOfRange", O::sparse_attention,
        [](ValidSetup& s) { i32(s.attention.kv_block_table)[0] = 1000; },
        "kv_block_table: expected page ids"},
+      // norm_rope_insert.
+      {"NormRopeNegativePosition", O::norm_rope_insert,
+       [](ValidSetup& s) { s.norm_rope.positions.ptr<int64_t>()[3] = -1; },
+       "positions: expected values in [0, 16777216)"},
+      {"NormRopePositionBeyond2To24", O::norm_rope_insert,
+       [](ValidSetup& s) { s.norm_rope.positions.ptr<int64_t>()[0] = int64_t{1} << 24; },
+       "positions"},
+      {"NormRopePositionBeyondTable", O::norm_rope_insert,
+       [](ValidSetup& s) {
+         s.norm_rope.cos_sin_cache = s.norm_rope.q_norm_weight; // 1 row is not enough
+         s.norm_rope.cos_sin_cache.rank = 2;
+         s.norm_rope.cos_sin_cache.shape[0] = 1, s.norm_rope.cos_sin_cache.shape[1] = 64;
+         s.norm_rope.cos_sin_cache.strides[0] = 64, s.norm_rope.cos_sin_cache.strides[1] = 1;
+       },
+       "(cos_sin_cache rows)"},
+      {"NormRopeF32Q", O::norm_rope_insert, [](ValidSetup& s) { s.norm_rope.q.dtype = DType::f32; },
+       "q: expected bf16"},
+      {"NormRopeVHeadsDifferFromK", O::norm_rope_insert,
+       [](ValidSetup& s) { s.norm_rope.v.shape[1] = 1; }, "v: expected bf16 [T, Hkv, 128]"},
+      {"NormRopeIndexHeadsDifferFromConfig", O::norm_rope_insert,
+       [](ValidSetup& s) { s.request.config.num_index_heads = 3; },
+       "index_q: expected bf16 [T, num_index_heads, 128]"},
+      {"NormRopeIndexQOutNotCacheDtype", O::norm_rope_insert,
+       [](ValidSetup& s) { s.norm_rope.index_q_out.dtype = DType::fp8_e4m3; },
+       "index-Q follows the index cache dtype"},
+      {"NormRopeKvCacheDtypesDiffer", O::norm_rope_insert,
+       [](ValidSetup& s) { s.norm_rope.k_cache.dtype = DType::fp8_e4m3; }, "v_cache"},
+      {"NormRopeZeroVScale", O::norm_rope_insert, [](ValidSetup& s) { s.norm_rope.v_scale = 0.f; },
+       "v_scale: expected a finite value > 0"},
+      {"NormRopeSlotBeyondCache", O::norm_rope_insert,
+       [](ValidSetup& s) { s.norm_rope.slot_mapping.ptr<int64_t>()[2] = 4 * 128; },
+       "slot_mapping: expected slots < num_pages x 128 = 512"},
+      {"NormRopeIndexSlotBeyondCache", O::norm_rope_insert,
+       [](ValidSetup& s) { s.norm_rope.index_slot_mapping.ptr<int64_t>()[0] = 1 << 20; },
+       "index_slot_mapping"},
+      {"NormRopeQOutOverlapsK", O::norm_rope_insert,
+       [](ValidSetup& s) { s.norm_rope.q_out.data = s.norm_rope.k.data; },
+       "q_out: expected memory disjoint from"},
+      {"NormRopeQOutShiftedOverQ", O::norm_rope_insert,
+       [](ValidSetup& s) {
+         s.norm_rope.q_out.data = s.norm_rope.q.ptr<uint16_t>() + 128; // not in place, overlapping
+       },
+       "q_out: expected memory disjoint from q"},
+      {"NormRopeThetaNotAboveOne", O::norm_rope_insert,
+       [](ValidSetup& s) { s.request.config.rope_theta = 1.0; }, "config.rope_theta"},
+      {"NormRopeNanEps", O::norm_rope_insert,
+       [](ValidSetup& s) {
+         s.request.config.rms_norm_eps = std::numeric_limits<float>::quiet_NaN();
+       },
+       "config.rms_norm_eps"},
+      {"NormRopeShortWeight", O::norm_rope_insert,
+       [](ValidSetup& s) { s.norm_rope.k_norm_weight.shape[0] = 64; }, "k_norm_weight"},
+      {"NormRopeTokensBeyondCapacity", O::norm_rope_insert,
+       [](ValidSetup& s) { s.request.capacities.max_tokens = 10; }, "(plan capacity)"},
   };
   return all;
 }

@@ -420,6 +420,90 @@ bool run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
   return true;
 }
 
+// norm_rope_insert at MiniMax-M3 TP1 shapes (64 q heads, 4 KV heads, 4 index heads) for
+// `tokens` tokens: bytes read (q, k, v, index q / k, positions, slots) plus bytes written (q out,
+// K and V rows, index-Q, index-K rows), against the copy ceiling.
+std::string norm_rope_case_name(int tokens, DType kv_dtype, DType index_dtype) {
+  return std::string("norm_rope_insert T=") + std::to_string(tokens / 1024) + "K kv " +
+         (kv_dtype == DType::bf16 ? "bf16" : "fp8") + " index " +
+         (index_dtype == DType::bf16 ? "bf16" : "fp8");
+}
+
+bool run_norm_rope_case(int tokens, DType kv_dtype, DType index_dtype, cudaStream_t stream,
+                        const Ceilings& ceilings, std::vector<Record>* records) {
+  constexpr int kQHeads = 64, kKvHeads = 4, kIndexHeads = 4;
+  const std::string name = norm_rope_case_name(tokens, kv_dtype, index_dtype);
+  const int64_t T = tokens, pages = (T + 127) / 128;
+  const Device gpu{DeviceKind::cuda, 0};
+  DeviceBuffer q(T * kQHeads * 256), k(T * kKvHeads * 256), v(T * kKvHeads * 256),
+      iq(T * kIndexHeads * 256), ik(T * 256), weights(4 * 128 * 2), positions(T * 8), slots(T * 8),
+      q_out(T * kQHeads * 256), k_cache(pages * 128 * kKvHeads * 128 * dtype_size(kv_dtype)),
+      v_cache(pages * 128 * kKvHeads * 128 * dtype_size(kv_dtype)),
+      iq_out(T * kIndexHeads * 128 * dtype_size(index_dtype)),
+      ik_cache(pages * 128 * 128 * dtype_size(index_dtype));
+  for (DeviceBuffer* b : {&q, &k, &v, &iq, &ik, &weights})
+    if (!fill_random(*b, DType::bf16, 7)) return false;
+  HostTensor host_positions(DType::i64, {T}), host_slots(DType::i64, {T});
+  Rng rng(11);
+  for (int64_t t = 0; t < T; ++t) {
+    host_positions.data<int64_t>()[t] = static_cast<int64_t>(rng.uniform() * (1 << 20));
+    host_slots.data<int64_t>()[t] = t; // distinct, every one written
+  }
+  BENCH_CHECK(cudaMemcpy(positions.ptr, host_positions.view().data, T * 8, cudaMemcpyHostToDevice));
+  BENCH_CHECK(cudaMemcpy(slots.ptr, host_slots.view().data, T * 8, cudaMemcpyHostToDevice));
+  const auto view = [&](const DeviceBuffer& b, DType dtype, std::initializer_list<int64_t> shape) {
+    return TensorView::contiguous(b.ptr, dtype, shape, gpu);
+  };
+  NormRopeInsertArgs a;
+  a.q = view(q, DType::bf16, {T, kQHeads, 128});
+  a.k = view(k, DType::bf16, {T, kKvHeads, 128});
+  a.v = view(v, DType::bf16, {T, kKvHeads, 128});
+  a.index_q = view(iq, DType::bf16, {T, kIndexHeads, 128});
+  a.index_k = view(ik, DType::bf16, {T, 128});
+  a.positions = view(positions, DType::i64, {T});
+  TensorView* gains[4] = {&a.q_norm_weight, &a.k_norm_weight, &a.index_q_norm_weight,
+                          &a.index_k_norm_weight};
+  for (int i = 0; i < 4; ++i)
+    *gains[i] =
+        TensorView::contiguous(static_cast<char*>(weights.ptr) + i * 256, DType::bf16, {128}, gpu);
+  a.slot_mapping = a.index_slot_mapping = view(slots, DType::i64, {T});
+  a.q_out = view(q_out, DType::bf16, {T, kQHeads, 128});
+  a.k_cache = view(k_cache, kv_dtype, {pages, 128, kKvHeads, 128});
+  a.v_cache = view(v_cache, kv_dtype, {pages, 128, kKvHeads, 128});
+  a.index_q_out = view(iq_out, index_dtype, {T, kIndexHeads, 128});
+  a.index_k_cache = view(ik_cache, index_dtype, {pages, 128, 128});
+  MsaConfig config;
+  config.num_index_heads = kIndexHeads;
+  PlanRequest request{OpKind::norm_rope_insert, Backend::cuda, config, Capacities{1, T, 1},
+                      index_dtype};
+  OpPlan plan;
+  Status s = make_plan(request, &plan);
+  DeviceBuffer ws(plan.workspace_bytes);
+  if (s.ok()) s = prepare_workspace(plan, {ws.ptr, ws.bytes}, {0, stream});
+  Timing t;
+  const bool ok = s.ok() && time_graph(
+                                stream, 1, 20,
+                                [&](int) {
+                                  s = norm_rope_insert(plan, a, {ws.ptr, ws.bytes}, {0, stream});
+                                  return s.ok();
+                                },
+                                &t);
+  if (!ok) {
+    std::fprintf(stderr, "m3sa bench: %s: %s\n", name.c_str(), s.to_string().c_str());
+    return false;
+  }
+  Record rec{name, "norm_rope_insert", t};
+  const double rows_read = kQHeads + 2 * kKvHeads + kIndexHeads + 1;
+  rec.bytes = static_cast<double>(T) *
+              (rows_read * 256 + 16 + kQHeads * 256 + 2 * kKvHeads * 128 * dtype_size(kv_dtype) +
+               (kIndexHeads + 1) * 128 * dtype_size(index_dtype));
+  rec.fraction = rec.bytes / (t.median_us * 1e3) / ceilings.copy_gbps;
+  rec.ceiling = "copy";
+  records->push_back(rec);
+  std::fprintf(stderr, "[m3sa bench] %-34s %10.2f us\n", name.c_str(), t.median_us);
+  return true;
+}
+
 std::string iso_date() {
   char text[32];
   const std::time_t now = std::time(nullptr);
@@ -459,6 +543,14 @@ int run_bench(const BenchOptions& options) {
     if (!options.filter.empty() && c.name.find(options.filter) == std::string::npos) continue;
     if (!run_case(c, stream, ceilings, &records)) ++failures;
   }
+  for (DType kv : {DType::bf16, DType::fp8_e4m3})
+    for (DType index : {DType::bf16, DType::fp8_e4m3}) {
+      const std::string name = norm_rope_case_name(16384, kv, index);
+      if ((options.set != "full" && kv != index) ||
+          (!options.filter.empty() && name.find(options.filter) == std::string::npos))
+        continue;
+      if (!run_norm_rope_case(16384, kv, index, stream, ceilings, &records)) ++failures;
+    }
   std::printf("| case | op | median us | CV | GB/s | TFLOP/s | of ceiling "
               "|\n|---|---|---|---|---|---|---|\n");
   for (const Record& r : records)

@@ -1,0 +1,148 @@
+#include "testing/norm_rope_batch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "common/check.h"
+
+namespace m3sa::testing {
+namespace {
+
+void fill_normal(const HostTensor& t, Rng& rng, float scale) {
+  const int64_t n = t.view().numel();
+  for (int64_t i = 0; i < n; ++i) store(t.view().dtype, t.view().data, i, rng.normal() * scale);
+}
+
+// Distinct slots of a paged cache for every token, -1 for every `padding_every`-th token.
+void fill_slots(const HostTensor& slots, int pages, int padding_every, Rng& rng) {
+  std::vector<int64_t> all(static_cast<size_t>(pages) * kBlockTokens);
+  std::iota(all.begin(), all.end(), 0);
+  for (size_t i = all.size() - 1; i > 0; --i)
+    std::swap(all[i], all[static_cast<size_t>(rng.uniform_int(0, static_cast<int>(i)))]);
+  const int64_t tokens = slots.view().shape[0];
+  for (int64_t t = 0; t < tokens; ++t)
+    slots.data<int64_t>()[t] =
+        padding_every > 0 && t % padding_every == padding_every - 1 ? -1 : all[t % all.size()];
+}
+
+int64_t ordered(DType dtype, const void* base, int64_t i) {
+  if (dtype == DType::bf16) {
+    const uint16_t bits = static_cast<const uint16_t*>(base)[i];
+    return (bits & 0x8000) ? -int64_t{bits & 0x7fff} : int64_t{bits & 0x7fff};
+  }
+  const uint8_t bits = static_cast<const uint8_t*>(base)[i];
+  return (bits & 0x80) ? -int64_t{bits & 0x7f} : int64_t{bits & 0x7f};
+}
+
+} // namespace
+
+NormRopeBatch::NormRopeBatch(const NormRopeSpec& s) : spec_(s) {
+  Rng rng(s.seed);
+  const int64_t T = s.tokens;
+  q.reset(DType::bf16, {T, s.q_heads, kHeadDim});
+  k.reset(DType::bf16, {T, s.kv_heads, kHeadDim});
+  v.reset(DType::bf16, {T, s.kv_heads, kHeadDim});
+  index_q.reset(DType::bf16, {T, s.index_heads, kHeadDim});
+  index_k.reset(DType::bf16, {T, kHeadDim});
+  // Projection outputs of a few units, gains near zero (Gemma stores w with the +1 left out).
+  for (const HostTensor* t : {&q, &k, &v, &index_q, &index_k}) fill_normal(*t, rng, 3.f);
+  for (HostTensor& w : weights) {
+    w.reset(s.weight_dtype, {kHeadDim});
+    fill_normal(w, rng, 0.2f);
+  }
+  positions.reset(DType::i64, {T});
+  const int64_t limit =
+      s.table_rows > 0 ? std::min<int64_t>(s.table_rows, s.max_position) : s.max_position;
+  for (int64_t t = 0; t < T; ++t) // both ends of the range, then uniform
+    positions.data<int64_t>()[t] =
+        t == 0   ? 0
+        : t == 1 ? limit - 1
+                 : static_cast<int64_t>(rng.uniform() * static_cast<double>(limit));
+  if (s.table_rows > 0) {
+    cos_sin_cache.reset(s.table_dtype, {s.table_rows, kRotaryDim});
+    for (int64_t p = 0; p < s.table_rows; ++p)
+      for (int i = 0; i < kRotaryDim / 2; ++i) {
+        const double angle = static_cast<double>(p) * std::pow(1e4, -i / 32.0);
+        store(s.table_dtype, cos_sin_cache.view().data, p * kRotaryDim + i,
+              static_cast<float>(std::cos(angle)));
+        store(s.table_dtype, cos_sin_cache.view().data, p * kRotaryDim + 32 + i,
+              static_cast<float>(std::sin(angle)));
+      }
+  }
+  slot_mapping.reset(DType::i64, {T});
+  fill_slots(slot_mapping, s.kv_pages, s.padding_every, rng);
+  index_slot_mapping.reset(DType::i64, {T});
+  fill_slots(index_slot_mapping, s.index_pages, s.padding_every, rng);
+
+  q_out.reset(DType::bf16, {T, s.q_heads, kHeadDim});
+  k_cache.reset(s.kv_dtype, {s.kv_pages, kBlockTokens, s.kv_heads, kHeadDim});
+  v_cache.reset(s.kv_dtype, {s.kv_pages, kBlockTokens, s.kv_heads, kHeadDim});
+  index_q_out.reset(s.index_dtype, {T, s.index_heads, kHeadDim});
+  index_k_cache.reset(s.index_dtype, {s.index_pages, kBlockTokens, kHeadDim});
+  poison_outputs();
+}
+
+NormRopeInsertArgs NormRopeBatch::args(bool in_place) const {
+  NormRopeInsertArgs a;
+  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.index_q = index_q.view();
+  a.index_k = index_k.view(), a.positions = positions.view();
+  a.q_norm_weight = weights[0].view(), a.k_norm_weight = weights[1].view();
+  a.index_q_norm_weight = weights[2].view(), a.index_k_norm_weight = weights[3].view();
+  a.cos_sin_cache = cos_sin_cache.view();
+  a.slot_mapping = slot_mapping.view();
+  a.index_slot_mapping = spec_.shared_slots ? slot_mapping.view() : index_slot_mapping.view();
+  a.q_out = in_place ? q.view() : q_out.view();
+  a.k_cache = k_cache.view(), a.v_cache = v_cache.view();
+  a.k_scale = spec_.k_scale, a.v_scale = spec_.v_scale;
+  a.index_q_out = in_place ? index_q.view() : index_q_out.view();
+  a.index_k_cache = index_k_cache.view();
+  return a;
+}
+
+void NormRopeBatch::poison_outputs() const {
+  for (const HostTensor* t : {&q_out, &k_cache, &v_cache, &index_q_out, &index_k_cache})
+    t->fill_bytes(0x5a);
+}
+
+Status run_norm_rope_insert(const MsaConfig& config, const NormRopeBatch& batch, Backend backend,
+                            int num_threads, bool in_place) {
+  PlanRequest request;
+  request.op = OpKind::norm_rope_insert;
+  request.backend = backend;
+  request.config = config;
+  request.config.num_index_heads = batch.spec().index_heads;
+  request.capacities = {1, batch.spec().tokens, 1};
+  request.cache_dtype = batch.spec().index_dtype;
+  request.num_threads = num_threads;
+  OpPlan plan;
+  M3SA_RETURN_IF_ERROR(make_plan(request, &plan));
+  HostTensor workspace(DType::i32, {static_cast<int64_t>(plan.workspace_bytes / 4 + 1)});
+  return norm_rope_insert(plan, batch.args(in_place), {workspace.view().data, plan.workspace_bytes},
+                          {num_threads, nullptr});
+}
+
+UlpComparison compare_ulps(const TensorView& want, const TensorView& got, double abs_tolerance) {
+  UlpComparison c;
+  c.elements = want.numel();
+  for (int64_t i = 0; i < c.elements; ++i) {
+    const int64_t d = std::abs(ordered(want.dtype, want.data, i) - ordered(got.dtype, got.data, i));
+    c.differing += d != 0;
+    c.max_ulps = std::max(c.max_ulps, d);
+    if (d > 1) {
+      const double gap =
+          std::fabs(double{load(want.dtype, want.data, i)} - load(got.dtype, got.data, i));
+      (gap <= abs_tolerance ? c.absorbed : c.outside) += 1;
+    }
+  }
+  return c;
+}
+
+std::string UlpComparison::to_string() const {
+  return detail::concat(differing, " of ", elements, " elements differ, by at most ", max_ulps,
+                        " ulp; beyond 1 ulp: ", absorbed, " within the absolute tolerance, ",
+                        outside, " outside");
+}
+
+} // namespace m3sa::testing

@@ -1,0 +1,209 @@
+// norm_rope_insert on the host backends: the CPU backend against the double-precision reference
+// (every output within one ulp of its format, or within 2^-12 where a rotation cancels),
+// thread-count invariance, in-place q, padding slots,
+// main-branch independence from the index dtype, and the e4m3 index path feeding index_topk.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "support/test_util.h"
+#include "testing/norm_rope_batch.h"
+
+namespace m3sa::testing {
+namespace {
+
+const char* const kOutputNames[] = {"q_out", "k_cache", "v_cache", "index_q_out", "index_k_cache"};
+
+std::vector<const HostTensor*> outputs(const NormRopeBatch& b) {
+  return {&b.q_out, &b.k_cache, &b.v_cache, &b.index_q_out, &b.index_k_cache};
+}
+
+bool same_bytes(const HostTensor& a, const HostTensor& b) {
+  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
+}
+
+struct NormRopeCase {
+  const char* name;
+  NormRopeSpec spec;
+};
+void PrintTo(const NormRopeCase& c, std::ostream* os) { *os << c.name; }
+
+NormRopeSpec spec_with(DType kv, DType index, int table_rows = 0, DType table = DType::bf16) {
+  NormRopeSpec s;
+  s.kv_dtype = kv, s.index_dtype = index, s.table_rows = table_rows, s.table_dtype = table;
+  if (kv == DType::fp8_e4m3) s.k_scale = 0.5f, s.v_scale = 2.f;
+  return s;
+}
+
+std::vector<NormRopeCase> cases() {
+  const DType bf = DType::bf16, f8 = DType::fp8_e4m3;
+  NormRopeSpec m3 = spec_with(bf, f8); // MiniMax-M3 at TP1: 64 q heads, 4 KV heads, 4 index heads
+  m3.q_heads = 64, m3.kv_heads = 4, m3.index_heads = 4, m3.tokens = 48;
+  NormRopeSpec f32_weights = spec_with(bf, bf);
+  f32_weights.weight_dtype = DType::f32, f32_weights.shared_slots = true;
+  return {{"Bf16KvBf16Index", spec_with(bf, bf)},
+          {"Bf16KvFp8Index", spec_with(bf, f8)},
+          {"Fp8KvFp8IndexScaled", spec_with(f8, f8)},
+          {"Bf16TableBf16Index", spec_with(bf, bf, 4096)},
+          {"F32TableFp8Index", spec_with(bf, f8, 4096, DType::f32)},
+          {"F32WeightsSharedSlots", f32_weights},
+          {"M3ShapesFp8Index", m3}};
+}
+
+class NormRope : public ::testing::TestWithParam<NormRopeCase> {};
+
+TEST_P(NormRope, CpuIsWithinOneUlpOfTheReferenceAndThreadInvariant) {
+  NormRopeSpec spec = GetParam().spec;
+  spec.seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(spec.seed));
+  const MsaConfig config;
+  const NormRopeBatch want(spec), got(spec), got_one_thread(spec);
+  M3SA_ASSERT_OK(run_norm_rope_insert(config, want, Backend::reference));
+  M3SA_ASSERT_OK(run_norm_rope_insert(config, got, Backend::cpu, 4));
+  M3SA_ASSERT_OK(run_norm_rope_insert(config, got_one_thread, Backend::cpu, 1));
+  for (size_t i = 0; i < 5; ++i) {
+    // Normalised rows are O(1): 2^-12 absolute is 1/32 of a bf16 ulp at 1, far above the fp32
+    // pipeline's absolute error (a few 2^-24) and far below any real disagreement.
+    const UlpComparison c =
+        compare_ulps(outputs(want)[i]->view(), outputs(got)[i]->view(), 1.0 / 4096);
+    std::printf("[ %s ] %-13s vs reference: %s\n", GetParam().name, kOutputNames[i],
+                c.to_string().c_str());
+    EXPECT_EQ(c.outside, 0) << kOutputNames[i] << ": " << c.to_string();
+    EXPECT_TRUE(same_bytes(*outputs(got)[i], *outputs(got_one_thread)[i])) << kOutputNames[i];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, NormRope, ::testing::ValuesIn(cases()),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
+
+TEST(NormRopeInsert, PaddingSlotsLeaveTheCachesUntouched) {
+  NormRopeSpec spec;
+  spec.padding_every = 2, spec.kv_pages = 1, spec.index_pages = 1, spec.tokens = 100;
+  const NormRopeBatch b(spec);
+  M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, b, Backend::cpu));
+  std::vector<bool> written(kBlockTokens, false), index_written(kBlockTokens, false);
+  for (int t = 0; t < spec.tokens; ++t) {
+    const int64_t slot = b.slot_mapping.data<int64_t>()[t];
+    const int64_t index_slot = b.index_slot_mapping.data<int64_t>()[t];
+    if (t % 2 == 1) {
+      EXPECT_EQ(slot, -1);
+    }
+    if (slot >= 0) written[slot] = true;
+    if (index_slot >= 0) index_written[index_slot] = true;
+  }
+  const auto untouched = [](const HostTensor& cache, int64_t slot, int64_t row_bytes) {
+    const uint8_t* row = cache.data<uint8_t>() + slot * row_bytes;
+    return std::all_of(row, row + row_bytes, [](uint8_t byte) { return byte == 0x5a; });
+  };
+  const int64_t kv_row = 2 * kHeadDim * spec.kv_heads;
+  for (int64_t slot = 0; slot < kBlockTokens; ++slot) {
+    EXPECT_EQ(untouched(b.k_cache, slot, kv_row), !written[slot]) << "k slot " << slot;
+    EXPECT_EQ(untouched(b.v_cache, slot, kv_row), !written[slot]) << "v slot " << slot;
+    EXPECT_EQ(untouched(b.index_k_cache, slot, 2 * kHeadDim), !index_written[slot])
+        << "index slot " << slot;
+  }
+}
+
+TEST(NormRopeInsert, InPlaceQueriesEqualSeparateOutputs) {
+  NormRopeSpec spec;
+  spec.seed = test_seed();
+  const NormRopeBatch separate(spec), in_place(spec);
+  M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, separate, Backend::cpu));
+  M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, in_place, Backend::cpu, 0, true));
+  EXPECT_TRUE(same_bytes(separate.q_out, in_place.q));
+  EXPECT_TRUE(same_bytes(separate.index_q_out, in_place.index_q));
+  EXPECT_TRUE(same_bytes(separate.k_cache, in_place.k_cache));
+}
+
+TEST(NormRopeInsert, MainBranchDoesNotDependOnTheIndexDtype) {
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    NormRopeSpec spec;
+    spec.seed = test_seed();
+    const NormRopeBatch bf16_index(spec);
+    spec.index_dtype = DType::fp8_e4m3;
+    const NormRopeBatch fp8_index(spec);
+    M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, bf16_index, backend));
+    M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, fp8_index, backend));
+    EXPECT_TRUE(same_bytes(bf16_index.q_out, fp8_index.q_out)) << to_string(backend);
+    EXPECT_TRUE(same_bytes(bf16_index.k_cache, fp8_index.k_cache)) << to_string(backend);
+    EXPECT_TRUE(same_bytes(bf16_index.v_cache, fp8_index.v_cache)) << to_string(backend);
+  }
+}
+
+TEST(NormRopeInsert, BakedGainsEqualGemmaGains) {
+  // Offset 1 with gains w equals offset 0 with gains 1 + w (rounded to fp32 as the backend does).
+  NormRopeSpec spec;
+  spec.weight_dtype = DType::f32;
+  spec.seed = test_seed();
+  const NormRopeBatch gemma(spec), baked(spec);
+  for (int i = 0; i < 4; ++i)
+    for (int d = 0; d < kHeadDim; ++d)
+      baked.weights[i].data<float>()[d] = 1.f + gemma.weights[i].data<float>()[d];
+  MsaConfig baked_config;
+  baked_config.norm_weight_offset = 0.f;
+  M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, gemma, Backend::cpu));
+  M3SA_ASSERT_OK(run_norm_rope_insert(baked_config, baked, Backend::cpu));
+  for (size_t i = 0; i < 5; ++i)
+    EXPECT_TRUE(same_bytes(*outputs(gemma)[i], *outputs(baked)[i])) << kOutputNames[i];
+}
+
+// The e4m3 index cache and index-Q written by norm_rope_insert, fed to index_topk, select what
+// the bf16 path selects on the same (e4m3-exact) values.
+TEST(NormRopeInsert, Fp8IndexOutputsSelectLikeTheBf16PathOnTheSameValues) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  BatchSpec structure;
+  structure.q_lens = {1, 1, 300};
+  structure.seq_lens = {5000, 2100, 2600};
+  structure.num_decode = 2;
+  structure.index_heads = 2;
+  structure.index_dtype = DType::fp8_e4m3;
+  // Every cached token of every request runs through norm_rope_insert once, into a dense cache.
+  std::vector<int64_t> first_row;
+  int64_t total = 0;
+  for (int32_t len : structure.seq_lens) first_row.push_back(total), total += len;
+  NormRopeSpec spec;
+  spec.tokens = static_cast<int>(total);
+  spec.q_heads = 1, spec.kv_heads = 1, spec.index_heads = 2;
+  spec.index_dtype = DType::fp8_e4m3;
+  spec.index_pages = static_cast<int>((total + kBlockTokens - 1) / kBlockTokens);
+  spec.padding_every = 0;
+  spec.seed = seed;
+  const NormRopeBatch rows(spec);
+  for (size_t r = 0; r < structure.seq_lens.size(); ++r)
+    for (int64_t j = 0; j < structure.seq_lens[r]; ++j) {
+      rows.positions.data<int64_t>()[first_row[r] + j] = j;
+      rows.index_slot_mapping.data<int64_t>()[first_row[r] + j] = first_row[r] + j;
+      rows.slot_mapping.data<int64_t>()[first_row[r] + j] = -1;
+    }
+  M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, rows, Backend::cpu));
+
+  const auto key = [&](int r, int64_t j, int d) {
+    return load(DType::fp8_e4m3, rows.index_k_cache.view().data, (first_row[r] + j) * kHeadDim + d);
+  };
+  SyntheticBatch fp8(structure);
+  structure.index_dtype = DType::bf16;
+  SyntheticBatch bf16(structure);
+  const auto query = [&](const SyntheticBatch& sb) {
+    return [&](int64_t t, int h, int d) {
+      const int64_t row = first_row[sb.request_of(t)] + sb.position(t);
+      return load(DType::fp8_e4m3, rows.index_q_out.view().data, (row * 2 + h) * kHeadDim + d);
+    };
+  };
+  fp8.fill_index(key, query(fp8));
+  bf16.fill_index(key, query(bf16));
+  std::memcpy(bf16.block_table.view().data, fp8.block_table.view().data, fp8.block_table.bytes());
+  MsaConfig config;
+  config.num_index_heads = 2;
+  HostTensor want, got;
+  M3SA_ASSERT_OK(run_index_topk(config, bf16, {Backend::cpu}, &want));
+  M3SA_ASSERT_OK(run_index_topk(config, fp8, {Backend::cpu}, &got));
+  EXPECT_TRUE(same_bytes(want, got));
+  HostTensor reference;
+  M3SA_ASSERT_OK(run_index_topk(config, fp8, {Backend::reference}, &reference));
+  EXPECT_TRUE(same_bytes(reference, got));
+}
+
+} // namespace
+} // namespace m3sa::testing
