@@ -178,7 +178,7 @@ TEST(GpuNormRopeSmall, CapturedRunReplaysOnRewrittenPositionsAndSlots) {
   M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
   M3SA_ASSERT_OK(captured);
   M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-  // Every input rewritten in place with the second batch's values, then replayed.
+  // Every input (weights too) rewritten in place with the second batch's values, then replayed.
   for (auto [dev, host] : {std::pair{&d.q, &second.q},
                            {&d.k, &second.k},
                            {&d.v, &second.v},
@@ -188,6 +188,7 @@ TEST(GpuNormRopeSmall, CapturedRunReplaysOnRewrittenPositionsAndSlots) {
                            {&d.slot_mapping, &second.slot_mapping},
                            {&d.index_slot_mapping, &second.index_slot_mapping}})
     dev->upload(*host);
+  for (int i = 0; i < 4; ++i) d.weights[i].upload(second.weights[i]);
   M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
   M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
   M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, second, Backend::cpu));
