@@ -3,13 +3,14 @@
 # the gpu suite, compute-sanitizer on its small cases, the demo, and the indexer benchmark.
 # QUICK=1 leaves out the sanitizer and the demo; BENCH_SET / BENCH_FILTER pick the bench cases.
 set -uo pipefail
+export NCCL_NVLS_ENABLE=0 # NVLink multicast off on the lent machines (device README)
 out="${OUT:-/tmp/m3sa_out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:$(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 ./.gpu/m3sa_gpu_tests 2>&1 > "$out/gpu_tests.log"; echo "gpu suite rc=$?"
 grep -E '^\[ [A-Z]|FAILED|PASSED|Failure' "$out/gpu_tests.log" | grep -v '^\[ RUN\|^\[       OK' | tail -30
 if [ -z "${QUICK:-}" ]; then
-small='GpuNormRopeSmall.*:*GpuNormRope*OddHeads*:GpuIndexerSmall.Insert*:GpuIndexerSmall.Bad*:GpuIndexerSmall.Selection*:GpuIndexerSmall.DecodeQLen*:*DecodeBoundaryLengthsH4*:*DecodeMtp4*:*MixedK8NoLocal*'
+small='GpuContextParallelSmall.*:*GpuContextParallel*K32Init1Local2*:GpuNormRopeSmall.*:*GpuNormRope*OddHeads*:GpuIndexerSmall.Insert*:GpuIndexerSmall.Bad*:GpuIndexerSmall.Selection*:GpuIndexerSmall.DecodeQLen*:*DecodeBoundaryLengthsH4*:*DecodeMtp4*:*MixedK8NoLocal*'
 for tool in memcheck racecheck synccheck initcheck; do
   compute-sanitizer --tool $tool --error-exitcode 1 ./.gpu/m3sa_gpu_tests --gtest_filter="$small" > "$out/sanitizer_$tool.log" 2>&1
   echo "compute-sanitizer --tool $tool rc=$? :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_$tool.log" | tail -1)"

@@ -4,6 +4,7 @@
 #include "m3sa/batch.h"
 #include "m3sa/capabilities.h"
 #include "m3sa/config.h"
+#include "m3sa/context_parallel.h"
 #include "m3sa/numeric.h"
 #include "m3sa/ops.h"
 #include "m3sa/status.h"

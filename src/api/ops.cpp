@@ -18,8 +18,13 @@
 namespace m3sa {
 namespace {
 
+using detail::check_cache_dtype_rows;
 using detail::check_disjoint;
+using detail::check_disjoint_from_scoring_inputs;
+using detail::check_index_cache;
+using detail::check_scoring_inputs;
 using detail::check_tensor;
+using detail::check_topk_out;
 using detail::kAnyExtent;
 using detail::kAtLeastOne;
 using detail::TensorRule;
@@ -61,62 +66,6 @@ Status validate_and_dispatch(OpKind op, const OpPlan& plan, const Workspace& wor
     return with_op(op, on_cuda());
   }
   return Status(StatusCode::internal, "unknown backend");
-}
-
-// A bf16 / e4m3 tensor of 128-wide rows whose dtype must be the plan's cache dtype.
-Status check_cache_dtype_rows(const OpPlan& plan, const TensorView& t, const TensorRule& rule,
-                              const char* why, DeviceKind device) {
-  M3SA_RETURN_IF_ERROR(check_tensor(t, rule, device));
-  M3SA_RETURN_IF_ERROR(detail::check_vector_rows(t, rule.name, device));
-  if (t.dtype != plan.request.cache_dtype)
-    return Status::invalid_argument(
-        rule.name, detail::concat("dtype ", to_string(plan.request.cache_dtype), " (", why, ")"),
-        t.describe());
-  return {};
-}
-
-Status check_index_cache(const OpPlan& plan, const TensorView& cache, DeviceKind device) {
-  return check_cache_dtype_rows(plan, cache,
-                                {"index_k_cache",
-                                 {DType::bf16, DType::fp8_e4m3},
-                                 {kAtLeastOne, kBlockTokens, kHeadDim},
-                                 "[num_pages, 128, 128]"},
-                                "the plan's cache_dtype", device);
-}
-
-Status check_index_q(const OpPlan& plan, const TensorView& q, int64_t tokens, DeviceKind device) {
-  return check_cache_dtype_rows(plan, q,
-                                {"index_q",
-                                 {DType::bf16, DType::fp8_e4m3},
-                                 {tokens, plan.request.config.num_index_heads, kHeadDim},
-                                 "[num_tokens, num_index_heads, 128]"},
-                                "index-Q follows the index cache dtype", device);
-}
-
-// The inputs score_blocks and index_topk share: cache, batch (its pages bounded by the cache), q.
-Status check_scoring_inputs(const OpPlan& plan, const TensorView& q, const TensorView& cache,
-                            const BatchMetadata& batch, DeviceKind device) {
-  M3SA_RETURN_IF_ERROR(check_index_cache(plan, cache, device));
-  M3SA_RETURN_IF_ERROR(detail::check_batch(plan, batch, device, cache.shape[0]));
-  return check_index_q(plan, q, rows_of(batch), device);
-}
-
-Status check_disjoint_from_scoring_inputs(const TensorView& out, const char* name,
-                                          const TensorView& q, const TensorView& cache) {
-  M3SA_RETURN_IF_ERROR(check_disjoint(out, name, q, "index_q"));
-  return check_disjoint(out, name, cache, "index_k_cache");
-}
-
-Status check_topk_out(const OpPlan& plan, const TensorView& topk, int64_t tokens,
-                      DeviceKind device) {
-  return check_tensor(topk,
-                      {"topk",
-                       {DType::i32},
-                       {plan.request.config.num_index_heads, tokens, plan.request.config.top_k},
-                       "[num_index_heads, num_tokens, top_k]",
-                       false,
-                       true},
-                      device);
 }
 
 Status check_scores(const OpPlan& plan, const TensorView& scores, const BatchMetadata& batch,

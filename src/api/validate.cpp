@@ -46,6 +46,62 @@ bool is_non_overlapping(const TensorView& t) {
 
 } // namespace
 
+// A bf16 / e4m3 tensor of 128-wide rows whose dtype must be the plan's cache dtype.
+Status check_cache_dtype_rows(const OpPlan& plan, const TensorView& t, const TensorRule& rule,
+                              const char* why, DeviceKind device) {
+  M3SA_RETURN_IF_ERROR(check_tensor(t, rule, device));
+  M3SA_RETURN_IF_ERROR(check_vector_rows(t, rule.name, device));
+  if (t.dtype != plan.request.cache_dtype)
+    return Status::invalid_argument(
+        rule.name, concat("dtype ", to_string(plan.request.cache_dtype), " (", why, ")"),
+        t.describe());
+  return {};
+}
+
+Status check_index_cache(const OpPlan& plan, const TensorView& cache, DeviceKind device) {
+  return check_cache_dtype_rows(plan, cache,
+                                {"index_k_cache",
+                                 {DType::bf16, DType::fp8_e4m3},
+                                 {kAtLeastOne, kBlockTokens, kHeadDim},
+                                 "[num_pages, 128, 128]"},
+                                "the plan's cache_dtype", device);
+}
+
+Status check_index_q(const OpPlan& plan, const TensorView& q, int64_t tokens, DeviceKind device) {
+  return check_cache_dtype_rows(plan, q,
+                                {"index_q",
+                                 {DType::bf16, DType::fp8_e4m3},
+                                 {tokens, plan.request.config.num_index_heads, kHeadDim},
+                                 "[num_tokens, num_index_heads, 128]"},
+                                "index-Q follows the index cache dtype", device);
+}
+
+// The inputs score_blocks and index_topk share: cache, batch (its pages bounded by the cache), q.
+Status check_scoring_inputs(const OpPlan& plan, const TensorView& q, const TensorView& cache,
+                            const BatchMetadata& batch, DeviceKind device) {
+  M3SA_RETURN_IF_ERROR(check_index_cache(plan, cache, device));
+  M3SA_RETURN_IF_ERROR(check_batch(plan, batch, device, cache.shape[0]));
+  return check_index_q(plan, q, batch.num_tokens, device);
+}
+
+Status check_disjoint_from_scoring_inputs(const TensorView& out, const char* name,
+                                          const TensorView& q, const TensorView& cache) {
+  M3SA_RETURN_IF_ERROR(check_disjoint(out, name, q, "index_q"));
+  return check_disjoint(out, name, cache, "index_k_cache");
+}
+
+Status check_topk_out(const OpPlan& plan, const TensorView& topk, int64_t tokens,
+                      DeviceKind device) {
+  return check_tensor(topk,
+                      {"topk",
+                       {DType::i32},
+                       {plan.request.config.num_index_heads, tokens, plan.request.config.top_k},
+                       "[num_index_heads, num_tokens, top_k]",
+                       false,
+                       true},
+                      device);
+}
+
 DeviceKind device_of(Backend backend) {
   return backend == Backend::cuda ? DeviceKind::cuda : DeviceKind::cpu;
 }

@@ -41,6 +41,19 @@ Status check_block_table_pages(const BatchMetadata& batch, const TensorView& tab
 // CUDA kernels move 16-byte vectors: rows must start on 16-byte boundaries.
 Status check_vector_rows(const TensorView& t, const char* name, DeviceKind device);
 
+// Indexer tensors: a 128-wide bf16 / e4m3 tensor in the plan's cache dtype (`why` says which
+// rule), the index cache, index-Q, both with the batch, and the [H, T, K] top-k output.
+Status check_cache_dtype_rows(const OpPlan& plan, const TensorView& t, const TensorRule& rule,
+                              const char* why, DeviceKind device);
+Status check_index_cache(const OpPlan& plan, const TensorView& cache, DeviceKind device);
+Status check_index_q(const OpPlan& plan, const TensorView& q, int64_t tokens, DeviceKind device);
+Status check_scoring_inputs(const OpPlan& plan, const TensorView& q, const TensorView& cache,
+                            const BatchMetadata& batch, DeviceKind device);
+Status check_disjoint_from_scoring_inputs(const TensorView& out, const char* name,
+                                          const TensorView& q, const TensorView& cache);
+Status check_topk_out(const OpPlan& plan, const TensorView& topk, int64_t tokens,
+                      DeviceKind device);
+
 DeviceKind device_of(Backend backend);
 bool host_readable(DeviceKind device);
 

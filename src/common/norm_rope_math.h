@@ -1,9 +1,9 @@
 #pragma once
 // The fp32 arithmetic of norm_rope_insert, shared by the CPU and CUDA backends so that the two
 // agree bit for bit (docs/contract.md §9): every operation is spelled out with its rounding (no
-// compiler contraction into FMAs), the sum of squares has one fixed order (the order of a 16-lane
-// shuffle reduction over 8-element parts), and computed cos/sin come from one double-precision
-// routine made of correctly rounded operations only (no libm, whose last bits differ by platform).
+// compiler contraction into FMAs), the sum of squares has one fixed order (four quarters of a row,
+// the four CUDA lanes that hold it), and computed cos/sin come from one double-precision routine
+// made of correctly rounded operations only (no libm, whose last bits differ by platform).
 // The reference backend does not use this file: it computes in double on its own.
 #include <cmath>
 #include <cstdint>
@@ -16,9 +16,18 @@
 
 namespace m3sa::detail::norm_rope {
 
-inline constexpr int kParts = 16; // a 128-element row as 16 parts of 8 (one 16-byte load each)
-inline constexpr int kPartElems = 8;
-inline constexpr int kRotaryPairs = 32; // pairs (i, i + 32) for i < 32: parts 0..3 with 4..7
+// A 128-element row as 4 quarters of 32. Quarters 0 and 1 hold both halves of their RoPE pairs
+// (i, i + 32): quarter 0 is dims [0, 16) and [32, 48), quarter 1 is [16, 32) and [48, 64); quarters
+// 2 and 3 are [64, 96) and [96, 128), which RoPE leaves alone. Element k of quarter q is dim
+// quarter_dim(q, k).
+inline constexpr int kQuarters = 4;
+inline constexpr int kQuarterElems = 32;
+inline constexpr int kRotaryPairs = 32;
+M3SA_HOST_DEVICE int quarter_dim(int q, int k) {
+  const int run = k / 16; // each quarter is two runs of 16 consecutive dims
+  const int start = q < 2 ? (run == 0 ? 16 * q : 32 + 16 * q) : 64 + 32 * (q - 2) + 16 * run;
+  return start + k % 16;
+}
 
 M3SA_HOST_DEVICE float mul(float a, float b) {
 #if defined(__CUDA_ARCH__)
@@ -70,11 +79,17 @@ M3SA_HOST_DEVICE double dfused(double a, double b, double c) {
 #endif
 }
 
-// One part's share of the sum of squares: its 8 squares accumulated in order.
-M3SA_HOST_DEVICE float part_sum_of_squares(const float (&x)[kPartElems]) {
+// One quarter's share of the sum of squares: its 32 squares accumulated in element order.
+M3SA_HOST_DEVICE float quarter_sum_of_squares(const float (&x)[kQuarterElems]) {
   float sum = 0.f;
-  for (int e = 0; e < kPartElems; ++e) sum = fused(x[e], x[e], sum);
+  for (int k = 0; k < kQuarterElems; ++k) sum = fused(x[k], x[k], sum);
   return sum;
+}
+
+// The row's sum from its quarters: (q0 + q1) + (q2 + q3), which is also what every lane of a
+// two-step shuffle butterfly (partners 1 then 2 apart) ends with, since fp32 addition commutes.
+M3SA_HOST_DEVICE float combine_quarters(float q0, float q1, float q2, float q3) {
+  return add(add(q0, q1), add(q2, q3));
 }
 
 // 1 / sqrt(mean(x^2) + eps) from the full sum of squares (the mean's 1/128 is exact).

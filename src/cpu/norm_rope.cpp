@@ -31,21 +31,18 @@ struct Rotation {
   float cos[nr::kRotaryPairs], sin[nr::kRotaryPairs];
 };
 
-// Normalises and rotates a row in place, parts and butterfly exactly as the CUDA kernel's lanes.
+// Normalises and rotates a row in place, in the order of the CUDA kernel's four lanes per row.
 void normalize_and_rotate(float (&y)[kHeadDim], const Gains& gains, const Rotation& rot,
                           float eps) {
-  float parts[nr::kParts];
-  for (int j = 0; j < nr::kParts; ++j) {
-    float x[nr::kPartElems];
-    for (int e = 0; e < nr::kPartElems; ++e) x[e] = y[j * nr::kPartElems + e];
-    parts[j] = nr::part_sum_of_squares(x);
+  float quarter_sums[nr::kQuarters];
+  for (int q = 0; q < nr::kQuarters; ++q) {
+    float x[nr::kQuarterElems];
+    for (int k = 0; k < nr::kQuarterElems; ++k) x[k] = y[nr::quarter_dim(q, k)];
+    quarter_sums[q] = nr::quarter_sum_of_squares(x);
   }
-  for (int partner = nr::kParts / 2; partner > 0; partner /= 2) {
-    float next[nr::kParts];
-    for (int j = 0; j < nr::kParts; ++j) next[j] = nr::add(parts[j], parts[j ^ partner]);
-    for (int j = 0; j < nr::kParts; ++j) parts[j] = next[j];
-  }
-  const float inv_rms = nr::inverse_rms(parts[0], eps);
+  const float inv_rms = nr::inverse_rms(
+      nr::combine_quarters(quarter_sums[0], quarter_sums[1], quarter_sums[2], quarter_sums[3]),
+      eps);
   for (int d = 0; d < kHeadDim; ++d) y[d] = nr::normalize(y[d], inv_rms, gains.g[d]);
   for (int i = 0; i < nr::kRotaryPairs; ++i) {
     const float x1 = y[i], x2 = y[i + nr::kRotaryPairs];
@@ -56,7 +53,7 @@ void normalize_and_rotate(float (&y)[kHeadDim], const Gains& gains, const Rotati
 
 void store_row(const TensorView& out, int64_t offset, const float (&y)[kHeadDim], float scale) {
   for (int d = 0; d < kHeadDim; ++d) {
-    const float value = nr::divide(y[d], scale); // exact for scale 1
+    const float value = scale == 1.f ? y[d] : nr::divide(y[d], scale); // as the CUDA kernel
     if (out.dtype == DType::bf16)
       out.ptr<uint16_t>()[offset + d] = float_to_bf16_bits(value);
     else

@@ -11,6 +11,8 @@
 #include "common/workspace.h"
 #include "cuda/backend.h"
 #include "cuda/launchers.h"
+#include "cuda/nccl_exchange.h"
+#include "m3sa/context_parallel.h"
 
 namespace m3sa::cuda {
 namespace {
@@ -59,8 +61,9 @@ struct Layout {
 };
 
 // The one description of the workspace: sizes it at plan time, carves it at run time.
-Layout carve(const PlanRequest& request, int splits, void* base, size_t* bytes) {
-  detail::WorkspaceCarver carver(base);
+// decode_only: the context-parallel indexer's scoring (no prefill tiles or score matrix).
+Layout carve(const PlanRequest& request, int splits, detail::WorkspaceCarver& carver,
+             bool decode_only) {
   Layout l;
   const bool topk = request.op == OpKind::index_topk;
   const int64_t arrivals = topk ? decode_tile_capacity(request) : 0;
@@ -68,18 +71,43 @@ Layout carve(const PlanRequest& request, int splits, void* base, size_t* bytes) 
   l.error_flags = l.control ? l.control + kFlagOffset : nullptr;
   l.arrivals = l.control ? l.control + kArrivalsOffset : nullptr;
   l.control_bytes = (kArrivalsOffset + arrivals) * int64_t{sizeof(int32_t)};
-  l.num_tiles = carver.take<int32_t>(1);
   const Capacities& cap = request.capacities;
   const int heads = request.config.num_index_heads;
-  l.tile_capacity = ceil_div(cap.max_tokens, tile_tokens(heads)) + cap.max_requests;
-  if (request.op == OpKind::score_blocks || topk) l.tiles = carver.take<RowTile>(l.tile_capacity);
-  if (topk) {
-    l.scores = carver.take<float>(int64_t{heads} * cap.max_tokens * cap.max_blocks_per_request);
+  if (topk)
     l.partial_lists = carver.take<uint64_t>(arrivals * splits * kTileRows *
                                             std::max(1, ranked_slots(request.config)));
-  }
+  if (decode_only) return l;
+  l.num_tiles = carver.take<int32_t>(1);
+  l.tile_capacity = ceil_div(cap.max_tokens, tile_tokens(heads)) + cap.max_requests;
+  if (request.op == OpKind::score_blocks || topk) l.tiles = carver.take<RowTile>(l.tile_capacity);
+  if (topk)
+    l.scores = carver.take<float>(int64_t{heads} * cap.max_tokens * cap.max_blocks_per_request);
+  return l;
+}
+
+Layout carve(const PlanRequest& request, int splits, void* base, size_t* bytes) {
+  detail::WorkspaceCarver carver(base);
+  const Layout l = carve(request, splits, carver, false);
   if (bytes) *bytes = carver.bytes_used();
   return l;
+}
+
+// The context-parallel workspace: decode scoring, this rank's candidates, all ranks' candidates.
+struct ContextParallelLayout {
+  Layout scoring;
+  uint64_t* candidates = nullptr; // [H, max_tokens, ranked slots]
+  uint64_t* gathered = nullptr;   // [ranks, H, max_tokens, ranked slots]
+};
+
+ContextParallelLayout carve(const ContextParallelPlan& plan, void* base, size_t* bytes) {
+  detail::WorkspaceCarver carver(base);
+  ContextParallelLayout c;
+  c.scoring = carve(plan.request, plan.scoring.cuda_block_splits, carver, true);
+  const int64_t per_rank = static_cast<int64_t>(plan.candidate_bytes / sizeof(uint64_t));
+  c.candidates = carver.take<uint64_t>(per_rank);
+  c.gathered = carver.take<uint64_t>(per_rank * plan.shard.num_ranks);
+  if (bytes) *bytes = carver.bytes_used();
+  return c;
 }
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
@@ -124,6 +152,7 @@ ScoreBlocksParams scoring_params(const OpPlan& plan, const TensorView& q, const 
   p.splits = plan.cuda_block_splits;
   p.scale = plan.request.config.score_scale;
   p.error_flags = l.error_flags;
+  p.shard_count = 1; // unsharded: round-robin over one rank is the identity
   return p;
 }
 
@@ -177,9 +206,7 @@ Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const fl
   return {};
 }
 
-// Decode rows: one launch scores and selects (no score matrix).
-Status launch_decode_topk(const OpPlan& plan, const IndexTopkArgs& args, const Layout& l,
-                          cudaStream_t stream) {
+DecodeTopkParams decode_params(const OpPlan& plan, const IndexTopkArgs& args, const Layout& l) {
   DecodeTopkParams p{};
   p.scoring = scoring_params(plan, args.index_q, args.index_k_cache, args.batch, l);
   p.num_decode_requests = args.batch.num_decode_requests;
@@ -191,14 +218,22 @@ Status launch_decode_topk(const OpPlan& plan, const IndexTopkArgs& args, const L
   p.local_blocks = config.local_blocks;
   p.partial_lists = l.partial_lists;
   p.arrivals = l.arrivals;
-  p.topk = args.topk.ptr<int32_t>();
-  p.topk_stride_head = args.topk.strides[0];
-  p.topk_stride_token = args.topk.strides[1];
-  p.topk_stride_k = args.topk.strides[2];
+  if (args.topk.present()) {
+    p.topk = args.topk.ptr<int32_t>();
+    p.topk_stride_head = args.topk.strides[0];
+    p.topk_stride_token = args.topk.strides[1];
+    p.topk_stride_k = args.topk.strides[2];
+  }
+  return p;
+}
+
+// Decode rows: one launch scores and selects (no score matrix).
+Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, DType cache_dtype,
+                          cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
                   static_cast<unsigned>(p.scoring.splits));
-  const bool fp8 = args.index_k_cache.dtype == DType::fp8_e4m3;
-  const bool short_lists = ranked_slots(config) <= 16;
+  const bool fp8 = cache_dtype == DType::fp8_e4m3;
+  const bool short_lists = ranked_slots(plan.request.config) <= 16;
   const auto launch =
       fp8 ? (short_lists ? launch_decode_topk_fp8_k16 : launch_decode_topk_fp8_k32)
           : (short_lists ? launch_decode_topk_bf16_k16 : launch_decode_topk_bf16_k32);
@@ -279,7 +314,8 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
                   void* stream) {
   const Layout l = run_layout(plan, workspace);
   if (args.batch.num_decode_requests > 0)
-    M3SA_RETURN_IF_ERROR(launch_decode_topk(plan, args, l, as_stream(stream)));
+    M3SA_RETURN_IF_ERROR(launch_decode_topk(plan, decode_params(plan, args, l),
+                                            args.index_k_cache.dtype, as_stream(stream)));
   if (args.batch.num_requests == args.batch.num_decode_requests) return {};
   const Capacities& cap = plan.request.capacities;
   const int64_t strides[3] = {cap.max_tokens * cap.max_blocks_per_request,
@@ -373,6 +409,77 @@ Status read_device_errors(const OpPlan& plan, Workspace workspace, void* stream,
                                     "initialised; runs on it are undefined)");
   *flags = head[kFlagOffset];
   return {};
+}
+
+Status make_context_parallel_plan(const PlanRequest& request, const ContextShard& shard,
+                                  ContextParallelPlan* plan) {
+  plan->request = request;
+  plan->shard = shard;
+  M3SA_RETURN_IF_ERROR(cuda::make_plan(request, &plan->scoring));
+  plan->ranked_slots = ranked_slots(request.config);
+  plan->candidate_bytes = static_cast<size_t>(request.config.num_index_heads) *
+                          request.capacities.max_tokens * std::max(1, plan->ranked_slots) *
+                          sizeof(uint64_t);
+  carve(*plan, nullptr, &plan->workspace_bytes);
+  plan->scoring.workspace_bytes = plan->workspace_bytes;
+  return {};
+}
+
+Status prepare_context_parallel_workspace(const ContextParallelPlan& plan, Workspace workspace,
+                                          void* stream) {
+  const Layout l = carve(plan, workspace.data, nullptr).scoring;
+  M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.control, 0, l.control_bytes, as_stream(stream)));
+  M3SA_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(l.control, kPreparedByte, kFlagOffset * sizeof(int32_t), as_stream(stream)));
+  return {};
+}
+
+Status score_shard_candidates(const ContextParallelPlan& plan, const IndexTopkArgs& args,
+                              uint64_t* candidates, Workspace workspace, void* stream) {
+  const Layout l = carve(plan, workspace.data, nullptr).scoring;
+  DecodeTopkParams p = decode_params(plan.scoring, args, l);
+  p.scoring.shard_count = plan.shard.num_ranks;
+  p.scoring.shard_rank = plan.shard.rank;
+  p.scoring.shard_span = plan.shard.mode == ShardMode::contiguous
+                             ? static_cast<int32_t>(shard_span(plan.request.capacities, plan.shard))
+                             : 0;
+  p.candidates = candidates;
+  p.candidate_token_capacity = static_cast<int32_t>(plan.request.capacities.max_tokens);
+  return launch_decode_topk(plan.scoring, p, args.index_k_cache.dtype, as_stream(stream));
+}
+
+Status merge_shard_candidates(const ContextParallelPlan& plan, const uint64_t* gathered,
+                              const BatchMetadata& batch, const TensorView& topk, void* stream) {
+  const MsaConfig& config = plan.request.config;
+  MergeCandidatesParams p{};
+  p.candidates = gathered;
+  p.num_ranks = plan.shard.num_ranks;
+  p.rank_stride = static_cast<int64_t>(plan.candidate_bytes / sizeof(uint64_t));
+  p.cu_q_lens = batch.cu_q_lens.ptr<const int32_t>();
+  p.seq_lens = batch.seq_lens.ptr<const int32_t>();
+  p.num_requests = batch.num_requests;
+  p.num_tokens = batch.num_tokens;
+  p.token_capacity = static_cast<int32_t>(plan.request.capacities.max_tokens);
+  p.topk = topk.ptr<int32_t>();
+  p.topk_stride_head = topk.strides[0];
+  p.topk_stride_token = topk.strides[1];
+  p.topk_stride_k = topk.strides[2];
+  p.heads = config.num_index_heads;
+  p.top_k = config.top_k;
+  p.init_blocks = config.init_blocks;
+  p.local_blocks = config.local_blocks;
+  M3SA_CUDA_RETURN_IF_ERROR(launch_merge_candidates(p, as_stream(stream)));
+  return {};
+}
+
+Status context_parallel_index_topk(const ContextParallelPlan& plan, const IndexTopkArgs& args,
+                                   void* nccl_comm, Workspace workspace, void* stream) {
+  const ContextParallelLayout c = carve(plan, workspace.data, nullptr);
+  M3SA_RETURN_IF_ERROR(score_shard_candidates(plan, args, c.candidates, workspace, stream));
+  M3SA_RETURN_IF_ERROR(all_gather_u64(c.candidates, c.gathered,
+                                      plan.candidate_bytes / sizeof(uint64_t), nccl_comm,
+                                      as_stream(stream)));
+  return merge_shard_candidates(plan, c.gathered, args.batch, args.topk, stream);
 }
 
 } // namespace m3sa::cuda

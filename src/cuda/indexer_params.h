@@ -57,6 +57,11 @@ struct ScoreBlocksParams {
   int32_t splits; // gridDim.y: block ranges per tile
   float scale;
   int32_t* error_flags; // [1]
+  // Context-parallel shard: this rank scores only its blocks. block_table holds the rank's local
+  // blocks (column j = the rank's j-th block); global block ids rank the candidates.
+  // Unsharded: count 1, rank 0 (local == global).
+  int32_t shard_count, shard_rank;
+  int32_t shard_span; // > 0: contiguous shards of shard_span blocks; 0: round-robin (b % count)
 };
 
 // Decode rows of index_topk: scoring as above (tiles, num_tiles and scores unused; tiles are
@@ -69,7 +74,9 @@ struct DecodeTopkParams {
   int32_t top_k, init_blocks, local_blocks;
   uint64_t* partial_lists; // [gridDim.x, splits, 64, top_k - init - local] workspace
   int32_t* arrivals;       // [gridDim.x] zero on entry; left zero on exit
-  int32_t* topk;           // [H, T, K] out
+  uint64_t* candidates;    // non-null: [H, token capacity, ranked slots] keys out instead of topk
+  int32_t candidate_token_capacity;
+  int32_t* topk; // [H, T, K] out
   int64_t topk_stride_head, topk_stride_token, topk_stride_k;
 };
 
@@ -131,6 +138,19 @@ struct NormRopeInsertParams {
   float eps, weight_offset;
   float inv_freq[32];   // theta^(-i/32) rounded to fp32, computed on the host
   int32_t* error_flags; // [1]
+};
+
+// Merge of per-rank candidate keys [ranks, H, T, ranked slots] into final selections.
+struct MergeCandidatesParams {
+  const uint64_t* candidates;
+  int64_t rank_stride; // H * T * ranked slots
+  int32_t num_ranks;
+  const int32_t* cu_q_lens; // [R + 1]
+  const int32_t* seq_lens;  // [R]
+  int32_t num_requests, num_tokens, token_capacity;
+  int32_t* topk; // [H, T, K] out
+  int64_t topk_stride_head, topk_stride_token, topk_stride_k;
+  int32_t heads, top_k, init_blocks, local_blocks;
 };
 
 struct InsertIndexKParams {

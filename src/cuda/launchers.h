@@ -20,6 +20,7 @@ cudaError_t launch_decode_topk_fp8_k16(const DecodeTopkParams& params, dim3 grid
                                        cudaStream_t stream);
 cudaError_t launch_decode_topk_fp8_k32(const DecodeTopkParams& params, dim3 grid,
                                        cudaStream_t stream);
+cudaError_t launch_merge_candidates(const MergeCandidatesParams& params, cudaStream_t stream);
 cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream);
 cudaError_t launch_norm_rope_insert(const NormRopeInsertParams& params, int token_capacity,
                                     cudaStream_t stream);

@@ -1,7 +1,5 @@
-// norm_rope_insert: one CTA per token, 16 threads per 128-element row (8 values, one 16-byte
-// load each), 16 rows at a time. The arithmetic is common/norm_rope_math.h, the CPU backend's:
-// the sum of squares reduces over the 16 lanes in the butterfly order the CPU code replays, and
-// NeoX pairs (i, i + 32) meet by one shuffle between lanes 4 apart.
+// norm_rope_insert: four lanes per 128-element row, a few tokens per CTA. The arithmetic is
+// common/norm_rope_math.h, the CPU backend's, in the same order.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -14,11 +12,9 @@ namespace {
 namespace nr = detail::norm_rope;
 
 constexpr int kThreads = 256;
-constexpr int kRowsPerPass = kThreads / nr::kParts;
-constexpr int kPassesInFlight = 4;
+constexpr int kTokensPerCta = 4;
+constexpr int kRowsPerPass = kThreads / nr::kQuarters;
 constexpr unsigned kFullMask = 0xffffffffu;
-
-enum RowKind : int { kQ, kIndexQ, kK, kV, kIndexK };
 
 // Where one row comes from and goes to; `dst` null: computed but not stored (skipped slot).
 struct RowJob {
@@ -86,30 +82,40 @@ __device__ RowJob row_job(const NormRopeInsertParams& p, int t, int row, int64_t
   return job;
 }
 
-// Lane `part`'s 8 values of a row, divided by the row's scale and rounded once.
-__device__ void store_row_part(const RowJob& job, int part, const float (&x)[nr::kPartElems]) {
-  if (job.fp8) {
-    uint32_t lo = 0, hi = 0;
+// Chunk c (8 dims, one 16-byte load of a bf16 row) of quarter q's 32 elements.
+__device__ __forceinline__ int quarter_chunk(int q, int c) { return nr::quarter_dim(q, 8 * c) / 8; }
+
+// Quarter q's 32 values of a row, divided by the row's scale and rounded once. The kernel is
+// bound by instruction issue as much as by memory: an IEEE division is a dozen instructions, so
+// it runs only where the scale is not 1 (dividing by 1 is exact: skipping it changes no bit).
+__device__ void store_quarter(const RowJob& job, int q, float (&x)[nr::kQuarterElems]) {
+  if (job.scale != 1.f)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t two = __nv_cvt_float2_to_fp8x2(
-          make_float2(nr::divide(x[2 * i], job.scale), nr::divide(x[2 * i + 1], job.scale)),
-          __NV_SATFINITE, __NV_E4M3);
-      if (i < 2)
-        lo |= two << (16 * i);
-      else
-        hi |= two << (16 * (i - 2));
-    }
-    reinterpret_cast<uint2*>(job.dst)[part] = make_uint2(lo, hi);
-  } else {
-    uint32_t out[4];
+    for (int k = 0; k < nr::kQuarterElems; ++k) x[k] = nr::divide(x[k], job.scale);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __nv_bfloat162 b = __floats2bfloat162_rn(nr::divide(x[2 * i], job.scale),
-                                                     nr::divide(x[2 * i + 1], job.scale));
-      out[i] = *reinterpret_cast<const uint32_t*>(&b);
+  for (int c = 0; c < 4; ++c) {
+    const float* v = x + 8 * c;
+    if (job.fp8) {
+      uint32_t word[2];
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * w], v[4 * w + 1]),
+                                                     __NV_SATFINITE, __NV_E4M3);
+        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * w + 2], v[4 * w + 3]),
+                                                     __NV_SATFINITE, __NV_E4M3);
+        word[w] = lo | (hi << 16);
+      }
+      reinterpret_cast<uint2*>(job.dst)[quarter_chunk(q, c)] = make_uint2(word[0], word[1]);
+    } else {
+      uint32_t word[4];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * w], v[2 * w + 1]);
+        word[w] = *reinterpret_cast<const uint32_t*>(&b);
+      }
+      reinterpret_cast<uint4*>(job.dst)[quarter_chunk(q, c)] =
+          make_uint4(word[0], word[1], word[2], word[3]);
     }
-    reinterpret_cast<uint4*>(job.dst)[part] = make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
 
@@ -118,96 +124,108 @@ __device__ float load_scalar(const void* base, int64_t i, bool is_f32) {
                 : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
 
+// One CTA per kTokensPerCta tokens; their rows (q heads, index-q heads, k heads, v heads, index
+// k, per token) are spread over 64 groups of 4 lanes, one quarter row per lane (four 16-byte
+// loads in flight). Lanes 0 and 1 of a group hold both halves of their RoPE pairs, so the
+// rotation needs no shuffle; the sum of squares needs two.
 __global__ void __launch_bounds__(kThreads)
     norm_rope_insert_kernel(const __grid_constant__ NormRopeInsertParams p) {
-  const int t = blockIdx.x;
-  if (t >= p.num_tokens) return;
-  __shared__ float cos_s[nr::kRotaryPairs], sin_s[nr::kRotaryPairs];
+  const int first_token = blockIdx.x * kTokensPerCta;
+  if (first_token >= p.num_tokens) return;
+  __shared__ float cos_s[kTokensPerCta][nr::kRotaryPairs], sin_s[kTokensPerCta][nr::kRotaryPairs];
   __shared__ float gains[4][128];
+  __shared__ int64_t slot_s[kTokensPerCta], index_slot_s[kTokensPerCta];
+  __shared__ bool position_ok[kTokensPerCta];
 
-  const int part = threadIdx.x % nr::kParts;
-  const int rows = p.q_heads + p.index_heads + 2 * p.kv_heads + 1;
-  const int64_t position = p.positions[t * p.positions_stride];
-  int64_t slot = p.slot_mapping[t * p.slot_stride];
-  int64_t index_slot = p.index_slot_mapping[t * p.index_slot_stride];
-  // Rows are taken kPassesInFlight passes at a time: all their loads are issued first (the first
-  // group's before the cos/sin and gain prologue), so each thread keeps several 16-byte loads in
-  // flight. Both halves of a warp run every pass (their shuffles need all 32 lanes); rows past the
-  // end compute on zeros and store nothing.
-  for (int base = 0; base < rows; base += kRowsPerPass * kPassesInFlight) {
-    uint4 raw[kPassesInFlight];
+  const int tokens = min(kTokensPerCta, p.num_tokens - first_token);
+  const int rows_per_token = p.q_heads + p.index_heads + 2 * p.kv_heads + 1;
+  const int rows = tokens * rows_per_token;
+  const int q = threadIdx.x % nr::kQuarters, group = threadIdx.x / nr::kQuarters;
+  const auto load_quarter = [&](int row, uint4(&raw)[4]) {
+    const bool active = row < rows;
+    const uint4* src =
+        active
+            ? reinterpret_cast<const uint4*>(
+                  row_job(p, first_token + row / rows_per_token, row % rows_per_token, -1, -1).src)
+            : nullptr;
 #pragma unroll
-    for (int u = 0; u < kPassesInFlight; ++u) {
-      const int row = base + u * kRowsPerPass + threadIdx.x / nr::kParts;
-      raw[u] = row < rows ? reinterpret_cast<const uint4*>(row_job(p, t, row, -1, -1).src)[part]
-                          : make_uint4(0, 0, 0, 0);
-    }
-    if (base == 0) {
-      const int64_t max_position =
-          p.cos_sin_cache ? min(p.cos_sin_rows, int64_t{1} << 24) : int64_t{1} << 24;
-      if (position < 0 || position >= max_position) { // uniform: nothing of this token is written
-        if (threadIdx.x == 0) atomicOr(p.error_flags, kPositionOutOfRange);
-        return;
-      }
+    for (int c = 0; c < 4; ++c) raw[c] = active ? src[quarter_chunk(q, c)] : make_uint4(0, 0, 0, 0);
+  };
+  uint4 raw[4];
+  load_quarter(group, raw); // in flight during the prologue
+
+  if (threadIdx.x < tokens * nr::kRotaryPairs) {
+    const int tok = threadIdx.x / nr::kRotaryPairs, i = threadIdx.x % nr::kRotaryPairs;
+    const int t = first_token + tok;
+    const int64_t position = p.positions[t * p.positions_stride];
+    const int64_t max_position =
+        p.cos_sin_cache ? min(p.cos_sin_rows, int64_t{1} << 24) : int64_t{1} << 24;
+    const bool ok = position >= 0 && position < max_position;
+    if (i == 0) {
+      int64_t slot = p.slot_mapping[t * p.slot_stride];
+      int64_t index_slot = p.index_slot_mapping[t * p.index_slot_stride];
+      if (!ok) atomicOr(p.error_flags, kPositionOutOfRange);
       if (slot >= p.kv_pages * 128 || index_slot >= p.index_pages * 128) {
-        if (threadIdx.x == 0) atomicOr(p.error_flags, kSlotOutOfRange);
+        atomicOr(p.error_flags, kSlotOutOfRange);
         if (slot >= p.kv_pages * 128) slot = -1;
         if (index_slot >= p.index_pages * 128) index_slot = -1;
       }
-      if (threadIdx.x < nr::kRotaryPairs) {
-        const int i = threadIdx.x;
-        if (p.cos_sin_cache) {
-          cos_s[i] =
-              load_scalar(p.cos_sin_cache, position * p.cos_sin_stride + i, p.cos_sin_is_f32);
-          sin_s[i] =
-              load_scalar(p.cos_sin_cache, position * p.cos_sin_stride + i + nr::kRotaryPairs,
-                          p.cos_sin_is_f32);
-        } else {
-          nr::rope_cos_sin(position, p.inv_freq[i], &cos_s[i], &sin_s[i]);
+      position_ok[tok] = ok, slot_s[tok] = slot, index_slot_s[tok] = index_slot;
+    }
+    if (ok && p.cos_sin_cache) {
+      cos_s[tok][i] =
+          load_scalar(p.cos_sin_cache, position * p.cos_sin_stride + i, p.cos_sin_is_f32);
+      sin_s[tok][i] = load_scalar(
+          p.cos_sin_cache, position * p.cos_sin_stride + i + nr::kRotaryPairs, p.cos_sin_is_f32);
+    } else if (ok) {
+      nr::rope_cos_sin(position, p.inv_freq[i], &cos_s[tok][i], &sin_s[tok][i]);
+    }
+  }
+  for (int i = threadIdx.x; i < 4 * 128; i += kThreads)
+    gains[i / 128][i % 128] = nr::add(p.weight_offset, load_scalar(p.norm_weights[i / 128], i % 128,
+                                                                   p.norm_weight_is_f32[i / 128]));
+  __syncthreads();
+
+  // Every lane runs every pass (the shuffles need all 32); rows past the end compute on zeros.
+  for (int base = 0; base < rows; base += kRowsPerPass) {
+    const int row = base + group;
+    const bool active = row < rows;
+    const int tok = active ? row / rows_per_token : 0;
+    float x[nr::kQuarterElems];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[c]);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 f = __bfloat1622float2(pairs[w]);
+        x[8 * c + 2 * w] = f.x, x[8 * c + 2 * w + 1] = f.y;
+      }
+    }
+    if (base + kRowsPerPass < rows) load_quarter(row + kRowsPerPass, raw); // the next pass's
+    const RowJob job =
+        active && position_ok[tok]
+            ? row_job(p, first_token + tok, row % rows_per_token, slot_s[tok], index_slot_s[tok])
+            : RowJob{};
+    float sum = nr::quarter_sum_of_squares(x);
+    sum = nr::add(sum, __shfl_xor_sync(kFullMask, sum, 1));
+    sum = nr::add(sum, __shfl_xor_sync(kFullMask, sum, 2));
+    if (job.dst == nullptr) continue; // inactive, bad position, or a skipped slot
+    if (job.gain >= 0) {
+      const float inv_rms = nr::inverse_rms(sum, p.eps);
+#pragma unroll
+      for (int k = 0; k < nr::kQuarterElems; ++k)
+        x[k] = nr::normalize(x[k], inv_rms, gains[job.gain][nr::quarter_dim(q, k)]);
+      if (q < 2) {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+          const int i = 16 * q + e;
+          const float x1 = x[e], x2 = x[16 + e], c = cos_s[tok][i], s = sin_s[tok][i];
+          x[e] = nr::rotate_first(x1, x2, c, s);
+          x[16 + e] = nr::rotate_second(x1, x2, c, s);
         }
       }
-      for (int i = threadIdx.x; i < 4 * 128; i += kThreads)
-        gains[i / 128][i % 128] =
-            nr::add(p.weight_offset,
-                    load_scalar(p.norm_weights[i / 128], i % 128, p.norm_weight_is_f32[i / 128]));
-      __syncthreads();
     }
-#pragma unroll
-    for (int u = 0; u < kPassesInFlight; ++u) {
-      const int row = base + u * kRowsPerPass + threadIdx.x / nr::kParts;
-      const bool active = row < rows;
-      const RowJob job = active ? row_job(p, t, row, slot, index_slot) : RowJob{};
-      float x[nr::kPartElems];
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(pairs[i]);
-        x[2 * i] = f.x, x[2 * i + 1] = f.y;
-      }
-      float sum = nr::part_sum_of_squares(x);
-#pragma unroll
-      for (int partner = nr::kParts / 2; partner > 0; partner /= 2)
-        sum = nr::add(sum, __shfl_xor_sync(kFullMask, sum, partner));
-      const bool transform = active && job.gain >= 0;
-      const float inv_rms = nr::inverse_rms(sum, p.eps);
-      float y[nr::kPartElems];
-#pragma unroll
-      for (int e = 0; e < nr::kPartElems; ++e)
-        y[e] = transform ? nr::normalize(x[e], inv_rms, gains[job.gain][part * nr::kPartElems + e])
-                         : x[e];
-#pragma unroll
-      for (int e = 0; e < nr::kPartElems; ++e) {
-        const float other = __shfl_xor_sync(kFullMask, y[e], 4); // the pair's other half
-        const int i = (part % 4) * nr::kPartElems + e;
-        if (transform && part < 4)
-          x[e] = nr::rotate_first(y[e], other, cos_s[i], sin_s[i]);
-        else if (transform && part < 8)
-          x[e] = nr::rotate_second(other, y[e], cos_s[i], sin_s[i]);
-        else
-          x[e] = y[e];
-      }
-      if (active && job.dst != nullptr) store_row_part(job, part, x);
-    }
+    store_quarter(job, q, x);
   }
 }
 
@@ -215,7 +233,8 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t launch_norm_rope_insert(const NormRopeInsertParams& params, int token_capacity,
                                     cudaStream_t stream) {
-  norm_rope_insert_kernel<<<token_capacity, kThreads, 0, stream>>>(params);
+  const int grid = (token_capacity + kTokensPerCta - 1) / kTokensPerCta;
+  norm_rope_insert_kernel<<<grid, kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
 

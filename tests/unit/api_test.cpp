@@ -109,6 +109,38 @@ TEST(Api, HostWorkspacesNeedNoPreparationAndReportNoDeviceErrors) {
   }
 }
 
+TEST(Api, ShardsCoverEveryBlockOnceInGlobalOrder) {
+  const Capacities cap{4, 64, 1000};
+  for (ShardMode mode : {ShardMode::contiguous, ShardMode::round_robin})
+    for (int ranks : {1, 2, 3, 8})
+      for (int64_t n : {0, 1, 7, 999, 1000}) {
+        std::vector<int> owner(static_cast<size_t>(n), -1);
+        for (int rank = 0; rank < ranks; ++rank) {
+          const ContextShard shard{rank, ranks, mode};
+          int64_t previous = -1;
+          for (int64_t j = 0; j < shard_local_blocks(cap, shard, n); ++j) {
+            const int64_t b = shard_global_block(cap, shard, j);
+            ASSERT_GT(b, previous); // a rank's blocks stay in global order
+            ASSERT_LT(b, n);
+            ASSERT_EQ(owner[b], -1) << "block " << b << " on two ranks";
+            owner[b] = rank, previous = b;
+          }
+        }
+        for (int64_t b = 0; b < n; ++b) ASSERT_NE(owner[b], -1) << "block " << b << " unowned";
+      }
+}
+
+TEST(Api, ContextParallelIndexerIsCudaOnlyAndChecksItsShard) {
+  PlanRequest request = small_request(OpKind::index_topk, Backend::cpu);
+  ContextParallelPlan plan;
+  Status s = make_context_parallel_plan(request, {0, 2, ShardMode::contiguous}, &plan);
+  EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+  request.backend = Backend::cuda;
+  s = make_context_parallel_plan(request, {2, 2, ShardMode::contiguous}, &plan);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find("shard.rank"), std::string::npos) << s.to_string();
+}
+
 TEST(Api, VersionAndCommitAreReported) {
   EXPECT_STREQ(version_string(), "0.1.0");
   EXPECT_NE(std::string(build_commit()), "");

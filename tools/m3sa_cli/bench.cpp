@@ -22,6 +22,7 @@ int run_bench(const BenchOptions&) {
 #include <ctime>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "m3sa/m3sa.h"
@@ -299,10 +300,13 @@ std::vector<Case> cases(const std::string& set) {
 }
 
 struct Record {
+  Record(std::string case_name, std::string op, Timing timing)
+      : name(std::move(case_name)), mode(std::move(op)), t(timing) {}
   std::string name, mode;
   Timing t;
   double bytes = 0, flops = 0, fraction = 0;
   const char* ceiling = "";
+  std::string note; // derived figures (e.g. projected scaling), free text
 };
 
 // One case: build data sets (enough to rotate past 2x L2 for small caches), plan the three ops,
@@ -504,6 +508,95 @@ bool run_norm_rope_case(int tokens, DType kv_dtype, DType index_dtype, cudaStrea
   return true;
 }
 
+// Context-parallel decode at 1M tokens on ONE GPU: the work of rank 0 of R contiguous shards
+// (score its 1/R of every request's blocks, then merge R candidate lists), timed alone. With
+// the all-gather left out (it needs R GPUs), t(1) / (R * t(R)) is the scaling efficiency the
+// kernels allow; the exchange (R x H x B x 15 keys of 8 bytes) adds NCCL latency on top.
+bool run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& ceilings,
+                                std::vector<Record>* records) {
+  constexpr int kContext = 1 << 20, kBlocks = kContext / 128;
+  const int64_t pages = int64_t{batch} * kBlocks;
+  const Device gpu{DeviceKind::cuda, 0};
+  DeviceBuffer cache(static_cast<size_t>(pages) * 128 * 128 * 2), q(int64_t{batch} * 256),
+      cu((batch + 1) * 4), seq(batch * 4);
+  if (!cache.ptr || !fill_random(cache, DType::bf16, 21) || !fill_random(q, DType::bf16, 22))
+    return false;
+  HostTensor host_cu(DType::i32, {batch + 1}), host_seq(DType::i32, {batch});
+  for (int r = 0; r <= batch; ++r) host_cu.data<int32_t>()[r] = r;
+  for (int r = 0; r < batch; ++r) host_seq.data<int32_t>()[r] = kContext;
+  BENCH_CHECK(cudaMemcpy(cu.ptr, host_cu.view().data, host_cu.bytes(), cudaMemcpyHostToDevice));
+  BENCH_CHECK(cudaMemcpy(seq.ptr, host_seq.view().data, host_seq.bytes(), cudaMemcpyHostToDevice));
+  MsaConfig config;
+  config.num_index_heads = 1;
+  const PlanRequest request{OpKind::index_topk, Backend::cuda, config,
+                            Capacities{batch, batch, kBlocks}, DType::bf16};
+  double single = 0;
+  for (int ranks : {1, 2, 4, 8}) {
+    ContextParallelPlan plan;
+    Status s = make_context_parallel_plan(request, {0, ranks, ShardMode::contiguous}, &plan);
+    if (!s.ok()) {
+      std::fprintf(stderr, "m3sa bench: context parallel: %s\n", s.to_string().c_str());
+      return false;
+    }
+    const int64_t span = shard_local_blocks(request.capacities, plan.shard, kBlocks);
+    HostTensor host_table(DType::i32, {batch, span});
+    for (int r = 0; r < batch; ++r)
+      for (int64_t j = 0; j < span; ++j)
+        host_table.data<int32_t>()[r * span + j] = static_cast<int32_t>(
+            r * kBlocks + shard_global_block(request.capacities, plan.shard, j));
+    DeviceBuffer table(host_table.bytes()), ws(plan.workspace_bytes), topk(int64_t{batch} * 16 * 4),
+        gathered(plan.candidate_bytes * ranks);
+    BENCH_CHECK(
+        cudaMemcpy(table.ptr, host_table.view().data, host_table.bytes(), cudaMemcpyHostToDevice));
+    const BatchMetadata meta{TensorView::contiguous(cu.ptr, DType::i32, {batch + 1}, gpu),
+                             TensorView::contiguous(seq.ptr, DType::i32, {batch}, gpu),
+                             TensorView::contiguous(table.ptr, DType::i32, {batch, span}, gpu),
+                             batch,
+                             batch,
+                             1,
+                             batch};
+    const IndexTopkArgs args{TensorView::contiguous(q.ptr, DType::bf16, {batch, 1, 128}, gpu),
+                             TensorView::contiguous(cache.ptr, DType::bf16, {pages, 128, 128}, gpu),
+                             meta,
+                             {}};
+    const TensorView all =
+        TensorView::contiguous(gathered.ptr, DType::i64, {ranks, 1, batch, plan.ranked_slots}, gpu);
+    const TensorView mine =
+        TensorView::contiguous(gathered.ptr, DType::i64, {1, batch, plan.ranked_slots}, gpu);
+    const TensorView out = TensorView::contiguous(topk.ptr, DType::i32, {1, batch, 16}, gpu);
+    s = prepare_context_parallel_workspace(plan, {ws.ptr, ws.bytes}, {0, stream});
+    Timing t;
+    const bool ok =
+        s.ok() &&
+        time_graph(
+            stream, 1, 20,
+            [&](int) {
+              s = score_shard_candidates(plan, args, mine, {ws.ptr, ws.bytes}, {0, stream});
+              if (s.ok()) s = merge_shard_candidates(plan, all, meta, out, {0, stream});
+              return s.ok();
+            },
+            &t);
+    if (!ok) {
+      std::fprintf(stderr, "m3sa bench: context parallel: %s\n", s.to_string().c_str());
+      return false;
+    }
+    if (ranks == 1) single = t.median_us;
+    Record rec{"context parallel B=" + std::to_string(batch) + " S=1M H=1 bf16, rank 0 of " +
+                   std::to_string(ranks),
+               "score_shard+merge", t};
+    rec.bytes = static_cast<double>(batch) * span * 128 * 128 * 2;
+    rec.fraction = rec.bytes / (t.median_us * 1e3) / ceilings.copy_gbps;
+    rec.ceiling = "copy";
+    char note[96];
+    std::snprintf(note, sizeof note, "projected scaling efficiency without the all-gather %.0f%%",
+                  100 * single / (ranks * t.median_us));
+    rec.note = note;
+    records->push_back(rec);
+    std::fprintf(stderr, "[m3sa bench] %-34s %10.2f us\n", rec.name.c_str(), t.median_us);
+  }
+  return true;
+}
+
 std::string iso_date() {
   char text[32];
   const std::time_t now = std::time(nullptr);
@@ -551,12 +644,19 @@ int run_bench(const BenchOptions& options) {
         continue;
       if (!run_norm_rope_case(16384, kv, index, stream, ceilings, &records)) ++failures;
     }
-  std::printf("| case | op | median us | CV | GB/s | TFLOP/s | of ceiling "
-              "|\n|---|---|---|---|---|---|---|\n");
+  for (int batch : {1, 16, 64}) {
+    if (options.set != "full" && batch == 16) continue;
+    if (!options.filter.empty() &&
+        std::string("context parallel").find(options.filter) == std::string::npos)
+      continue;
+    if (!run_context_parallel_cases(batch, stream, ceilings, &records)) ++failures;
+  }
+  std::printf("| case | op | median us | CV | GB/s | TFLOP/s | of ceiling | note "
+              "|\n|---|---|---|---|---|---|---|---|\n");
   for (const Record& r : records)
-    std::printf("| %s | %s | %.2f | %.1f%% | %.0f | %.1f | %.1f%% of %s |\n", r.name.c_str(),
+    std::printf("| %s | %s | %.2f | %.1f%% | %.0f | %.1f | %.1f%% of %s | %s |\n", r.name.c_str(),
                 r.mode.c_str(), r.t.median_us, 100 * r.t.cv, r.bytes / (r.t.median_us * 1e3),
-                r.flops / (r.t.median_us * 1e6), 100 * r.fraction, r.ceiling);
+                r.flops / (r.t.median_us * 1e6), 100 * r.fraction, r.ceiling, r.note.c_str());
   if (!options.json_path.empty()) {
     FILE* f = std::fopen(options.json_path.c_str(), "w");
     if (!f) return 1;
@@ -573,10 +673,10 @@ int run_bench(const BenchOptions& options) {
                    "    {\"device\": \"%s\", \"commit\": \"%s\", \"case\": \"%s\", \"op\": \"%s\", "
                    "\"median_us\": %.3f, \"cv\": %.4f, "
                    "\"bytes\": %.0f, \"flops\": %.0f, \"gbps\": %.1f, \"tflops\": %.2f, "
-                   "\"fraction_of_ceiling\": %.4f, \"ceiling\": \"%s\"}%s\n",
+                   "\"fraction_of_ceiling\": %.4f, \"ceiling\": \"%s\", \"note\": \"%s\"}%s\n",
                    prop.name, build_commit(), r.name.c_str(), r.mode.c_str(), r.t.median_us, r.t.cv,
                    r.bytes, r.flops, r.bytes / (r.t.median_us * 1e3),
-                   r.flops / (r.t.median_us * 1e6), r.fraction, r.ceiling,
+                   r.flops / (r.t.median_us * 1e6), r.fraction, r.ceiling, r.note.c_str(),
                    i + 1 < records.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");

@@ -56,15 +56,35 @@ __global__ void __launch_bounds__(kScoreThreads)
         p.local_blocks);
   };
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (geo.bad) { // nothing valid to read: -1 rows and the flag
+  // A row's result: its selection, or (context-parallel shard) its candidate keys, lane i holding
+  // the i-th best (`ranked` false: a row with nothing to rank; the merge writes it).
+  const auto emit = [&](int row, bool ranked, uint64_t chosen) {
+    const SelectionRow sel = selection_row(row);
+    if (p.candidates) {
+      uint64_t* out = p.candidates + ((row % s.heads) * int64_t{p.candidate_token_capacity} +
+                                      tile.token_begin + row / s.heads) *
+                                         fill;
+      if (lane < fill) out[lane] = ranked ? chosen : 0;
+    } else if (!ranked) {
+      if (!write_short_row(sel, lane)) write_empty_row(sel, lane);
+    } else {
+      write_selection(sel, chosen, lane);
+    }
+  };
+  if (geo.bad) { // nothing valid to read: -1 rows (or no candidates) and the flag
     if (blockIdx.y != 0) return;
     if (threadIdx.x == 0) atomicOr(s.error_flags, kSeqLenBeyondTable);
-    for (int row = warp; row < geo.rows; row += kScoreThreads / 32)
-      write_empty_row(selection_row(row), lane);
+    for (int row = warp; row < geo.rows; row += kScoreThreads / 32) {
+      if (!p.candidates)
+        write_empty_row(selection_row(row), lane);
+      else
+        emit(row, false, 0);
+    }
     return;
   }
 
-  const BlockRange range = split_block_range(geo.n_max, s.splits);
+  const int n_local = shard_local_count(s, geo.n_max); // this rank's blocks (all, unsharded)
+  const BlockRange range = split_block_range(n_local, s.splits);
   // Thread `row` owns row `row`'s list; it keeps the list's entry bar (its last key) and the
   // row's candidate range in registers, so a block that does not enter costs one compare.
   const bool owns_row = static_cast<int>(threadIdx.x) < geo.rows;
@@ -87,9 +107,9 @@ __global__ void __launch_bounds__(kScoreThreads)
 
   // Publish the best `len` of each row's list ([tile][split][64 rows][fill] in the workspace): a
   // range of n blocks has at most n candidates, so short ranges publish short lists.
-  const int per_split = (geo.n_max + s.splits - 1) / s.splits;
+  const int per_split = (n_local + s.splits - 1) / s.splits;
   const int len = min(fill, per_split);
-  const int active_splits = per_split == 0 ? 0 : (geo.n_max + per_split - 1) / per_split;
+  const int active_splits = per_split == 0 ? 0 : (n_local + per_split - 1) / per_split;
   const int64_t list_stride = int64_t{kTileRows} * fill;
   uint64_t* tile_lists = p.partial_lists + int64_t{x} * s.splits * list_stride;
   uint64_t* mine = tile_lists + blockIdx.y * list_stride;
@@ -106,13 +126,41 @@ __global__ void __launch_bounds__(kScoreThreads)
   if (!is_last) return;
   __threadfence(); // the other ranges' lists are read after their arrivals
 
-  for (int row = warp; row < geo.rows; row += kScoreThreads / 32) {
-    const SelectionRow sel = selection_row(row);
-    if (write_short_row(sel, lane)) continue;
-    uint64_t best[MaxK];
-    rank_lists(best, tile_lists + row * fill, list_stride, len, active_splits, lane);
-    write_selection(sel, merge_warp(best, fill, lane), lane);
+  constexpr int kWarps = kScoreThreads / 32;
+  if (geo.rows > kWarps / 2) { // three rows or more: a warp per row
+    for (int row = warp; row < geo.rows; row += kWarps) {
+      if (selection_row(row).n <= p.top_k) {
+        emit(row, false, 0);
+        continue;
+      }
+      uint64_t best[MaxK];
+      rank_lists(best, tile_lists + row * fill, list_stride, len, active_splits, lane, 32);
+      emit(row, true, merge_warp(best, fill, lane));
+    }
+    return;
   }
+  // Fewer rows than warps (batch-1 decode): the warps of a row split its keys, then the first
+  // merges their lists (the candidate-list smem is free again).
+  const int warps_per_row = geo.rows == 1 ? kWarps : kWarps / 2;
+  const int row = warp / warps_per_row, sub = warp % warps_per_row;
+  const bool ranked = row < geo.rows;
+  const bool short_row = !ranked || selection_row(row).n <= p.top_k;
+  uint64_t best[MaxK];
+  clear_list(best);
+  if (!short_row)
+    rank_lists(best, tile_lists + row * fill, list_stride, len, active_splits, sub * 32 + lane,
+               32 * warps_per_row);
+  const uint64_t chosen = short_row ? 0 : merge_warp(best, fill, lane);
+  lists[warp * 32 + lane] = chosen;
+  __syncthreads();
+  if (!ranked || sub != 0) return;
+  if (short_row) {
+    emit(row, false, 0);
+    return;
+  }
+  clear_list(best);
+  for (int w = 0; w < warps_per_row; ++w) insert_key(best, lists[(warp + w) * 32 + lane]);
+  emit(row, true, merge_warp(best, fill, lane));
 }
 
 } // namespace m3sa::cuda

@@ -120,6 +120,16 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&c)[4], const uint32_t (&a
 #endif
 }
 
+// Context-parallel shards: the rank's j-th local block is global block shard_global(j); of n global
+// blocks the rank holds shard_local_count(n).
+__device__ __forceinline__ int shard_global(const ScoreBlocksParams& p, int j) {
+  return p.shard_span > 0 ? p.shard_rank * p.shard_span + j : j * p.shard_count + p.shard_rank;
+}
+__device__ __forceinline__ int shard_local_count(const ScoreBlocksParams& p, int n) {
+  if (p.shard_span > 0) return max(0, min(p.shard_span, n - p.shard_rank * p.shard_span));
+  return n > p.shard_rank ? (n - p.shard_rank + p.shard_count - 1) / p.shard_count : 0;
+}
+
 // Where a row tile sits in its request's sequence. `bad`: the metadata cannot be served (seq_len
 // beyond the block table, or q_len > seq_len); the caller flags it and reads nothing.
 struct TileGeometry {
@@ -134,7 +144,8 @@ __device__ __forceinline__ TileGeometry tile_geometry(const ScoreBlocksParams& p
   const int q_begin = p.cu_q_lens[tile.request];
   const int q_len = p.cu_q_lens[tile.request + 1] - q_begin;
   geo.seq_len = p.seq_lens[tile.request];
-  geo.bad = geo.seq_len > p.block_table_width * 128 || (geo.seq_len > 0 && q_len > geo.seq_len);
+  geo.bad = shard_local_count(p, (geo.seq_len + 127) / 128) > p.block_table_width ||
+            (geo.seq_len > 0 && q_len > geo.seq_len);
   geo.first_pos = geo.seq_len - q_len + (tile.token_begin - q_begin);
   geo.last_pos = geo.first_pos + tile.token_count - 1;
   geo.rows = tile.token_count * p.heads;
@@ -156,8 +167,9 @@ __device__ __forceinline__ BlockRange split_block_range(int n_max, int splits) {
 // queries live in registers from then on).
 inline constexpr int kReusableSmemBytes = kTileRows * kSmemStride * 2;
 
-// Scores blocks [range.begin, range.end) for the tile's rows: after each block, thread `row`
-// (< rows) calls on_score(row, block, max * scale) with its row's causal block maximum. Blocks
+// Scores local blocks [range.begin, range.end) (block-table columns; global ids shard_global())
+// for the tile's rows: after each block, thread `row` (< rows) calls on_score(row, global block,
+// max * scale) with its row's causal block maximum. Blocks
 // whose page id is out of range are flagged and not reported. Every thread calls on_start()
 // once, before any on_score, when the first kReusableSmemBytes of `smem` are free for the
 // caller. Needs kScoreSmemBytes of `smem`.
@@ -190,10 +202,11 @@ score_block_range(const ScoreBlocksParams& p, const RowTile& tile, const TileGeo
   const int pos0 = geo.first_pos + row0 / p.heads, pos1 = geo.first_pos + row1 / p.heads;
 
   const StoredT* cache = static_cast<const StoredT*>(p.index_k_cache);
-  const auto block_keys = [&](int b) {
+  const auto block_keys = [&](int j) {
+    const int b = shard_global(p, j);
     return min(128, min(seq_len - b * 128, last_pos - b * 128 + 1));
   };
-  const auto block_page = [&](int b) { return p.block_table[r * p.block_table_stride + b]; };
+  const auto block_page = [&](int j) { return p.block_table[r * p.block_table_stride + j]; };
   const auto page_valid = [&](int page) { return page >= 0 && page < p.num_pages; };
   KeyBlockPrefetch<StoredT> prefetch; // the first key block loads while the queries are staged
   {
@@ -217,18 +230,19 @@ score_block_range(const ScoreBlocksParams& p, const RowTile& tile, const TileGeo
   }
   __syncthreads(); // every warp holds its fragments: q_s is free
   on_start();
-  for (int b = range.begin; b < range.end; ++b) {
-    const int page = block_page(b);
+  for (int j = range.begin; j < range.end; ++j) {
+    const int b = shard_global(p, j);
+    const int page = block_page(j);
     const bool page_ok = page_valid(page);
-    const int keys = block_keys(b);
+    const int keys = block_keys(j);
     if (!page_ok && threadIdx.x == 0) atomicOr(p.error_flags, kPageOutOfRange);
     __syncthreads(); // every warp is done with the previous block's k_s and partial maxima
     prefetch.store(k_s);
     __syncthreads();
-    if (b + 1 < range.end) { // next block's loads fly while this block's MMAs run
-      const int next = block_page(b + 1);
+    if (j + 1 < range.end) { // next block's loads fly while this block's MMAs run
+      const int next = block_page(j + 1);
       prefetch.load(cache + (page_valid(next) ? next * p.cache_stride_page : 0),
-                    p.cache_stride_token, page_valid(next) ? block_keys(b + 1) : 0);
+                    p.cache_stride_token, page_valid(next) ? block_keys(j + 1) : 0);
     }
     float m0 = -INFINITY, m1 = -INFINITY;
     if (group * 16 < rows) {

@@ -87,18 +87,19 @@ __device__ __forceinline__ void rank_candidates(uint64_t (&best)[MaxK], const fl
   for (int b = first; b < end; b += step) insert_key(best, selection_key(scores[b * stride], b));
 }
 
-// Candidate lists l = 0 .. count-1, `list_stride` apart, `len` keys each (0 = empty slot): the
-// warp's lanes take the count x len keys strided, four independent loads in flight at a time.
+// Candidate lists l = 0 .. count-1, `list_stride` apart, `len` keys each (0 = empty slot): this
+// lane takes keys first, first + step, ... of the count x len, four independent loads in flight.
 template <int MaxK>
 __device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const uint64_t* lists,
-                                           int64_t list_stride, int len, int count, int lane) {
+                                           int64_t list_stride, int len, int count, int first,
+                                           int step) {
   clear_list(best);
   const int total = count * len;
-  for (int base = lane; base < total; base += 4 * 32) {
+  for (int base = first; base < total; base += 4 * step) {
     uint64_t keys[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int i = base + u * 32;
+      const int i = base + u * step;
       // Written by other CTAs of this launch: read through L2, never a stale L1 line.
       keys[u] = i < total ? __ldcg(lists + (i / len) * list_stride + i % len) : 0;
     }

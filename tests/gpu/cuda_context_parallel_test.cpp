@@ -1,0 +1,239 @@
+// The context-parallel decode indexer against the single-GPU index_topk. On one GPU the ranks'
+// shards are scored one after another into one gathered buffer (NCCL refuses two ranks on one
+// device) and merged by the same merge kernel; the NCCL path runs where several GPUs are visible.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "gpu/device_batch.h"
+#include "gpu/device_tensor.h"
+#include "support/test_util.h"
+
+#ifdef M3SA_TEST_NCCL
+#include <dlfcn.h>
+#include <nccl.h>
+#endif
+
+namespace m3sa::testing {
+namespace {
+
+bool same_bytes(const HostTensor& a, const HostTensor& b) {
+  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
+}
+
+MsaConfig config_with_heads(int heads) {
+  MsaConfig c;
+  c.num_index_heads = heads;
+  return c;
+}
+
+// The rank's block table: its j-th block (in global order) -> the page holding that block. The
+// test keeps one device cache for all ranks; each rank reads only its pages through its table.
+HostTensor shard_table(const SyntheticBatch& sb, const Capacities& cap, const ContextShard& shard) {
+  const int64_t width =
+      std::max<int64_t>(1, shard_local_blocks(cap, shard, cap.max_blocks_per_request));
+  const int requests = sb.batch().num_requests;
+  HostTensor table(DType::i32, {requests, width});
+  table.fill_bytes(0);
+  for (int r = 0; r < requests; ++r) {
+    const int64_t n = (sb.spec().seq_lens[r] + kBlockTokens - 1) / kBlockTokens;
+    for (int64_t j = 0; j < shard_local_blocks(cap, shard, n); ++j)
+      table.data<int32_t>()[r * width + j] = sb.page(r, shard_global_block(cap, shard, j));
+  }
+  return table;
+}
+
+HostTensor single_gpu_topk(const MsaConfig& config, const SyntheticBatch& sb,
+                           const DeviceBatch& db) {
+  OpPlan plan;
+  EXPECT_TRUE(make_plan(plan_request(OpKind::index_topk, config, sb, {Backend::cuda}), &plan).ok());
+  const DeviceWorkspace ws(plan);
+  DeviceTensor topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
+  const Status s = index_topk(
+      plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()}, ws.get());
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return topk.download();
+}
+
+struct ShardCase {
+  const char* name;
+  std::vector<int32_t> seq_lens;
+  int heads;
+  DType dtype;
+  MsaConfig config;
+};
+void PrintTo(const ShardCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<ShardCase> shard_cases() {
+  MsaConfig k32 = config_with_heads(2);
+  k32.top_k = 32, k32.local_blocks = 2, k32.init_blocks = 1;
+  return {{"MillionTokensH4", {1 << 20, 300000, 5000, 0}, 4, DType::bf16, config_with_heads(4)},
+          {"MillionTokensFp8H1", {1 << 20, 70000}, 1, DType::fp8_e4m3, config_with_heads(1)},
+          {"K32Init1Local2", {200000, 3000, 129}, 2, DType::bf16, k32}};
+}
+
+class GpuContextParallel : public ::testing::TestWithParam<ShardCase> {};
+
+TEST_P(GpuContextParallel, ShardedSelectionsEqualTheSingleGpuOnes) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const ShardCase& c = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  BatchSpec spec;
+  spec.seq_lens = c.seq_lens;
+  spec.q_lens.assign(c.seq_lens.size(), 1);
+  spec.num_decode = static_cast<int>(c.seq_lens.size());
+  spec.index_heads = c.heads;
+  spec.index_dtype = c.dtype;
+  SyntheticBatch sb(spec);
+  sb.fill_index_random(seed);
+  const DeviceBatch db(sb);
+  const HostTensor want = single_gpu_topk(c.config, sb, db);
+  const PlanRequest request = plan_request(OpKind::index_topk, c.config, sb, {Backend::cuda});
+
+  for (ShardMode mode : {ShardMode::contiguous, ShardMode::round_robin})
+    for (int ranks : {1, 2, 4, 8}) {
+      SCOPED_TRACE(std::string(mode == ShardMode::contiguous ? "contiguous" : "round robin") +
+                   " over " + std::to_string(ranks) + " ranks");
+      std::vector<ContextParallelPlan> plans(ranks);
+      for (int rank = 0; rank < ranks; ++rank)
+        M3SA_ASSERT_OK(make_context_parallel_plan(request, {rank, ranks, mode}, &plans[rank]));
+      const int fill = plans[0].ranked_slots;
+      const int64_t per_rank = int64_t{c.heads} * sb.num_tokens() * fill;
+      DeviceTensor gathered(DType::i64, {ranks, c.heads, sb.num_tokens(), fill}, 0x77);
+      for (int rank = 0; rank < ranks; ++rank) { // each rank in turn, as if on its own GPU
+        const ContextParallelPlan& plan = plans[rank];
+        const DeviceTensor table(shard_table(sb, request.capacities, plan.shard));
+        BatchMetadata batch = db.batch();
+        batch.block_table = table.view();
+        DeviceWorkspace ws(plan.scoring, false);
+        M3SA_ASSERT_OK(prepare_context_parallel_workspace(plan, ws.get()));
+        TensorView slice =
+            TensorView::contiguous(gathered.view().ptr<int64_t>() + rank * per_rank, DType::i64,
+                                   {c.heads, sb.num_tokens(), fill}, {DeviceKind::cuda, 0});
+        M3SA_ASSERT_OK(score_shard_candidates(
+            plan, {db.index_q.view(), db.index_k_cache.view(), batch, {}}, slice, ws.get()));
+        M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+        int32_t flags = -1;
+        M3SA_ASSERT_OK(read_device_errors(plan.scoring, ws.get(), {}, &flags));
+        EXPECT_EQ(flags, 0);
+      }
+      DeviceTensor topk(DType::i32, {c.heads, sb.num_tokens(), c.config.top_k}, 0x5a);
+      M3SA_ASSERT_OK(merge_shard_candidates(plans[0], gathered.view(), db.batch(), topk.view()));
+      M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_TRUE(same_bytes(want, topk.download()));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuContextParallel, ::testing::ValuesIn(shard_cases()),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
+
+TEST(GpuContextParallelSmall, PrefillRowsAndOversizedTablesAreRejected) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  BatchSpec spec;
+  spec.seq_lens = {5000, 300};
+  spec.q_lens = {1, 40};
+  spec.num_decode = 1;
+  spec.index_heads = 1;
+  SyntheticBatch sb(spec);
+  const DeviceBatch db(sb);
+  ContextParallelPlan plan;
+  M3SA_ASSERT_OK(make_context_parallel_plan(
+      plan_request(OpKind::index_topk, config_with_heads(1), sb, {Backend::cuda}),
+      {1, 4, ShardMode::contiguous}, &plan));
+  DeviceWorkspace ws(plan.scoring, false);
+  DeviceTensor candidates(DType::i64, {1, sb.num_tokens(), plan.ranked_slots}, 0);
+  const IndexTopkArgs args{db.index_q.view(), db.index_k_cache.view(), db.batch(), {}};
+  Status s = score_shard_candidates(plan, args, candidates.view(), ws.get());
+  EXPECT_NE(s.message().find("decode rows"), std::string::npos) << s.to_string();
+  BatchMetadata decode_only = db.batch(); // the first request alone: a decode batch
+  decode_only.num_decode_requests = decode_only.num_requests = 1;
+  decode_only.num_tokens = 1;
+  decode_only.cu_q_lens.shape[0] = 2, decode_only.seq_lens.shape[0] = 1;
+  decode_only.block_table.shape[0] = 1;
+  TensorView one_query = db.index_q.view();
+  one_query.shape[0] = 1;
+  s = score_shard_candidates(plan, {one_query, db.index_k_cache.view(), decode_only, {}},
+                             candidates.view(), ws.get());
+  EXPECT_NE(s.message().find("the rank's table"), std::string::npos) << s.to_string();
+}
+
+TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResult) {
+  M3SA_SKIP_WITHOUT_CUDA();
+#ifndef M3SA_TEST_NCCL
+  GTEST_SKIP() << "built without NCCL headers: the NCCL exchange is compiled out";
+#else
+  int devices = 0;
+  M3SA_CUDA_ASSERT(cudaGetDeviceCount(&devices));
+  if (devices < 2) GTEST_SKIP() << "NCCL path needs 2+ GPUs; " << devices << " visible";
+  void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) GTEST_SKIP() << "libnccl.so.2 not loadable: " << dlerror();
+  setenv("NCCL_NVLS_ENABLE", "0", 1); // NVLink multicast off (device README)
+  const auto get_id = reinterpret_cast<decltype(&ncclGetUniqueId)>(dlsym(lib, "ncclGetUniqueId"));
+  const auto init_rank =
+      reinterpret_cast<decltype(&ncclCommInitRank)>(dlsym(lib, "ncclCommInitRank"));
+  const auto destroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(lib, "ncclCommDestroy"));
+  ASSERT_TRUE(get_id && init_rank && destroy);
+  const int ranks = devices >= 8 ? 8 : (devices >= 4 ? 4 : 2);
+  ncclUniqueId id;
+  ASSERT_EQ(get_id(&id), ncclSuccess);
+
+  BatchSpec spec;
+  spec.seq_lens = {1 << 20, 250000};
+  spec.q_lens = {1, 1};
+  spec.num_decode = 2;
+  spec.index_heads = 4;
+  SyntheticBatch sb(spec);
+  sb.fill_index_random(test_seed());
+  const MsaConfig config = config_with_heads(4);
+  const PlanRequest request = plan_request(OpKind::index_topk, config, sb, {Backend::cuda});
+  HostTensor want;
+  {
+    const DeviceBatch db(sb);
+    want = single_gpu_topk(config, sb, db);
+  }
+  std::vector<HostTensor> got(ranks);
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank)
+    threads.emplace_back([&, rank] {
+      cudaSetDevice(rank);
+      ncclComm_t comm;
+      if (init_rank(&comm, ranks, id, rank) != ncclSuccess) {
+        errors[rank] = "ncclCommInitRank failed";
+        return;
+      }
+      ContextParallelPlan plan;
+      Status s = make_context_parallel_plan(request, {rank, ranks, ShardMode::round_robin}, &plan);
+      const DeviceBatch db(sb); // a full copy per GPU; each rank reads its pages only
+      const DeviceTensor table(shard_table(sb, request.capacities, plan.shard));
+      BatchMetadata batch = db.batch();
+      batch.block_table = table.view();
+      DeviceWorkspace ws(plan.scoring, false);
+      DeviceTensor topk(DType::i32, {4, sb.num_tokens(), config.top_k}, 0x5a);
+      cudaStream_t stream;
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      if (s.ok()) s = prepare_context_parallel_workspace(plan, ws.get(), {0, stream});
+      if (s.ok())
+        s = context_parallel_index_topk(
+            plan, {db.index_q.view(), db.index_k_cache.view(), batch, topk.view()}, comm, ws.get(),
+            {0, stream});
+      cudaStreamSynchronize(stream);
+      if (!s.ok()) errors[rank] = s.to_string();
+      got[rank] = topk.download();
+      cudaStreamDestroy(stream);
+      destroy(comm);
+    });
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < ranks; ++rank) {
+    EXPECT_EQ(errors[rank], "") << "rank " << rank;
+    EXPECT_TRUE(same_bytes(want, got[rank])) << "rank " << rank;
+  }
+#endif
+}
+
+} // namespace
+} // namespace m3sa::testing
