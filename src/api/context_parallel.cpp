@@ -57,12 +57,14 @@ Status check_shard_args(const ContextParallelPlan& plan, const IndexTopkArgs& ar
   return {};
 }
 
+// One rank's candidates ([H, max_tokens, slots]) or every rank's (gathered: [R, H, ...]).
 Status check_candidates(const ContextParallelPlan& plan, const TensorView& t, const char* name,
-                        int64_t ranks) {
+                        bool gathered) {
+  const int64_t ranks = plan.shard.num_ranks;
   const Capacities& cap = plan.request.capacities;
   const int64_t heads = plan.request.config.num_index_heads;
   const int64_t slots = std::max(1, plan.ranked_slots);
-  if (ranks == 1)
+  if (!gathered)
     return detail::check_tensor(t,
                                 {name,
                                  {DType::i64},
@@ -154,7 +156,7 @@ Status score_shard_candidates(const ContextParallelPlan& plan, const IndexTopkAr
                               const ExecContext& ctx) {
   M3SA_RETURN_IF_ERROR(with_context(check_workspace(plan, workspace)));
   M3SA_RETURN_IF_ERROR(with_context(check_shard_args(plan, args, false)));
-  M3SA_RETURN_IF_ERROR(with_context(check_candidates(plan, candidates, "candidates", 1)));
+  M3SA_RETURN_IF_ERROR(with_context(check_candidates(plan, candidates, "candidates", false)));
   return with_context(cuda::score_shard_candidates(
       plan, args, static_cast<uint64_t*>(candidates.data), workspace, ctx.stream));
 }
@@ -162,8 +164,7 @@ Status score_shard_candidates(const ContextParallelPlan& plan, const IndexTopkAr
 Status merge_shard_candidates(const ContextParallelPlan& plan, const TensorView& gathered,
                               const BatchMetadata& batch, const TensorView& topk,
                               const ExecContext& ctx) {
-  M3SA_RETURN_IF_ERROR(
-      with_context(check_candidates(plan, gathered, "gathered", plan.shard.num_ranks)));
+  M3SA_RETURN_IF_ERROR(with_context(check_candidates(plan, gathered, "gathered", true)));
   M3SA_RETURN_IF_ERROR(
       with_context(detail::check_batch(plan.scoring, batch, DeviceKind::cuda, -1)));
   M3SA_RETURN_IF_ERROR(

@@ -263,10 +263,13 @@ Status make_plan(const PlanRequest& request, OpPlan* plan) {
   plan->request = request;
   plan->num_threads = 1;
   plan->cuda_sm_count = sms;
-  // Enough block ranges per row tile that a batch of max_requests single-tile requests still
-  // puts about two CTAs on every SM (decode at batch 1 must fill the GPU).
+  // Enough block ranges per row tile that a batch of max_requests single-tile requests fills the
+  // three CTAs every SM holds (168 registers x 128 threads), in one wave: each CTA keeps one key
+  // block in flight, so resident CTAs are the memory parallelism (decode at batch 1 must fill
+  // the GPU; at 16-64 long requests two per SM left a third of the bandwidth unused).
+  constexpr int64_t kResidentScoringCtasPerSm = 3;
   plan->cuda_block_splits = static_cast<int>(std::clamp<int64_t>(
-      (2 * sms + request.capacities.max_requests - 1) / request.capacities.max_requests, 1, 256));
+      kResidentScoringCtasPerSm * sms / request.capacities.max_requests, 1, 256));
   carve(request, plan->cuda_block_splits, nullptr, &plan->workspace_bytes);
   return {};
 }
