@@ -61,9 +61,9 @@ struct ExecContext {
 // (two memsets; capturable). Host backends need no preparation: it only checks the workspace.
 Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecContext& ctx = {});
 
-// The fused per-token step before attention (docs/contract.md §9): RMSNorm + partial RoPE on the
-// main q / k and on index q / k, then q out, k / v into the paged KV cache and index-K into the
-// index cache. fp32 from the bf16 load to one final rounding per output.
+// The fused per-token step before attention (docs/contract.md, "Fused norm, RoPE and insert"):
+// RMSNorm + partial RoPE on the main q / k and on index q / k, then q out, k / v into the paged KV
+// cache and index-K into the index cache. fp32 from the bf16 load to one final rounding per output.
 struct NormRopeInsertArgs {
   TensorView q;         // [T, Hq, 128] bf16, raw projection output
   TensorView k;         // [T, Hkv, 128] bf16

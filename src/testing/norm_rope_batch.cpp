@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -143,6 +146,98 @@ std::string UlpComparison::to_string() const {
   return detail::concat(differing, " of ", elements, " elements differ, by at most ", max_ulps,
                         " ulp; beyond 1 ulp: ", absorbed, " within the absolute tolerance, ",
                         outside, " outside");
+}
+
+namespace {
+
+// Rows `rows[i]` (of `row_elems` elements) of `src`, packed.
+HostTensor pack_rows(const HostTensor& src, int64_t row_elems, const std::vector<int64_t>& rows) {
+  HostTensor out(src.view().dtype, {static_cast<int64_t>(rows.size()), row_elems});
+  const size_t row_bytes = static_cast<size_t>(row_elems) * dtype_size(src.view().dtype);
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(out.data<char>() + i * row_bytes, src.data<char>() + rows[i] * row_bytes,
+                row_bytes);
+  return out;
+}
+
+} // namespace
+
+NormRopeCheck check_norm_rope_sample(const MsaConfig& config, const NormRopeBatch& step,
+                                     const std::vector<int64_t>& sample, const HostTensor& q_out,
+                                     const HostTensor& index_q_out, const HostTensor& k_cache,
+                                     const HostTensor& v_cache, const HostTensor& index_k_cache) {
+  NormRopeCheck check;
+  const NormRopeSpec& s = step.spec();
+  const int64_t count = static_cast<int64_t>(sample.size());
+  NormRopeSpec compact = s;
+  compact.tokens = static_cast<int>(count);
+  compact.kv_pages = compact.index_pages =
+      static_cast<int>((count + kBlockTokens - 1) / kBlockTokens);
+  compact.padding_every = 0;
+  compact.shared_slots = false;
+  const NormRopeBatch ref(compact);
+  std::vector<int64_t> kv_slots, index_slots;
+  for (int64_t t : sample) {
+    kv_slots.push_back(step.slot_mapping.data<int64_t>()[t]);
+    index_slots.push_back(step.index_slot_mapping.data<int64_t>()[t]);
+  }
+  // The sampled tokens' inputs, weights and table; slot i for the i-th.
+  const std::pair<const HostTensor*, int64_t> inputs[] = {
+      {&step.q, int64_t{s.q_heads} * kHeadDim},
+      {&step.k, int64_t{s.kv_heads} * kHeadDim},
+      {&step.v, int64_t{s.kv_heads} * kHeadDim},
+      {&step.index_q, int64_t{s.index_heads} * kHeadDim},
+      {&step.index_k, kHeadDim},
+      {&step.positions, 1}};
+  const HostTensor* targets[] = {&ref.q,       &ref.k,       &ref.v,
+                                 &ref.index_q, &ref.index_k, &ref.positions};
+  for (size_t i = 0; i < std::size(inputs); ++i) {
+    const HostTensor rows = pack_rows(*inputs[i].first, inputs[i].second, sample);
+    std::memcpy(targets[i]->view().data, rows.view().data, rows.bytes());
+  }
+  for (int i = 0; i < 4; ++i)
+    std::memcpy(ref.weights[i].view().data, step.weights[i].view().data, step.weights[i].bytes());
+  if (s.table_rows > 0)
+    std::memcpy(ref.cos_sin_cache.view().data, step.cos_sin_cache.view().data,
+                step.cos_sin_cache.bytes());
+  for (int64_t i = 0; i < count; ++i)
+    ref.slot_mapping.data<int64_t>()[i] = ref.index_slot_mapping.data<int64_t>()[i] = i;
+  check.status = run_norm_rope_insert(config, ref, Backend::reference);
+  if (!check.status.ok()) return check;
+
+  std::vector<int64_t> first_rows(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) first_rows[i] = i;
+  const int64_t kv_row = int64_t{s.kv_heads} * kHeadDim;
+  const std::pair<HostTensor, HostTensor> pairs[] = {
+      {pack_rows(ref.q_out, int64_t{s.q_heads} * kHeadDim, first_rows),
+       pack_rows(q_out, int64_t{s.q_heads} * kHeadDim, sample)},
+      {pack_rows(ref.index_q_out, int64_t{s.index_heads} * kHeadDim, first_rows),
+       pack_rows(index_q_out, int64_t{s.index_heads} * kHeadDim, sample)},
+      {pack_rows(ref.k_cache, kv_row, first_rows), pack_rows(k_cache, kv_row, kv_slots)},
+      {pack_rows(ref.v_cache, kv_row, first_rows), pack_rows(v_cache, kv_row, kv_slots)},
+      {pack_rows(ref.index_k_cache, kHeadDim, first_rows),
+       pack_rows(index_k_cache, kHeadDim, index_slots)}};
+  for (int i = 0; i < 5; ++i)
+    check.outputs[i] = compare_ulps(pairs[i].first.view(), pairs[i].second.view(), 1.0 / 4096);
+  return check;
+}
+
+bool NormRopeCheck::ok() const {
+  if (!status.ok()) return false;
+  for (const UlpComparison& c : outputs)
+    if (c.outside != 0) return false;
+  return true;
+}
+
+std::string NormRopeCheck::to_string() const {
+  if (!status.ok()) return status.to_string();
+  int64_t elements = 0, differing = 0, max_ulps = 0, outside = 0;
+  for (const UlpComparison& c : outputs) {
+    elements += c.elements, differing += c.differing, outside += c.outside;
+    max_ulps = std::max(max_ulps, c.max_ulps);
+  }
+  return detail::concat(elements, " values vs reference: ", differing, " differ (max ", max_ulps,
+                        " ulp), ", outside, " beyond 1 ulp and 2^-12");
 }
 
 } // namespace m3sa::testing

@@ -3,6 +3,7 @@
 // comparisons its tests and the demo make (ulp distance per output, e4m3 near-ties).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "testing/host_tensor.h"
 
@@ -55,5 +56,19 @@ struct UlpComparison {
   std::string to_string() const;
 };
 UlpComparison compare_ulps(const TensorView& want, const TensorView& got, double abs_tolerance = 0);
+
+// A pipeline's norm_rope_insert results for the sampled tokens of `step` (rows of q_out and
+// index_q_out by token, cache rows at the step's slots) against the reference run on just those
+// tokens: every output within one ulp, or 2^-12 where a rotation cancels.
+struct NormRopeCheck {
+  UlpComparison outputs[5]; // q_out, index_q_out, k_cache, v_cache, index_k_cache rows
+  Status status;
+  bool ok() const;
+  std::string to_string() const;
+};
+NormRopeCheck check_norm_rope_sample(const MsaConfig& config, const NormRopeBatch& step,
+                                     const std::vector<int64_t>& sample, const HostTensor& q_out,
+                                     const HostTensor& index_q_out, const HostTensor& k_cache,
+                                     const HostTensor& v_cache, const HostTensor& index_k_cache);
 
 } // namespace m3sa::testing

@@ -13,6 +13,7 @@
 
 #include "m3sa/m3sa.h"
 #include "testing/compare.h"
+#include "testing/norm_rope_batch.h"
 #include "testing/run_ops.h"
 #include "testing/sample_batch.h"
 #include "testing/synthetic_batch.h"
@@ -90,7 +91,7 @@ int run_demo(const DemoOptions& o) {
   }
   for (auto [stage_backend, op, dtype] :
        {std::tuple{indexer_backend, OpKind::index_topk, index_dtype},
-        std::tuple{indexer_backend, OpKind::insert_index_k, index_dtype},
+        std::tuple{indexer_backend, OpKind::norm_rope_insert, index_dtype},
         std::tuple{backend, OpKind::sparse_attention, kv_dtype}})
     if (const Status s = supports(stage_backend, op, config, dtype); !s.ok()) {
       std::fprintf(stderr, "m3sa demo: usage error: --backend %s: %s\n", o.backend.c_str(),
@@ -121,17 +122,30 @@ int run_demo(const DemoOptions& o) {
   sb.fill_index_random(o.seed);
   sb.fill_attention_random(o.seed + 1);
   const int64_t tokens = sb.num_tokens();
-  // This step's index-K rows arrive as bf16 projections and go into the cache through
-  // insert_index_k.
-  HostTensor new_rows(DType::bf16, {tokens, kHeadDim}), slots(DType::i64, {tokens});
-  testing::Rng rng(o.seed + 2);
-  for (int64_t i = 0; i < tokens * kHeadDim; ++i)
-    testing::store(DType::bf16, new_rows.view().data, i, static_cast<float>(rng.uniform() * 4 - 2));
+  // This step's tokens arrive as raw projections (q, k, v, index q, index k); norm_rope_insert
+  // normalises and rotates them, writes q and index-Q, and puts k, v and index-K into the caches
+  // at the tokens' slots (the caches already hold the earlier tokens).
+  testing::NormRopeSpec step_spec;
+  step_spec.tokens = static_cast<int>(tokens);
+  step_spec.q_heads = o.q_heads, step_spec.kv_heads = o.kv_heads;
+  step_spec.index_heads = o.index_heads;
+  step_spec.kv_dtype = kv_dtype, step_spec.index_dtype = index_dtype;
+  step_spec.kv_pages = step_spec.index_pages = 1; // its own outputs are unused
+  step_spec.padding_every = 0;
+  step_spec.seed = o.seed + 2;
+  const testing::NormRopeBatch step(step_spec);
   for (int64_t t = 0; t < tokens; ++t) {
-    const int64_t p = sb.position(t);
-    slots.data<int64_t>()[t] =
-        int64_t{sb.page(sb.request_of(t), p / kBlockTokens)} * kBlockTokens + p % kBlockTokens;
+    const int r = sb.request_of(t);
+    const int64_t p = sb.position(t), block = p / kBlockTokens, offset = p % kBlockTokens;
+    step.positions.data<int64_t>()[t] = p;
+    step.index_slot_mapping.data<int64_t>()[t] = int64_t{sb.page(r, block)} * kBlockTokens + offset;
+    step.slot_mapping.data<int64_t>()[t] =
+        int64_t{sb.kv_block_table.data<int32_t>()[r * sb.width() + block]} * kBlockTokens + offset;
   }
+  NormRopeInsertArgs step_args = step.args();
+  step_args.q_out = sb.q.view(), step_args.k_cache = sb.k_cache.view();
+  step_args.v_cache = sb.v_cache.view(), step_args.index_q_out = sb.index_q.view();
+  step_args.index_k_cache = sb.index_k_cache.view();
 
   testing::RunOptions run_options{backend, o.threads};
   const auto request_for = [&](OpKind op, const testing::RunOptions& ro) {
@@ -144,17 +158,15 @@ int run_demo(const DemoOptions& o) {
   Status status;
   if (indexer_backend == Backend::cuda) {
 #ifdef M3SA_HAVE_CUDA
-    progress("insert_index_k + index_topk on the GPU");
-    status = run_indexer_on_cuda(config, sb, new_rows, slots, topk, &insert_ms, &topk_ms);
+    progress("norm_rope_insert + index_topk on the GPU");
+    status = run_indexer_on_cuda(config, sb, step_args, topk, &insert_ms, &topk_ms);
 #endif
   } else {
     const testing::RunOptions indexer_options{indexer_backend, o.threads};
-    progress("insert_index_k");
-    status = timed(request_for(OpKind::insert_index_k, indexer_options), &insert_ms,
+    progress("norm_rope_insert");
+    status = timed(request_for(OpKind::norm_rope_insert, indexer_options), &insert_ms,
                    [&](const OpPlan& plan, Workspace ws) {
-                     return insert_index_k(plan,
-                                           {new_rows.view(), slots.view(), sb.index_k_cache.view()},
-                                           ws, {o.threads, nullptr});
+                     return norm_rope_insert(plan, step_args, ws, {o.threads, nullptr});
                    });
     if (status.ok()) {
       progress("index_topk");
@@ -195,19 +207,10 @@ int run_demo(const DemoOptions& o) {
   SampleBatch sampled = make_sample(sb, sample);
   const int64_t s_count = static_cast<int64_t>(sample.size());
 
-  int64_t insert_exact = 0;
-  for (int64_t t : sample) {
-    const int64_t slot = slots.data<int64_t>()[t];
-    bool exact = true;
-    for (int d = 0; d < kHeadDim; ++d) {
-      const float x = testing::load(DType::bf16, new_rows.view().data, t * kHeadDim + d);
-      const float stored =
-          testing::load(index_dtype, sb.index_k_cache.view().data, slot * kHeadDim + d);
-      const float want = index_dtype == DType::bf16 ? x : e4m3_bits_to_float(float_to_e4m3_bits(x));
-      exact = exact && stored == want;
-    }
-    insert_exact += exact;
-  }
+  // norm_rope_insert: the reference on the sampled tokens into compact outputs (slot i for the
+  // i-th sample), against what the pipeline wrote into the batch's tensors and caches.
+  const testing::NormRopeCheck insert_check = testing::check_norm_rope_sample(
+      config, step, sample, sb.q, sb.index_q, sb.k_cache, sb.v_cache, sb.index_k_cache);
 
   const testing::RunOptions reference_options{Backend::reference, 1};
   PlanRequest sample_request =
@@ -268,7 +271,7 @@ int run_demo(const DemoOptions& o) {
   }
 
   // Report.
-  const bool insert_ok = insert_exact == s_count, topk_ok = topk_check.ok(),
+  const bool insert_ok = insert_check.ok(), topk_ok = topk_check.ok(),
              attention_ok = attention_check.ok(1e-3);
   const bool all_ok = insert_ok && topk_ok && attention_ok && status.ok();
   OpPlan cpu_plan; // only its resolved thread count is reported: no workspace is needed
@@ -292,7 +295,7 @@ int run_demo(const DemoOptions& o) {
   std::printf("  attention  %d query / %d KV heads, %s KV cache (%s)\n", o.q_heads, o.kv_heads,
               to_string(kv_dtype), mib(sb.k_cache.bytes() + sb.v_cache.bytes()).c_str());
   std::printf("\n  stage              time\n");
-  std::printf("  insert_index_k   %10.3f ms  (%s)\n  index_topk       %10.3f ms  (%s)\n  "
+  std::printf("  norm_rope_insert %10.3f ms  (%s)\n  index_topk       %10.3f ms  (%s)\n  "
               "sparse_attention %10.3f ms  (%s)\n  total            %10.3f ms\n",
               insert_ms, to_string(indexer_backend), topk_ms, to_string(indexer_backend),
               attention_ms, to_string(backend), insert_ms + topk_ms + attention_ms);
@@ -300,8 +303,7 @@ int run_demo(const DemoOptions& o) {
       "\n  verification against the reference on %lld tokens (%lld decode, %lld prefill):\n",
       static_cast<long long>(s_count), static_cast<long long>(decode_tokens),
       static_cast<long long>(picks));
-  std::printf("  insert_index_k   %lld/%lld rows bit-exact %s\n",
-              static_cast<long long>(insert_exact), static_cast<long long>(s_count),
+  std::printf("  norm_rope_insert %s %s\n", insert_check.to_string().c_str(),
               insert_ok ? "[OK]" : "[FAIL]");
   std::printf("  index_topk       %s %s\n", testing::describe(topk_check).c_str(),
               topk_ok ? "[OK]" : "[FAIL]");

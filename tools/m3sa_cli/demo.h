@@ -1,5 +1,5 @@
 #pragma once
-// `m3sa demo`: one MiniMax-M3 sparse layer end to end (index-K insert -> index_topk ->
+// `m3sa demo`: one MiniMax-M3 sparse layer end to end (norm_rope_insert -> index_topk ->
 // sparse_attention) on a synthetic mixed batch, checked against the reference on sampled rows.
 #include <cstdint>
 #include <string>

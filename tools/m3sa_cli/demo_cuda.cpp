@@ -2,7 +2,10 @@
 
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace m3sa::cli {
 namespace {
@@ -23,19 +26,21 @@ struct Mirror {
   void* ptr = nullptr;
   TensorView view;
   Status status;
-  explicit Mirror(const testing::HostTensor& host) {
-    view = host.view();
-    status = cuda_check(cudaMalloc(&ptr, host.bytes() ? host.bytes() : 16), "cudaMalloc");
+  size_t bytes = 0;
+  explicit Mirror(const TensorView& host) { // a contiguous host tensor
+    view = host;
+    bytes = static_cast<size_t>(host.numel()) * dtype_size(host.dtype);
+    status = cuda_check(cudaMalloc(&ptr, bytes ? bytes : 16), "cudaMalloc");
     if (status.ok())
-      status = cuda_check(cudaMemcpy(ptr, host.view().data, host.bytes(), cudaMemcpyHostToDevice),
-                          "cudaMemcpy");
+      status = cuda_check(cudaMemcpy(ptr, host.data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
     view.data = ptr;
     view.device = {DeviceKind::cuda, 0};
   }
   ~Mirror() { cudaFree(ptr); }
-  Status download(const testing::HostTensor& host) const {
-    return cuda_check(cudaMemcpy(host.view().data, ptr, host.bytes(), cudaMemcpyDeviceToHost),
-                      "cudaMemcpy");
+  Mirror(const Mirror&) = delete;
+  Mirror& operator=(const Mirror&) = delete;
+  Status download(const TensorView& host) const {
+    return cuda_check(cudaMemcpy(host.data, ptr, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
   }
 };
 
@@ -73,31 +78,65 @@ Status timed_on_gpu(const PlanRequest& request, cudaStream_t stream, double* ms,
 
 } // namespace
 
-Status run_indexer_on_cuda(const MsaConfig& config, testing::SyntheticBatch& sb,
-                           const testing::HostTensor& rows, const testing::HostTensor& slots,
-                           testing::HostTensor& topk, double* insert_ms, double* topk_ms) {
-  const Mirror cu(sb.cu_q_lens), seq(sb.seq_lens), table(sb.block_table), q(sb.index_q),
-      cache(sb.index_k_cache), d_rows(rows), d_slots(slots), d_topk(topk);
-  for (const Mirror* m : {&cu, &seq, &table, &q, &cache, &d_rows, &d_slots, &d_topk})
+Status run_indexer_on_cuda(const MsaConfig& config, const testing::SyntheticBatch& sb,
+                           const NormRopeInsertArgs& step, testing::HostTensor& topk,
+                           double* insert_ms, double* topk_ms) {
+  // Host views -> device mirrors (views carry shape and strides; the mirror swaps the pointer).
+  std::vector<std::unique_ptr<Mirror>> mirrors;
+  const auto mirror = [&](const TensorView& host) {
+    mirrors.push_back(std::make_unique<Mirror>(host));
+    return mirrors.back().get();
+  };
+  NormRopeInsertArgs d = step;
+  TensorView* views[] = {&d.q,
+                         &d.k,
+                         &d.v,
+                         &d.index_q,
+                         &d.index_k,
+                         &d.positions,
+                         &d.q_norm_weight,
+                         &d.k_norm_weight,
+                         &d.index_q_norm_weight,
+                         &d.index_k_norm_weight,
+                         &d.slot_mapping,
+                         &d.index_slot_mapping,
+                         &d.q_out,
+                         &d.k_cache,
+                         &d.v_cache,
+                         &d.index_q_out,
+                         &d.index_k_cache};
+  std::vector<std::pair<const Mirror*, TensorView>> outputs;
+  for (TensorView* v : views) {
+    const TensorView host = *v;
+    const Mirror* m = mirror(host);
     M3SA_RETURN_IF_ERROR_DEMO(m->status);
+    *v = m->view;
+    if (v == &d.q_out || v == &d.k_cache || v == &d.v_cache || v == &d.index_q_out ||
+        v == &d.index_k_cache)
+      outputs.push_back({m, host});
+  }
+  const Mirror *cu = mirror(sb.cu_q_lens.view()), *seq = mirror(sb.seq_lens.view()),
+               *table = mirror(sb.block_table.view()), *d_topk = mirror(topk.view());
+  for (const Mirror* m : {cu, seq, table, d_topk}) M3SA_RETURN_IF_ERROR_DEMO(m->status);
   cudaStream_t stream;
   DEMO_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   BatchMetadata batch = sb.batch();
-  batch.cu_q_lens = cu.view, batch.seq_lens = seq.view, batch.block_table = table.view;
-  PlanRequest request{OpKind::insert_index_k, Backend::cuda, config, sb.capacities(),
+  batch.cu_q_lens = cu->view, batch.seq_lens = seq->view, batch.block_table = table->view;
+  PlanRequest request{OpKind::norm_rope_insert, Backend::cuda, config, sb.capacities(),
                       sb.spec().index_dtype};
-  Status s = timed_on_gpu(
-      request, stream, insert_ms, [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
-        return insert_index_k(plan, {d_rows.view, d_slots.view, cache.view}, ws, ctx);
-      });
+  Status s = timed_on_gpu(request, stream, insert_ms,
+                          [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
+                            return norm_rope_insert(plan, d, ws, ctx);
+                          });
   request.op = OpKind::index_topk;
   if (s.ok())
-    s = timed_on_gpu(request, stream, topk_ms,
-                     [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
-                       return index_topk(plan, {q.view, cache.view, batch, d_topk.view}, ws, ctx);
-                     });
-  if (s.ok()) s = cache.download(sb.index_k_cache);
-  if (s.ok()) s = d_topk.download(topk);
+    s = timed_on_gpu(
+        request, stream, topk_ms, [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
+          return index_topk(plan, {d.index_q_out, d.index_k_cache, batch, d_topk->view}, ws, ctx);
+        });
+  for (const auto& [m, host] : outputs)
+    if (s.ok()) s = m->download(host);
+  if (s.ok()) s = d_topk->download(topk.view());
   cudaStreamDestroy(stream);
   return s;
 }
