@@ -11,6 +11,11 @@ int run_bench(const BenchOptions&) {
 }
 } // namespace m3sa::cli
 #else
+#ifdef M3SA_BENCH_NCCL
+#include <nccl.h>
+
+#include <thread>
+#endif
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -513,7 +518,7 @@ bool run_norm_rope_case(int tokens, DType kv_dtype, DType index_dtype, cudaStrea
 // the all-gather left out (it needs R GPUs), t(1) / (R * t(R)) is the scaling efficiency the
 // kernels allow; the exchange (R x H x B x 15 keys of 8 bytes) adds NCCL latency on top.
 bool run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& ceilings,
-                                std::vector<Record>* records) {
+                                std::vector<Record>* records, double* single_gpu_us) {
   constexpr int kContext = 1 << 20, kBlocks = kContext / 128;
   const int64_t pages = int64_t{batch} * kBlocks;
   const Device gpu{DeviceKind::cuda, 0};
@@ -580,7 +585,7 @@ bool run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& 
       std::fprintf(stderr, "m3sa bench: context parallel: %s\n", s.to_string().c_str());
       return false;
     }
-    if (ranks == 1) single = t.median_us;
+    if (ranks == 1) single = *single_gpu_us = t.median_us;
     Record rec{"context parallel B=" + std::to_string(batch) + " S=1M H=1 bf16, rank 0 of " +
                    std::to_string(ranks),
                "score_shard+merge", t};
@@ -596,6 +601,120 @@ bool run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& 
   }
   return true;
 }
+
+#ifdef M3SA_BENCH_NCCL
+// Context-parallel decode at 1M tokens across every visible GPU through NCCL: each rank holds
+// only its round-robin shard of each request's index cache, runs context_parallel_index_topk
+// (score, all-gather, merge) on its own stream, timed with events around 20 eager steps after 3
+// warm-ups; rank 0's median against one GPU running the whole batch (score + merge, no exchange).
+bool run_context_parallel_nccl(int batch, double single_gpu_us, const Ceilings& ceilings,
+                               std::vector<Record>* records) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) return true; // nothing to time
+  void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    std::fprintf(stderr, "m3sa bench: libnccl.so.2 not loadable: multi-GPU cases skipped\n");
+    return true;
+  }
+  const auto get_id = reinterpret_cast<decltype(&ncclGetUniqueId)>(dlsym(lib, "ncclGetUniqueId"));
+  const auto init_rank =
+      reinterpret_cast<decltype(&ncclCommInitRank)>(dlsym(lib, "ncclCommInitRank"));
+  const auto destroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(lib, "ncclCommDestroy"));
+  ncclUniqueId id;
+  if (!get_id || !init_rank || !destroy || get_id(&id) != ncclSuccess) return false;
+  constexpr int kContext = 1 << 20, kBlocks = kContext / 128;
+  const int ranks = devices;
+  MsaConfig config;
+  config.num_index_heads = 1;
+  const PlanRequest request{OpKind::index_topk, Backend::cuda, config,
+                            Capacities{batch, batch, kBlocks}, DType::bf16};
+  std::vector<double> median_us(ranks, 0);
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank)
+    threads.emplace_back([&, rank] {
+      const auto fail = [&](const std::string& what) { errors[rank] = what; };
+      cudaSetDevice(rank);
+      ncclComm_t comm;
+      if (init_rank(&comm, ranks, id, rank) != ncclSuccess) return fail("ncclCommInitRank");
+      ContextParallelPlan plan;
+      Status s = make_context_parallel_plan(request, {rank, ranks, ShardMode::round_robin}, &plan);
+      const int64_t span = shard_local_blocks(request.capacities, plan.shard, kBlocks);
+      const int64_t pages = batch * span;
+      const Device gpu{DeviceKind::cuda, 0};
+      DeviceBuffer cache(static_cast<size_t>(pages) * 128 * 128 * 2), q(int64_t{batch} * 256),
+          cu((batch + 1) * 4), seq(batch * 4), table(batch * span * 4), topk(int64_t{batch} * 64),
+          ws(plan.workspace_bytes);
+      HostTensor host_cu(DType::i32, {batch + 1}), host_seq(DType::i32, {batch}),
+          host_table(DType::i32, {batch, span});
+      for (int r = 0; r <= batch; ++r) host_cu.data<int32_t>()[r] = r;
+      for (int r = 0; r < batch; ++r) host_seq.data<int32_t>()[r] = kContext;
+      for (int64_t i = 0; i < pages; ++i) host_table.data<int32_t>()[i] = static_cast<int32_t>(i);
+      if (!fill_random(cache, DType::bf16, 30 + rank) || !fill_random(q, DType::bf16, 29) ||
+          cudaMemcpy(cu.ptr, host_cu.view().data, host_cu.bytes(), cudaMemcpyHostToDevice) ||
+          cudaMemcpy(seq.ptr, host_seq.view().data, host_seq.bytes(), cudaMemcpyHostToDevice) ||
+          cudaMemcpy(table.ptr, host_table.view().data, host_table.bytes(), cudaMemcpyHostToDevice))
+        return fail("buffers");
+      const BatchMetadata meta{TensorView::contiguous(cu.ptr, DType::i32, {batch + 1}, gpu),
+                               TensorView::contiguous(seq.ptr, DType::i32, {batch}, gpu),
+                               TensorView::contiguous(table.ptr, DType::i32, {batch, span}, gpu),
+                               batch,
+                               batch,
+                               1,
+                               batch};
+      const IndexTopkArgs args{
+          TensorView::contiguous(q.ptr, DType::bf16, {batch, 1, 128}, gpu),
+          TensorView::contiguous(cache.ptr, DType::bf16, {pages, 128, 128}, gpu), meta,
+          TensorView::contiguous(topk.ptr, DType::i32, {1, batch, 16}, gpu)};
+      cudaStream_t stream;
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      cudaEvent_t start, stop;
+      cudaEventCreate(&start), cudaEventCreate(&stop);
+      if (s.ok()) s = prepare_context_parallel_workspace(plan, {ws.ptr, ws.bytes}, {0, stream});
+      std::vector<double> us;
+      for (int i = 0; i < 23 && s.ok(); ++i) {
+        cudaEventRecord(start, stream);
+        s = context_parallel_index_topk(plan, args, comm, {ws.ptr, ws.bytes}, {0, stream});
+        cudaEventRecord(stop, stream);
+        cudaEventSynchronize(stop);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, start, stop);
+        if (i >= 3) us.push_back(1e3 * ms);
+      }
+      if (!s.ok()) fail(s.to_string());
+      if (!us.empty()) {
+        std::sort(us.begin(), us.end());
+        median_us[rank] = us[us.size() / 2];
+      }
+      cudaEventDestroy(start), cudaEventDestroy(stop);
+      cudaStreamDestroy(stream);
+      destroy(comm);
+    });
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < ranks; ++rank)
+    if (!errors[rank].empty()) {
+      std::fprintf(stderr, "m3sa bench: context parallel NCCL rank %d: %s\n", rank,
+                   errors[rank].c_str());
+      return false;
+    }
+  Timing t;
+  t.median_us = median_us[0];
+  Record rec("context parallel NCCL B=" + std::to_string(batch) + " S=1M H=1 bf16, " +
+                 std::to_string(ranks) + " GPUs",
+             "context_parallel_index_topk", t);
+  rec.bytes = static_cast<double>(batch) * kContext * 128 * 2 / ranks; // per rank
+  rec.fraction = rec.bytes / (t.median_us * 1e3) / ceilings.copy_gbps;
+  rec.ceiling = "copy";
+  char note[128];
+  std::snprintf(note, sizeof note,
+                "eager steps, round robin; scaling efficiency vs one GPU (%.1f us) %.0f%%",
+                single_gpu_us, 100 * single_gpu_us / (ranks * t.median_us));
+  rec.note = note;
+  records->push_back(rec);
+  std::fprintf(stderr, "[m3sa bench] %-34s %10.2f us\n", rec.name.c_str(), t.median_us);
+  return true;
+}
+#endif
 
 std::string iso_date() {
   char text[32];
@@ -649,7 +768,12 @@ int run_bench(const BenchOptions& options) {
     if (!options.filter.empty() &&
         std::string("context parallel").find(options.filter) == std::string::npos)
       continue;
-    if (!run_context_parallel_cases(batch, stream, ceilings, &records)) ++failures;
+    double single_gpu_us = 0;
+    if (!run_context_parallel_cases(batch, stream, ceilings, &records, &single_gpu_us)) ++failures;
+#ifdef M3SA_BENCH_NCCL
+    else if (!run_context_parallel_nccl(batch, single_gpu_us, ceilings, &records))
+      ++failures;
+#endif
   }
   std::printf("| case | op | median us | CV | GB/s | TFLOP/s | of ceiling | note "
               "|\n|---|---|---|---|---|---|---|---|\n");
