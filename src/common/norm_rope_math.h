@@ -130,25 +130,31 @@ M3SA_HOST_DEVICE void rope_cos_sin(int64_t position, float inv_freq, float* cos_
   r = dfused(-k, 6.07710050630396597660e-11, r);
   r = dfused(-k, 2.02226624871116645580e-21, r);
   const double z = dmul(r, r);
-  double sp = -1.0 / 121645100408832000.0; // -1/19!
-  sp = dfused(sp, z, 1.0 / 355687428096000.0);
-  sp = dfused(sp, z, -1.0 / 1307674368000.0);
-  sp = dfused(sp, z, 1.0 / 6227020800.0);
-  sp = dfused(sp, z, -1.0 / 39916800.0);
-  sp = dfused(sp, z, 1.0 / 362880.0);
-  sp = dfused(sp, z, -1.0 / 5040.0);
-  sp = dfused(sp, z, 1.0 / 120.0);
-  sp = dfused(sp, z, -1.0 / 6.0);
-  const double sin_r = dfused(dmul(sp, z), r, r); // r + r^3 * (...)
-  double cp = -1.0 / 6402373705728000.0;          // -1/18!
-  cp = dfused(cp, z, 1.0 / 20922789888000.0);
-  cp = dfused(cp, z, -1.0 / 87178291200.0);
-  cp = dfused(cp, z, 1.0 / 479001600.0);
-  cp = dfused(cp, z, -1.0 / 3628800.0);
-  cp = dfused(cp, z, 1.0 / 40320.0);
-  cp = dfused(cp, z, -1.0 / 720.0);
-  cp = dfused(cp, z, 1.0 / 24.0);
-  cp = dfused(cp, z, -0.5);
+  // Taylor coefficients, highest power first: sin = r + r z P(z), cos = 1 + z Q(z).
+  constexpr double kSin[] = {-1.0 / 121645100408832000.0,
+                             1.0 / 355687428096000.0,
+                             -1.0 / 1307674368000.0,
+                             1.0 / 6227020800.0,
+                             -1.0 / 39916800.0,
+                             1.0 / 362880.0,
+                             -1.0 / 5040.0,
+                             1.0 / 120.0,
+                             -1.0 / 6.0};
+  constexpr double kCos[] = {-1.0 / 6402373705728000.0,
+                             1.0 / 20922789888000.0,
+                             -1.0 / 87178291200.0,
+                             1.0 / 479001600.0,
+                             -1.0 / 3628800.0,
+                             1.0 / 40320.0,
+                             -1.0 / 720.0,
+                             1.0 / 24.0,
+                             -0.5};
+  double sp = kSin[0], cp = kCos[0];
+  for (int i = 1; i < 9; ++i) {
+    sp = dfused(sp, z, kSin[i]);
+    cp = dfused(cp, z, kCos[i]);
+  }
+  const double sin_r = dfused(dmul(sp, z), r, r);
   const double cos_r = dfused(cp, z, 1.0);
   const int quadrant = static_cast<int>(static_cast<int64_t>(k) & 3);
   const double s = quadrant == 0 ? sin_r : quadrant == 1 ? cos_r : quadrant == 2 ? -sin_r : -cos_r;

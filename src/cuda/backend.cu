@@ -112,6 +112,14 @@ ContextParallelLayout carve(const ContextParallelPlan& plan, void* base, size_t*
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// Zero flag and counters, then the preparation mark read_device_errors checks.
+Status initialise_control(const Layout& l, cudaStream_t stream) {
+  M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.control, 0, l.control_bytes, stream));
+  M3SA_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(l.control, kPreparedByte, kFlagOffset * sizeof(int32_t), stream));
+  return {};
+}
+
 // index_topk leaves decode requests to the decode kernel; score_blocks schedules every request.
 int first_scheduled_request(const OpPlan& plan, const BatchMetadata& batch) {
   return plan.request.op == OpKind::index_topk ? batch.num_decode_requests : 0;
@@ -178,6 +186,27 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
   return {};
 }
 
+// Rows of `batch`, written to `topk`, with the plan's K, init and local blocks.
+SelectionRows selection_rows(const OpPlan& plan, const BatchMetadata& batch,
+                             const TensorView& topk) {
+  const MsaConfig& config = plan.request.config;
+  SelectionRows rows{};
+  rows.cu_q_lens = batch.cu_q_lens.ptr<const int32_t>();
+  rows.seq_lens = batch.seq_lens.ptr<const int32_t>();
+  rows.num_requests = batch.num_requests;
+  rows.num_tokens = batch.num_tokens;
+  rows.token_capacity = static_cast<int32_t>(plan.request.capacities.max_tokens);
+  rows.topk = topk.ptr<int32_t>();
+  rows.topk_stride_head = topk.strides[0];
+  rows.topk_stride_token = topk.strides[1];
+  rows.topk_stride_k = topk.strides[2];
+  rows.heads = config.num_index_heads;
+  rows.top_k = config.top_k;
+  rows.local_blocks = config.local_blocks;
+  rows.init_blocks = config.init_blocks;
+  return rows;
+}
+
 Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const float* scores,
                         const int64_t (&strides)[3], int64_t width, const TensorView& topk,
                         int32_t* error_flags, cudaStream_t stream) {
@@ -188,20 +217,8 @@ Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const fl
   p.score_stride_head = strides[0];
   p.score_stride_token = strides[1];
   p.score_stride_block = strides[2];
-  p.cu_q_lens = batch.cu_q_lens.ptr<const int32_t>();
-  p.seq_lens = batch.seq_lens.ptr<const int32_t>();
-  p.num_requests = batch.num_requests;
+  p.rows = selection_rows(plan, batch, topk);
   p.first_request = first_scheduled_request(plan, batch);
-  p.num_tokens = batch.num_tokens;
-  p.token_capacity = static_cast<int32_t>(plan.request.capacities.max_tokens);
-  p.topk = topk.ptr<int32_t>();
-  p.topk_stride_head = topk.strides[0];
-  p.topk_stride_token = topk.strides[1];
-  p.topk_stride_k = topk.strides[2];
-  p.heads = plan.request.config.num_index_heads;
-  p.top_k = plan.request.config.top_k;
-  p.local_blocks = plan.request.config.local_blocks;
-  p.init_blocks = plan.request.config.init_blocks;
   M3SA_CUDA_RETURN_IF_ERROR(launch_select_topk(p, stream));
   return {};
 }
@@ -390,11 +407,7 @@ Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& a, Workspa
 }
 
 Status prepare_workspace(const OpPlan& plan, Workspace workspace, void* stream) {
-  const Layout l = run_layout(plan, workspace);
-  M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.control, 0, l.control_bytes, as_stream(stream)));
-  M3SA_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(l.control, kPreparedByte, kFlagOffset * sizeof(int32_t), as_stream(stream)));
-  return {};
+  return initialise_control(run_layout(plan, workspace), as_stream(stream));
 }
 
 Status read_device_errors(const OpPlan& plan, Workspace workspace, void* stream, int32_t* flags) {
@@ -430,11 +443,7 @@ Status make_context_parallel_plan(const PlanRequest& request, const ContextShard
 
 Status prepare_context_parallel_workspace(const ContextParallelPlan& plan, Workspace workspace,
                                           void* stream) {
-  const Layout l = carve(plan, workspace.data, nullptr).scoring;
-  M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.control, 0, l.control_bytes, as_stream(stream)));
-  M3SA_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(l.control, kPreparedByte, kFlagOffset * sizeof(int32_t), as_stream(stream)));
-  return {};
+  return initialise_control(carve(plan, workspace.data, nullptr).scoring, as_stream(stream));
 }
 
 Status score_shard_candidates(const ContextParallelPlan& plan, const IndexTopkArgs& args,
@@ -453,24 +462,11 @@ Status score_shard_candidates(const ContextParallelPlan& plan, const IndexTopkAr
 
 Status merge_shard_candidates(const ContextParallelPlan& plan, const uint64_t* gathered,
                               const BatchMetadata& batch, const TensorView& topk, void* stream) {
-  const MsaConfig& config = plan.request.config;
   MergeCandidatesParams p{};
   p.candidates = gathered;
   p.num_ranks = plan.shard.num_ranks;
   p.rank_stride = static_cast<int64_t>(plan.candidate_bytes / sizeof(uint64_t));
-  p.cu_q_lens = batch.cu_q_lens.ptr<const int32_t>();
-  p.seq_lens = batch.seq_lens.ptr<const int32_t>();
-  p.num_requests = batch.num_requests;
-  p.num_tokens = batch.num_tokens;
-  p.token_capacity = static_cast<int32_t>(plan.request.capacities.max_tokens);
-  p.topk = topk.ptr<int32_t>();
-  p.topk_stride_head = topk.strides[0];
-  p.topk_stride_token = topk.strides[1];
-  p.topk_stride_k = topk.strides[2];
-  p.heads = config.num_index_heads;
-  p.top_k = config.top_k;
-  p.init_blocks = config.init_blocks;
-  p.local_blocks = config.local_blocks;
+  p.rows = selection_rows(plan.scoring, batch, topk);
   M3SA_CUDA_RETURN_IF_ERROR(launch_merge_candidates(p, as_stream(stream)));
   return {};
 }

@@ -64,6 +64,27 @@ struct ScoreBlocksParams {
   int32_t shard_span; // > 0: contiguous shards of shard_span blocks; 0: round-robin (b % count)
 };
 
+// The rows a selection writes, shared by the kernels that end in selections (select, merge).
+struct SelectionRows {
+  const int32_t* cu_q_lens; // [R + 1]
+  const int32_t* seq_lens;  // [R]
+  int32_t num_requests;
+  int32_t num_tokens;     // live tokens; rows past it are left alone
+  int32_t token_capacity; // rows per head in the grid
+  int32_t* topk;          // [H, T, K] out
+  int64_t topk_stride_head, topk_stride_token, topk_stride_k;
+  int32_t heads, top_k, local_blocks, init_blocks;
+};
+
+struct SelectTopkParams {
+  const float* scores; // [H, T, width]
+  int64_t score_stride_head, score_stride_token, score_stride_block;
+  int32_t score_width; // rows needing more causal blocks are refused (error flag)
+  SelectionRows rows;
+  int32_t first_request; // rows of earlier requests (decode) are left to the decode kernel
+  int32_t* error_flags;  // [1]
+};
+
 // Decode rows of index_topk: scoring as above (tiles, num_tiles and scores unused; tiles are
 // derived from the request index), then per-range candidate lists merged by the last CTA.
 struct DecodeTopkParams {
@@ -80,23 +101,15 @@ struct DecodeTopkParams {
   int64_t topk_stride_head, topk_stride_token, topk_stride_k;
 };
 
-struct SelectTopkParams {
-  const float* scores; // [H, T, width]
-  int64_t score_stride_head, score_stride_token, score_stride_block;
-  int32_t score_width;      // rows needing more causal blocks are refused (error flag)
-  const int32_t* cu_q_lens; // [R + 1]
-  const int32_t* seq_lens;  // [R]
-  int32_t num_requests;
-  int32_t first_request;  // rows of earlier requests (decode) are left to the decode kernel
-  int32_t num_tokens;     // live tokens; rows past it are left alone
-  int32_t token_capacity; // rows per head in the grid
-  int32_t* topk;          // [H, T, K] out
-  int64_t topk_stride_head, topk_stride_token, topk_stride_k;
-  int32_t heads, top_k, local_blocks, init_blocks;
-  int32_t* error_flags; // [1]
+// Merge of per-rank candidate keys [ranks, H, T, ranked slots] into final selections.
+struct MergeCandidatesParams {
+  const uint64_t* candidates;
+  int64_t rank_stride; // H * T * ranked slots
+  int32_t num_ranks;
+  SelectionRows rows;
 };
 
-// norm_rope_insert: one CTA per token; rows are q heads, index-q heads, k heads, v heads, index k.
+// norm_rope_insert; rows per token: q heads, index-q heads, k heads, v heads, index k.
 struct NormRopeInsertParams {
   const void* q; // [T, Hq, 128] bf16
   int64_t q_stride_token, q_stride_head;
@@ -138,19 +151,6 @@ struct NormRopeInsertParams {
   float eps, weight_offset;
   float inv_freq[32];   // theta^(-i/32) rounded to fp32, computed on the host
   int32_t* error_flags; // [1]
-};
-
-// Merge of per-rank candidate keys [ranks, H, T, ranked slots] into final selections.
-struct MergeCandidatesParams {
-  const uint64_t* candidates;
-  int64_t rank_stride; // H * T * ranked slots
-  int32_t num_ranks;
-  const int32_t* cu_q_lens; // [R + 1]
-  const int32_t* seq_lens;  // [R]
-  int32_t num_requests, num_tokens, token_capacity;
-  int32_t* topk; // [H, T, K] out
-  int64_t topk_stride_head, topk_stride_token, topk_stride_k;
-  int32_t heads, top_k, init_blocks, local_blocks;
 };
 
 struct InsertIndexKParams {

@@ -290,6 +290,19 @@ TEST(GpuIndexerSmall, InsertIndexKIsBitExactAndSkipsPadding) {
     }
 }
 
+// The device error flag after one index_topk on a fresh plan and workspace.
+int32_t flags_after_index_topk(const SyntheticBatch& sb, const DeviceBatch& db) {
+  CudaRun run = cuda_plan(OpKind::index_topk, cfg(1), sb);
+  DeviceTensor topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
+  Status s =
+      index_topk(run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
+                 run.workspace->get());
+  int32_t flags = -1;
+  if (s.ok()) s = read_device_errors(run.plan, run.workspace->get(), {}, &flags);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return flags;
+}
+
 TEST(GpuIndexerSmall, BadPageIdsAreReportedNotRead) {
   M3SA_SKIP_WITHOUT_CUDA();
   SyntheticBatch sb(decode_spec({1000, 3000}, 1, DType::bf16));
@@ -298,14 +311,7 @@ TEST(GpuIndexerSmall, BadPageIdsAreReportedNotRead) {
   HostTensor table = db.block_table.download();
   table.data<int32_t>()[1] = 1 << 20; // request 0, block 1
   db.block_table.upload(table);
-  CudaRun run = cuda_plan(OpKind::index_topk, cfg(1), sb);
-  DeviceTensor topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
-  M3SA_ASSERT_OK(index_topk(run.plan,
-                            {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
-                            run.workspace->get()));
-  int32_t flags = 0;
-  M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace->get(), {}, &flags));
-  EXPECT_EQ(flags & 1, 1);
+  EXPECT_EQ(flags_after_index_topk(sb, db) & 1, 1);
 }
 
 TEST(GpuIndexerSmall, DecodeQLenMismatchIsReported) {
@@ -314,14 +320,7 @@ TEST(GpuIndexerSmall, DecodeQLenMismatchIsReported) {
   sb.fill_index_integers(2, -2, 2);
   DeviceBatch db(sb);
   db.decode_q_len = 1; // what the host says; the device cu_q_lens disagree
-  CudaRun run = cuda_plan(OpKind::index_topk, cfg(1), sb);
-  DeviceTensor topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
-  M3SA_ASSERT_OK(index_topk(run.plan,
-                            {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
-                            run.workspace->get()));
-  int32_t flags = 0;
-  M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace->get(), {}, &flags));
-  EXPECT_EQ(flags, 8);
+  EXPECT_EQ(flags_after_index_topk(sb, db), 8);
 }
 
 TEST(GpuIndexerSmall, ErrorFlagsAccumulateUntilReadAndUnpreparedWorkspacesAreReported) {

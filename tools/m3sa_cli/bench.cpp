@@ -513,6 +513,39 @@ bool run_norm_rope_case(int tokens, DType kv_dtype, DType index_dtype, cudaStrea
   return true;
 }
 
+// B single-token decode requests of `context` tokens on the current device: lengths, a
+// [B, width] block table and one bf16 query each; args() adds the cache and the output.
+struct DecodeRequests {
+  int batch;
+  int64_t width;
+  DeviceBuffer cu, seq, table, q;
+  bool ok = false;
+  DecodeRequests(int b, int context, const HostTensor& host_table)
+      : batch(b), width(host_table.view().shape[1]), cu((b + 1) * 4), seq(b * 4),
+        table(host_table.bytes()), q(int64_t{b} * 256) {
+    HostTensor host_cu(DType::i32, {b + 1}), host_seq(DType::i32, {b});
+    for (int r = 0; r <= b; ++r) host_cu.data<int32_t>()[r] = r;
+    for (int r = 0; r < b; ++r) host_seq.data<int32_t>()[r] = context;
+    ok = fill_random(q, DType::bf16, 29) &&
+         cudaMemcpy(cu.ptr, host_cu.view().data, host_cu.bytes(), cudaMemcpyHostToDevice) ==
+             cudaSuccess &&
+         cudaMemcpy(seq.ptr, host_seq.view().data, host_seq.bytes(), cudaMemcpyHostToDevice) ==
+             cudaSuccess &&
+         cudaMemcpy(table.ptr, host_table.view().data, host_table.bytes(),
+                    cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+  IndexTopkArgs args(const DeviceBuffer& cache, int64_t pages, const TensorView& topk) const {
+    const Device gpu{DeviceKind::cuda, 0};
+    return {TensorView::contiguous(q.ptr, DType::bf16, {batch, 1, 128}, gpu),
+            TensorView::contiguous(cache.ptr, DType::bf16, {pages, 128, 128}, gpu),
+            {TensorView::contiguous(cu.ptr, DType::i32, {batch + 1}, gpu),
+             TensorView::contiguous(seq.ptr, DType::i32, {batch}, gpu),
+             TensorView::contiguous(table.ptr, DType::i32, {batch, width}, gpu), batch, batch, 1,
+             batch},
+            topk};
+  }
+};
+
 // Context-parallel decode at 1M tokens on ONE GPU: the work of rank 0 of R contiguous shards
 // (score its 1/R of every request's blocks, then merge R candidate lists), timed alone. With
 // the all-gather left out (it needs R GPUs), t(1) / (R * t(R)) is the scaling efficiency the
@@ -522,15 +555,8 @@ bool run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& 
   constexpr int kContext = 1 << 20, kBlocks = kContext / 128;
   const int64_t pages = int64_t{batch} * kBlocks;
   const Device gpu{DeviceKind::cuda, 0};
-  DeviceBuffer cache(static_cast<size_t>(pages) * 128 * 128 * 2), q(int64_t{batch} * 256),
-      cu((batch + 1) * 4), seq(batch * 4);
-  if (!cache.ptr || !fill_random(cache, DType::bf16, 21) || !fill_random(q, DType::bf16, 22))
-    return false;
-  HostTensor host_cu(DType::i32, {batch + 1}), host_seq(DType::i32, {batch});
-  for (int r = 0; r <= batch; ++r) host_cu.data<int32_t>()[r] = r;
-  for (int r = 0; r < batch; ++r) host_seq.data<int32_t>()[r] = kContext;
-  BENCH_CHECK(cudaMemcpy(cu.ptr, host_cu.view().data, host_cu.bytes(), cudaMemcpyHostToDevice));
-  BENCH_CHECK(cudaMemcpy(seq.ptr, host_seq.view().data, host_seq.bytes(), cudaMemcpyHostToDevice));
+  DeviceBuffer cache(static_cast<size_t>(pages) * 128 * 128 * 2);
+  if (!cache.ptr || !fill_random(cache, DType::bf16, 21)) return false;
   MsaConfig config;
   config.num_index_heads = 1;
   const PlanRequest request{OpKind::index_topk, Backend::cuda, config,
@@ -549,21 +575,12 @@ bool run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& 
       for (int64_t j = 0; j < span; ++j)
         host_table.data<int32_t>()[r * span + j] = static_cast<int32_t>(
             r * kBlocks + shard_global_block(request.capacities, plan.shard, j));
-    DeviceBuffer table(host_table.bytes()), ws(plan.workspace_bytes), topk(int64_t{batch} * 16 * 4),
+    const DecodeRequests requests(batch, kContext, host_table);
+    DeviceBuffer ws(plan.workspace_bytes), topk(int64_t{batch} * 16 * 4),
         gathered(plan.candidate_bytes * ranks);
-    BENCH_CHECK(
-        cudaMemcpy(table.ptr, host_table.view().data, host_table.bytes(), cudaMemcpyHostToDevice));
-    const BatchMetadata meta{TensorView::contiguous(cu.ptr, DType::i32, {batch + 1}, gpu),
-                             TensorView::contiguous(seq.ptr, DType::i32, {batch}, gpu),
-                             TensorView::contiguous(table.ptr, DType::i32, {batch, span}, gpu),
-                             batch,
-                             batch,
-                             1,
-                             batch};
-    const IndexTopkArgs args{TensorView::contiguous(q.ptr, DType::bf16, {batch, 1, 128}, gpu),
-                             TensorView::contiguous(cache.ptr, DType::bf16, {pages, 128, 128}, gpu),
-                             meta,
-                             {}};
+    if (!requests.ok) return false;
+    const IndexTopkArgs args = requests.args(cache, pages, {});
+    const BatchMetadata& meta = args.batch;
     const TensorView all =
         TensorView::contiguous(gathered.ptr, DType::i64, {ranks, 1, batch, plan.ranked_slots}, gpu);
     const TensorView mine =
@@ -642,30 +659,14 @@ bool run_context_parallel_nccl(int batch, double single_gpu_us, const Ceilings& 
       const int64_t span = shard_local_blocks(request.capacities, plan.shard, kBlocks);
       const int64_t pages = batch * span;
       const Device gpu{DeviceKind::cuda, 0};
-      DeviceBuffer cache(static_cast<size_t>(pages) * 128 * 128 * 2), q(int64_t{batch} * 256),
-          cu((batch + 1) * 4), seq(batch * 4), table(batch * span * 4), topk(int64_t{batch} * 64),
+      DeviceBuffer cache(static_cast<size_t>(pages) * 128 * 128 * 2), topk(int64_t{batch} * 64),
           ws(plan.workspace_bytes);
-      HostTensor host_cu(DType::i32, {batch + 1}), host_seq(DType::i32, {batch}),
-          host_table(DType::i32, {batch, span});
-      for (int r = 0; r <= batch; ++r) host_cu.data<int32_t>()[r] = r;
-      for (int r = 0; r < batch; ++r) host_seq.data<int32_t>()[r] = kContext;
+      HostTensor host_table(DType::i32, {batch, span}); // the rank's pages, in order
       for (int64_t i = 0; i < pages; ++i) host_table.data<int32_t>()[i] = static_cast<int32_t>(i);
-      if (!fill_random(cache, DType::bf16, 30 + rank) || !fill_random(q, DType::bf16, 29) ||
-          cudaMemcpy(cu.ptr, host_cu.view().data, host_cu.bytes(), cudaMemcpyHostToDevice) ||
-          cudaMemcpy(seq.ptr, host_seq.view().data, host_seq.bytes(), cudaMemcpyHostToDevice) ||
-          cudaMemcpy(table.ptr, host_table.view().data, host_table.bytes(), cudaMemcpyHostToDevice))
-        return fail("buffers");
-      const BatchMetadata meta{TensorView::contiguous(cu.ptr, DType::i32, {batch + 1}, gpu),
-                               TensorView::contiguous(seq.ptr, DType::i32, {batch}, gpu),
-                               TensorView::contiguous(table.ptr, DType::i32, {batch, span}, gpu),
-                               batch,
-                               batch,
-                               1,
-                               batch};
-      const IndexTopkArgs args{
-          TensorView::contiguous(q.ptr, DType::bf16, {batch, 1, 128}, gpu),
-          TensorView::contiguous(cache.ptr, DType::bf16, {pages, 128, 128}, gpu), meta,
-          TensorView::contiguous(topk.ptr, DType::i32, {1, batch, 16}, gpu)};
+      const DecodeRequests requests(batch, kContext, host_table);
+      if (!requests.ok || !fill_random(cache, DType::bf16, 30 + rank)) return fail("buffers");
+      const IndexTopkArgs args = requests.args(
+          cache, pages, TensorView::contiguous(topk.ptr, DType::i32, {1, batch, 16}, gpu));
       cudaStream_t stream;
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
       cudaEvent_t start, stop;

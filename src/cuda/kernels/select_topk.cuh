@@ -143,17 +143,23 @@ __device__ __forceinline__ void write_selection(const SelectionRow& row, uint64_
     row.out[(row.init_blocks + row.fill + i) * row.out_stride] = row.local_begin + i;
 }
 
-// Row (h, t) of a select launch: its output, its position, and whether it is written already
-// (rows owned by the decode kernel, rows past the score width, rows with n <= K).
+// Row (h, t)'s selection: its output slots, its position (from its request) and K's split.
+__device__ __forceinline__ SelectionRow selection_row_of(const SelectionRows& rows, int h, int t) {
+  const int r = request_of_token(rows.cu_q_lens, rows.num_requests, t);
+  const int seq_len = rows.seq_lens[r];
+  const int q_len = rows.cu_q_lens[r + 1] - rows.cu_q_lens[r];
+  const int position = seq_len == 0 ? -1 : seq_len - q_len + (t - rows.cu_q_lens[r]);
+  return make_selection_row(rows.topk + h * rows.topk_stride_head + t * rows.topk_stride_token,
+                            rows.topk_stride_k, position, rows.top_k, rows.init_blocks,
+                            rows.local_blocks);
+}
+
+// Row (h, t) of a select launch, and whether it is written already (rows owned by the decode
+// kernel, rows past the score width, rows with n <= K).
 __device__ __forceinline__ bool begin_scored_row(const SelectTopkParams& p, int h, int t, int lane,
                                                  bool writer, SelectionRow* row) {
-  if (t < p.cu_q_lens[p.first_request]) return true; // decode rows: another kernel's
-  const int r = request_of_token(p.cu_q_lens, p.num_requests, t);
-  const int seq_len = p.seq_lens[r];
-  const int q_len = p.cu_q_lens[r + 1] - p.cu_q_lens[r];
-  const int position = seq_len == 0 ? -1 : seq_len - q_len + (t - p.cu_q_lens[r]);
-  *row = make_selection_row(p.topk + h * p.topk_stride_head + t * p.topk_stride_token,
-                            p.topk_stride_k, position, p.top_k, p.init_blocks, p.local_blocks);
+  if (t < p.rows.cu_q_lens[p.first_request]) return true; // decode rows: another kernel's
+  *row = selection_row_of(p.rows, h, t);
   if (row->n > p.score_width) { // seq_len beyond the block table: nothing valid to read
     if (writer) {
       write_empty_row(*row, lane);
@@ -178,12 +184,12 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
     select_topk_kernel(const __grid_constant__ SelectTopkParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row_index = blockIdx.x * kSelectWarps + warp;
-  const int h = row_index / p.token_capacity, t = row_index % p.token_capacity;
-  if (h >= p.heads || t >= p.num_tokens) return;
+  const int h = row_index / p.rows.token_capacity, t = row_index % p.rows.token_capacity;
+  if (h >= p.rows.heads || t >= p.rows.num_tokens) return;
   SelectionRow row;
   if (begin_scored_row(p, h, t, lane, true, &row)) return;
   uint64_t best[MaxK];
-  rank_candidates(best, row_scores(p, h, t), p.score_stride_block, p.init_blocks + lane,
+  rank_candidates(best, row_scores(p, h, t), p.score_stride_block, row.init_blocks + lane,
                   row.local_begin, 32);
   write_selection(row, merge_warp(best, row.fill, lane), lane);
 }
@@ -195,13 +201,13 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
     select_topk_wide_kernel(const __grid_constant__ SelectTopkParams p) {
   __shared__ uint64_t lists[kSelectWarps][32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int h = blockIdx.x / p.token_capacity, t = blockIdx.x % p.token_capacity;
-  if (h >= p.heads || t >= p.num_tokens) return;
+  const int h = blockIdx.x / p.rows.token_capacity, t = blockIdx.x % p.rows.token_capacity;
+  if (h >= p.rows.heads || t >= p.rows.num_tokens) return;
   SelectionRow row;
   if (begin_scored_row(p, h, t, lane, warp == 0, &row)) return; // uniform across the CTA
   uint64_t best[MaxK];
-  rank_candidates(best, row_scores(p, h, t), p.score_stride_block, p.init_blocks + warp * 32 + lane,
-                  row.local_begin, 32 * kSelectWarps);
+  rank_candidates(best, row_scores(p, h, t), p.score_stride_block,
+                  row.init_blocks + warp * 32 + lane, row.local_begin, 32 * kSelectWarps);
   lists[warp][lane] = merge_warp(best, row.fill, lane); // lanes >= fill hold 0
   __syncthreads();
   if (warp != 0) return;
