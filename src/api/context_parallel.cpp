@@ -14,6 +14,14 @@
 namespace m3sa {
 namespace {
 
+#ifdef M3SA_HAVE_CUDA
+#define M3SA_CONTEXT_PARALLEL_DISPATCH(call) return with_context(cuda::call)
+#else
+#define M3SA_CONTEXT_PARALLEL_DISPATCH(call)                                                       \
+  (void)ctx;                                                                                       \
+  return with_context(Status::unsupported("backend cuda", "m3sa was built without it"))
+#endif
+
 Status with_context(Status status) {
   if (status.ok()) return status;
   return {status.code(), "m3sa::context_parallel_index_topk: " + status.message()};
@@ -136,19 +144,19 @@ Status make_context_parallel_plan(const PlanRequest& request, const ContextShard
 #endif
 }
 
-#ifdef M3SA_HAVE_CUDA
 Status prepare_context_parallel_workspace(const ContextParallelPlan& plan, Workspace workspace,
                                           const ExecContext& ctx) {
   M3SA_RETURN_IF_ERROR(with_context(check_workspace(plan, workspace)));
-  return with_context(cuda::prepare_context_parallel_workspace(plan, workspace, ctx.stream));
+  M3SA_CONTEXT_PARALLEL_DISPATCH(prepare_context_parallel_workspace(plan, workspace, ctx.stream));
 }
 
 Status context_parallel_index_topk(const ContextParallelPlan& plan, const IndexTopkArgs& args,
                                    void* nccl_comm, Workspace workspace, const ExecContext& ctx) {
   M3SA_RETURN_IF_ERROR(with_context(check_workspace(plan, workspace)));
   M3SA_RETURN_IF_ERROR(with_context(check_shard_args(plan, args, true)));
-  return with_context(
-      cuda::context_parallel_index_topk(plan, args, nccl_comm, workspace, ctx.stream));
+  (void)nccl_comm; // unused where m3sa was built without CUDA
+  M3SA_CONTEXT_PARALLEL_DISPATCH(
+      context_parallel_index_topk(plan, args, nccl_comm, workspace, ctx.stream));
 }
 
 Status score_shard_candidates(const ContextParallelPlan& plan, const IndexTopkArgs& args,
@@ -157,7 +165,7 @@ Status score_shard_candidates(const ContextParallelPlan& plan, const IndexTopkAr
   M3SA_RETURN_IF_ERROR(with_context(check_workspace(plan, workspace)));
   M3SA_RETURN_IF_ERROR(with_context(check_shard_args(plan, args, false)));
   M3SA_RETURN_IF_ERROR(with_context(check_candidates(plan, candidates, "candidates", false)));
-  return with_context(cuda::score_shard_candidates(
+  M3SA_CONTEXT_PARALLEL_DISPATCH(score_shard_candidates(
       plan, args, static_cast<uint64_t*>(candidates.data), workspace, ctx.stream));
 }
 
@@ -169,26 +177,8 @@ Status merge_shard_candidates(const ContextParallelPlan& plan, const TensorView&
       with_context(detail::check_batch(plan.scoring, batch, DeviceKind::cuda, -1)));
   M3SA_RETURN_IF_ERROR(
       with_context(detail::check_topk_out(plan.scoring, topk, batch.num_tokens, DeviceKind::cuda)));
-  return with_context(cuda::merge_shard_candidates(
+  M3SA_CONTEXT_PARALLEL_DISPATCH(merge_shard_candidates(
       plan, static_cast<const uint64_t*>(gathered.data), batch, topk, ctx.stream));
 }
-#else
-Status prepare_context_parallel_workspace(const ContextParallelPlan&, Workspace,
-                                          const ExecContext&) {
-  return with_context(Status::unsupported("backend cuda", "m3sa was built without it"));
-}
-Status context_parallel_index_topk(const ContextParallelPlan&, const IndexTopkArgs&, void*,
-                                   Workspace, const ExecContext&) {
-  return with_context(Status::unsupported("backend cuda", "m3sa was built without it"));
-}
-Status score_shard_candidates(const ContextParallelPlan&, const IndexTopkArgs&, const TensorView&,
-                              Workspace, const ExecContext&) {
-  return with_context(Status::unsupported("backend cuda", "m3sa was built without it"));
-}
-Status merge_shard_candidates(const ContextParallelPlan&, const TensorView&, const BatchMetadata&,
-                              const TensorView&, const ExecContext&) {
-  return with_context(Status::unsupported("backend cuda", "m3sa was built without it"));
-}
-#endif
 
 } // namespace m3sa

@@ -523,6 +523,7 @@ Status check_control_workspace(const OpPlan& plan, Workspace workspace) {
 } // namespace
 
 Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecContext& ctx) {
+  (void)ctx; // only the CUDA backend has a stream (and a build without it none)
   M3SA_RETURN_IF_ERROR(check_control_workspace(plan, workspace));
   if (plan.request.backend != Backend::cuda) return {};
   M3SA_CUDA_DISPATCH(prepare_workspace(plan, workspace, ctx.stream));
@@ -541,6 +542,7 @@ Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& args, Work
 
 Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx,
                           int32_t* flags) {
+  (void)ctx; // only the CUDA backend has a stream (and a build without it none)
   if (flags == nullptr) return Status::invalid_argument("flags", "a non-null int32_t*", "nullptr");
   *flags = 0;
   M3SA_RETURN_IF_ERROR(check_control_workspace(plan, workspace));
