@@ -1,9 +1,10 @@
 // One instantiation per translation unit keeps CI's 2-core build short.
-#include "cuda/kernels/decode_topk_launch.cuh"
+#include "cuda/kernels/decode_topk.cuh"
 #include "cuda/launchers.h"
 
 namespace m3sa::cuda {
 cudaError_t launch_decode_topk_bf16_k16(const DecodeTopkParams& p, dim3 grid, cudaStream_t s) {
-  return launch_decode_topk_kernel<__nv_bfloat16, 16>(p, grid, s);
+  return launch_with_shared_memory(decode_topk_kernel<__nv_bfloat16, 16>, grid, kScoreThreads,
+                                   kDecodeSmemBytes, s, p);
 }
 } // namespace m3sa::cuda

@@ -8,10 +8,9 @@ namespace {
 
 __global__ void __launch_bounds__(kSelectWarps * 32)
     merge_candidates_kernel(const __grid_constant__ MergeCandidatesParams p) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row_index = blockIdx.x * kSelectWarps + warp;
-  const int h = row_index / p.rows.token_capacity, t = row_index % p.rows.token_capacity;
-  if (h >= p.rows.heads || t >= p.rows.num_tokens) return;
+  const int lane = threadIdx.x & 31;
+  int h, t;
+  if (!warp_row(p.rows, &h, &t)) return;
   const SelectionRow row = selection_row_of(p.rows, h, t);
   if (write_short_row(row, lane)) return;
   uint64_t best[32];

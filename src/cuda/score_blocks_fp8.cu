@@ -3,15 +3,8 @@
 #include "cuda/launchers.h"
 
 namespace m3sa::cuda {
-
-cudaError_t launch_score_blocks_fp8(const ScoreBlocksParams& params, dim3 grid,
-                                    cudaStream_t stream) {
-  const cudaError_t e =
-      cudaFuncSetAttribute(score_blocks_kernel<__nv_fp8_e4m3>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kScoreSmemBytes);
-  if (e != cudaSuccess) return e;
-  score_blocks_kernel<__nv_fp8_e4m3><<<grid, kScoreThreads, kScoreSmemBytes, stream>>>(params);
-  return cudaGetLastError();
+cudaError_t launch_score_blocks_fp8(const ScoreBlocksParams& p, dim3 grid, cudaStream_t s) {
+  return launch_with_shared_memory(score_blocks_kernel<__nv_fp8_e4m3>, grid, kScoreThreads,
+                                   kScoreSmemBytes, s, p);
 }
-
 } // namespace m3sa::cuda

@@ -561,7 +561,6 @@ bool run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& 
   config.num_index_heads = 1;
   const PlanRequest request{OpKind::index_topk, Backend::cuda, config,
                             Capacities{batch, batch, kBlocks}, DType::bf16};
-  double single = 0;
   for (int ranks : {1, 2, 4, 8}) {
     ContextParallelPlan plan;
     Status s = make_context_parallel_plan(request, {0, ranks, ShardMode::contiguous}, &plan);
@@ -602,7 +601,7 @@ bool run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& 
       std::fprintf(stderr, "m3sa bench: context parallel: %s\n", s.to_string().c_str());
       return false;
     }
-    if (ranks == 1) single = *single_gpu_us = t.median_us;
+    if (ranks == 1) *single_gpu_us = t.median_us;
     Record rec{"context parallel B=" + std::to_string(batch) + " S=1M H=1 bf16, rank 0 of " +
                    std::to_string(ranks),
                "score_shard+merge", t};
@@ -611,7 +610,7 @@ bool run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& 
     rec.ceiling = "copy";
     char note[96];
     std::snprintf(note, sizeof note, "projected scaling efficiency without the all-gather %.0f%%",
-                  100 * single / (ranks * t.median_us));
+                  100 * *single_gpu_us / (ranks * t.median_us));
     rec.note = note;
     records->push_back(rec);
     std::fprintf(stderr, "[m3sa bench] %-34s %10.2f us\n", rec.name.c_str(), t.median_us);

@@ -151,7 +151,7 @@ int run_demo(const DemoOptions& o) {
   const auto request_for = [&](OpKind op, const testing::RunOptions& ro) {
     return testing::plan_request(op, config, sb, ro);
   };
-  double insert_ms = 0, topk_ms = 0, attention_ms = 0;
+  double norm_rope_ms = 0, topk_ms = 0, attention_ms = 0;
   HostTensor topk(DType::i32, {o.index_heads, tokens, o.top_k});
   HostTensor out(DType::bf16, {tokens, o.q_heads, kHeadDim}), lse(DType::f32, {tokens, o.q_heads});
   topk.fill_bytes(0x5a), out.fill_bytes(0xff), lse.fill_bytes(0xff); // poisoned
@@ -159,12 +159,12 @@ int run_demo(const DemoOptions& o) {
   if (indexer_backend == Backend::cuda) {
 #ifdef M3SA_HAVE_CUDA
     progress("norm_rope_insert + index_topk on the GPU");
-    status = run_indexer_on_cuda(config, sb, step_args, topk, &insert_ms, &topk_ms);
+    status = run_indexer_on_cuda(config, sb, step_args, topk, &norm_rope_ms, &topk_ms);
 #endif
   } else {
     const testing::RunOptions indexer_options{indexer_backend, o.threads};
     progress("norm_rope_insert");
-    status = timed(request_for(OpKind::norm_rope_insert, indexer_options), &insert_ms,
+    status = timed(request_for(OpKind::norm_rope_insert, indexer_options), &norm_rope_ms,
                    [&](const OpPlan& plan, Workspace ws) {
                      return norm_rope_insert(plan, step_args, ws, {o.threads, nullptr});
                    });
@@ -297,8 +297,8 @@ int run_demo(const DemoOptions& o) {
   std::printf("\n  stage              time\n");
   std::printf("  norm_rope_insert %10.3f ms  (%s)\n  index_topk       %10.3f ms  (%s)\n  "
               "sparse_attention %10.3f ms  (%s)\n  total            %10.3f ms\n",
-              insert_ms, to_string(indexer_backend), topk_ms, to_string(indexer_backend),
-              attention_ms, to_string(backend), insert_ms + topk_ms + attention_ms);
+              norm_rope_ms, to_string(indexer_backend), topk_ms, to_string(indexer_backend),
+              attention_ms, to_string(backend), norm_rope_ms + topk_ms + attention_ms);
   std::printf(
       "\n  verification against the reference on %lld tokens (%lld decode, %lld prefill):\n",
       static_cast<long long>(s_count), static_cast<long long>(decode_tokens),

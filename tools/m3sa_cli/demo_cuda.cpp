@@ -80,7 +80,7 @@ Status timed_on_gpu(const PlanRequest& request, cudaStream_t stream, double* ms,
 
 Status run_indexer_on_cuda(const MsaConfig& config, const testing::SyntheticBatch& sb,
                            const NormRopeInsertArgs& step, testing::HostTensor& topk,
-                           double* insert_ms, double* topk_ms) {
+                           double* norm_rope_ms, double* topk_ms) {
   // Host views -> device mirrors (views carry shape and strides; the mirror swaps the pointer).
   std::vector<std::unique_ptr<Mirror>> mirrors;
   const auto mirror = [&](const TensorView& host) {
@@ -124,7 +124,7 @@ Status run_indexer_on_cuda(const MsaConfig& config, const testing::SyntheticBatc
   batch.cu_q_lens = cu->view, batch.seq_lens = seq->view, batch.block_table = table->view;
   PlanRequest request{OpKind::norm_rope_insert, Backend::cuda, config, sb.capacities(),
                       sb.spec().index_dtype};
-  Status s = timed_on_gpu(request, stream, insert_ms,
+  Status s = timed_on_gpu(request, stream, norm_rope_ms,
                           [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
                             return norm_rope_insert(plan, d, ws, ctx);
                           });

@@ -10,6 +10,6 @@ namespace m3sa::cli {
 // tensors `step` points at, and `topk`.
 Status run_indexer_on_cuda(const MsaConfig& config, const testing::SyntheticBatch& sb,
                            const NormRopeInsertArgs& step, testing::HostTensor& topk,
-                           double* insert_ms, double* topk_ms);
+                           double* norm_rope_ms, double* topk_ms);
 
 } // namespace m3sa::cli

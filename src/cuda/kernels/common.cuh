@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 namespace m3sa::cuda {
@@ -35,6 +37,18 @@ __device__ __forceinline__ int request_of_token(const int32_t* cu_q_lens, int nu
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Launches `kernel` with `smem` bytes of dynamic shared memory (above the 48 KB default, so the
+// attribute is set first); returns the first error.
+template <typename Kernel, typename Params>
+cudaError_t launch_with_shared_memory(Kernel kernel, dim3 grid, int threads, int smem,
+                                      cudaStream_t stream, const Params& params) {
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  kernel<<<grid, threads, smem, stream>>>(params);
+  return cudaGetLastError();
 }
 
 } // namespace m3sa::cuda

@@ -174,6 +174,13 @@ __device__ __forceinline__ bool begin_scored_row(const SelectTopkParams& p, int 
   return false;
 }
 
+// The (head, token) row of this warp in a warp-per-row launch; false past the live rows.
+__device__ __forceinline__ bool warp_row(const SelectionRows& rows, int* h, int* t) {
+  const int row_index = blockIdx.x * kSelectWarps + (threadIdx.x >> 5);
+  *h = row_index / rows.token_capacity, *t = row_index % rows.token_capacity;
+  return *h < rows.heads && *t < rows.num_tokens;
+}
+
 __device__ __forceinline__ const float* row_scores(const SelectTopkParams& p, int h, int t) {
   return p.scores + h * p.score_stride_head + t * p.score_stride_token;
 }
@@ -182,10 +189,9 @@ __device__ __forceinline__ const float* row_scores(const SelectTopkParams& p, in
 template <int MaxK>
 __global__ void __launch_bounds__(kSelectWarps * 32)
     select_topk_kernel(const __grid_constant__ SelectTopkParams p) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row_index = blockIdx.x * kSelectWarps + warp;
-  const int h = row_index / p.rows.token_capacity, t = row_index % p.rows.token_capacity;
-  if (h >= p.rows.heads || t >= p.rows.num_tokens) return;
+  const int lane = threadIdx.x & 31;
+  int h, t;
+  if (!warp_row(p.rows, &h, &t)) return;
   SelectionRow row;
   if (begin_scored_row(p, h, t, lane, true, &row)) return;
   uint64_t best[MaxK];
