@@ -161,7 +161,7 @@ TEST(GpuContextParallelSmall, PrefillRowsAndOversizedTablesAreRejected) {
   EXPECT_NE(s.message().find("the rank's table"), std::string::npos) << s.to_string();
 }
 
-TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResult) {
+TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEagerAndInAGraph) {
   M3SA_SKIP_WITHOUT_CUDA();
 #ifndef M3SA_TEST_NCCL
   GTEST_SKIP() << "built without NCCL headers: the NCCL exchange is compiled out";
@@ -177,9 +177,6 @@ TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResult) {
       reinterpret_cast<decltype(&ncclCommInitRank)>(dlsym(lib, "ncclCommInitRank"));
   const auto destroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(lib, "ncclCommDestroy"));
   ASSERT_TRUE(get_id && init_rank && destroy);
-  const int ranks = devices >= 8 ? 8 : (devices >= 4 ? 4 : 2);
-  ncclUniqueId id;
-  ASSERT_EQ(get_id(&id), ncclSuccess);
 
   BatchSpec spec;
   spec.seq_lens = {1 << 20, 250000};
@@ -195,42 +192,71 @@ TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResult) {
     const DeviceBatch db(sb);
     want = single_gpu_topk(config, sb, db);
   }
-  std::vector<HostTensor> got(ranks);
-  std::vector<std::string> errors(ranks);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < ranks; ++rank)
-    threads.emplace_back([&, rank] {
-      cudaSetDevice(rank);
-      ncclComm_t comm;
-      if (init_rank(&comm, ranks, id, rank) != ncclSuccess) {
-        errors[rank] = "ncclCommInitRank failed";
-        return;
-      }
-      ContextParallelPlan plan;
-      Status s = make_context_parallel_plan(request, {rank, ranks, ShardMode::round_robin}, &plan);
-      const DeviceBatch db(sb); // a full copy per GPU; each rank reads its pages only
-      const DeviceTensor table(shard_table(sb, request.capacities, plan.shard));
-      BatchMetadata batch = db.batch();
-      batch.block_table = table.view();
-      DeviceWorkspace ws(plan.scoring, false);
-      DeviceTensor topk(DType::i32, {4, sb.num_tokens(), config.top_k}, 0x5a);
-      cudaStream_t stream;
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-      if (s.ok()) s = prepare_context_parallel_workspace(plan, ws.get(), {0, stream});
-      if (s.ok())
-        s = context_parallel_index_topk(
-            plan, {db.index_q.view(), db.index_k_cache.view(), batch, topk.view()}, comm, ws.get(),
-            {0, stream});
-      cudaStreamSynchronize(stream);
-      if (!s.ok()) errors[rank] = s.to_string();
-      got[rank] = topk.download();
-      cudaStreamDestroy(stream);
-      destroy(comm);
-    });
-  for (std::thread& t : threads) t.join();
-  for (int rank = 0; rank < ranks; ++rank) {
-    EXPECT_EQ(errors[rank], "") << "rank " << rank;
-    EXPECT_TRUE(same_bytes(want, got[rank])) << "rank " << rank;
+  for (int ranks = 2; ranks <= devices; ranks *= 2) { // every power of two the host allows
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    ncclUniqueId id;
+    ASSERT_EQ(get_id(&id), ncclSuccess);
+    std::vector<HostTensor> got(ranks), replayed(ranks);
+    std::vector<std::string> errors(ranks);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < ranks; ++rank)
+      threads.emplace_back([&, rank] {
+        cudaSetDevice(rank);
+        ncclComm_t comm;
+        if (init_rank(&comm, ranks, id, rank) != ncclSuccess) {
+          errors[rank] = "ncclCommInitRank failed";
+          return;
+        }
+        ContextParallelPlan plan;
+        Status s =
+            make_context_parallel_plan(request, {rank, ranks, ShardMode::round_robin}, &plan);
+        const DeviceBatch db(sb); // a full copy per GPU; each rank reads its pages only
+        const DeviceTensor table(shard_table(sb, request.capacities, plan.shard));
+        BatchMetadata batch = db.batch();
+        batch.block_table = table.view();
+        DeviceWorkspace ws(plan.scoring, false);
+        DeviceTensor topk(DType::i32, {4, sb.num_tokens(), config.top_k}, 0x5a);
+        cudaStream_t stream;
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        if (s.ok()) s = prepare_context_parallel_workspace(plan, ws.get(), {0, stream});
+        const auto step = [&] {
+          return context_parallel_index_topk(
+              plan, {db.index_q.view(), db.index_k_cache.view(), batch, topk.view()}, comm,
+              ws.get(), {0, stream});
+        };
+        if (s.ok()) s = step();
+        cudaStreamSynchronize(stream);
+        if (!s.ok()) errors[rank] = s.to_string();
+        got[rank] = topk.download();
+        // The same step captured in a graph (each rank captures its own stream, thread-local, at
+        // the same time as the others) and replayed twice into a poisoned output.
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        topk.fill(0x5a);
+        if (s.ok() &&
+            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+          s = step();
+          if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || !s.ok())
+            errors[rank] = s.ok() ? "capture failed" : s.to_string();
+        }
+        if (graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
+          for (int replay = 0; replay < 2; ++replay) cudaGraphLaunch(exec, stream);
+          if (cudaStreamSynchronize(stream) != cudaSuccess) errors[rank] = "replay failed";
+          replayed[rank] = topk.download();
+          cudaGraphExecDestroy(exec);
+        } else if (errors[rank].empty()) {
+          errors[rank] = s.ok() ? "no graph" : s.to_string();
+        }
+        if (graph) cudaGraphDestroy(graph);
+        cudaStreamDestroy(stream);
+        destroy(comm);
+      });
+    for (std::thread& t : threads) t.join();
+    for (int rank = 0; rank < ranks; ++rank) {
+      EXPECT_EQ(errors[rank], "") << "rank " << rank;
+      EXPECT_TRUE(same_bytes(want, got[rank])) << "rank " << rank;
+      EXPECT_TRUE(same_bytes(want, replayed[rank])) << "rank " << rank << ", graph replay";
+    }
   }
 #endif
 }

@@ -81,10 +81,11 @@ struct Timing {
 // Median and CV over `samples` timings of one graph that runs `launches` back-to-back calls
 // (rotating over data sets larger than L2 when the caller built them so), per call.
 template <typename Enqueue>
-bool time_graph(cudaStream_t stream, int launches, int samples, Enqueue&& enqueue, Timing* out) {
+bool time_graph(cudaStream_t stream, int launches, int samples, Enqueue&& enqueue, Timing* out,
+                cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  BENCH_CHECK(cudaStreamBeginCapture(stream, mode));
   bool ok = true;
   for (int i = 0; i < launches && ok; ++i) ok = enqueue(i);
   BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
@@ -619,14 +620,14 @@ bool run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& 
 }
 
 #ifdef M3SA_BENCH_NCCL
-// Context-parallel decode at 1M tokens across every visible GPU through NCCL: each rank holds
-// only its round-robin shard of each request's index cache, runs context_parallel_index_topk
-// (score, all-gather, merge) on its own stream, timed with events around 20 eager steps after 3
-// warm-ups; rank 0's median against one GPU running the whole batch (score + merge, no exchange).
-bool run_context_parallel_nccl(int batch, double single_gpu_us, const Ceilings& ceilings,
+// Context-parallel decode at 1M tokens across 2, 4 and 8 GPUs (as many as are visible) through
+// NCCL: each rank holds only its round-robin shard of each request's index cache and runs
+// context_parallel_index_topk (score, all-gather, merge) on its own stream, (a) as eager steps
+// timed with events and (b) captured in a CUDA graph per rank (thread-local capture: the ranks
+// capture at the same time) and replayed - how a decode step runs in an engine. Rank 0's median
+// against one GPU running the whole batch in a graph (score + merge, no exchange).
+bool run_context_parallel_nccl(int batch, int ranks, double single_gpu_us, const Ceilings& ceilings,
                                std::vector<Record>* records) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) return true; // nothing to time
   void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
   if (!lib) {
     std::fprintf(stderr, "m3sa bench: libnccl.so.2 not loadable: multi-GPU cases skipped\n");
@@ -639,12 +640,11 @@ bool run_context_parallel_nccl(int batch, double single_gpu_us, const Ceilings& 
   ncclUniqueId id;
   if (!get_id || !init_rank || !destroy || get_id(&id) != ncclSuccess) return false;
   constexpr int kContext = 1 << 20, kBlocks = kContext / 128;
-  const int ranks = devices;
   MsaConfig config;
   config.num_index_heads = 1;
   const PlanRequest request{OpKind::index_topk, Backend::cuda, config,
                             Capacities{batch, batch, kBlocks}, DType::bf16};
-  std::vector<double> median_us(ranks, 0);
+  std::vector<Timing> eager(ranks), graph(ranks);
   std::vector<std::string> errors(ranks);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < ranks; ++rank)
@@ -670,22 +670,29 @@ bool run_context_parallel_nccl(int batch, double single_gpu_us, const Ceilings& 
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
       cudaEvent_t start, stop;
       cudaEventCreate(&start), cudaEventCreate(&stop);
+      const auto step = [&](int) {
+        s = context_parallel_index_topk(plan, args, comm, {ws.ptr, ws.bytes}, {0, stream});
+        return s.ok();
+      };
       if (s.ok()) s = prepare_context_parallel_workspace(plan, {ws.ptr, ws.bytes}, {0, stream});
       std::vector<double> us;
       for (int i = 0; i < 23 && s.ok(); ++i) {
         cudaEventRecord(start, stream);
-        s = context_parallel_index_topk(plan, args, comm, {ws.ptr, ws.bytes}, {0, stream});
+        step(i);
         cudaEventRecord(stop, stream);
         cudaEventSynchronize(stop);
         float ms = 0;
         cudaEventElapsedTime(&ms, start, stop);
         if (i >= 3) us.push_back(1e3 * ms);
       }
-      if (!s.ok()) fail(s.to_string());
-      if (!us.empty()) {
+      if (s.ok()) {
         std::sort(us.begin(), us.end());
-        median_us[rank] = us[us.size() / 2];
+        eager[rank].median_us = us[us.size() / 2];
+        if (!time_graph(stream, 1, 20, step, &graph[rank], cudaStreamCaptureModeThreadLocal) &&
+            s.ok())
+          fail("graph capture or replay");
       }
+      if (!s.ok()) fail(s.to_string());
       cudaEventDestroy(start), cudaEventDestroy(stop);
       cudaStreamDestroy(stream);
       destroy(comm);
@@ -693,25 +700,27 @@ bool run_context_parallel_nccl(int batch, double single_gpu_us, const Ceilings& 
   for (std::thread& t : threads) t.join();
   for (int rank = 0; rank < ranks; ++rank)
     if (!errors[rank].empty()) {
-      std::fprintf(stderr, "m3sa bench: context parallel NCCL rank %d: %s\n", rank,
+      std::fprintf(stderr, "m3sa bench: context parallel NCCL rank %d of %d: %s\n", rank, ranks,
                    errors[rank].c_str());
       return false;
     }
-  Timing t;
-  t.median_us = median_us[0];
-  Record rec("context parallel NCCL B=" + std::to_string(batch) + " S=1M H=1 bf16, " +
-                 std::to_string(ranks) + " GPUs",
-             "context_parallel_index_topk", t);
-  rec.bytes = static_cast<double>(batch) * kContext * 128 * 2 / ranks; // per rank
-  rec.fraction = rec.bytes / (t.median_us * 1e3) / ceilings.copy_gbps;
-  rec.ceiling = "copy";
-  char note[128];
-  std::snprintf(note, sizeof note,
-                "eager steps, round robin; scaling efficiency vs one GPU (%.1f us) %.0f%%",
-                single_gpu_us, 100 * single_gpu_us / (ranks * t.median_us));
-  rec.note = note;
-  records->push_back(rec);
-  std::fprintf(stderr, "[m3sa bench] %-34s %10.2f us\n", rec.name.c_str(), t.median_us);
+  for (const bool replayed : {true, false}) {
+    const Timing& t = replayed ? graph[0] : eager[0];
+    Record rec("context parallel NCCL B=" + std::to_string(batch) + " S=1M H=1 bf16, " +
+                   std::to_string(ranks) + " GPUs" + (replayed ? "" : " eager"),
+               "context_parallel_index_topk", t);
+    rec.bytes = static_cast<double>(batch) * kContext * 128 * 2 / ranks; // per rank
+    rec.fraction = rec.bytes / (t.median_us * 1e3) / ceilings.copy_gbps;
+    rec.ceiling = "copy";
+    char note[160];
+    std::snprintf(note, sizeof note,
+                  "%s, round robin; scaling efficiency vs one GPU (%.1f us, graph) %.0f%%",
+                  replayed ? "graph-replayed steps" : "eager steps", single_gpu_us,
+                  100 * single_gpu_us / (ranks * t.median_us));
+    rec.note = note;
+    records->push_back(rec);
+    std::fprintf(stderr, "[m3sa bench] %-34s %10.2f us\n", rec.name.c_str(), t.median_us);
+  }
   return true;
 }
 #endif
@@ -763,16 +772,19 @@ int run_bench(const BenchOptions& options) {
         continue;
       if (!run_norm_rope_case(16384, kv, index, stream, ceilings, &records)) ++failures;
     }
-  for (int batch : {1, 16, 64}) {
-    if (options.set != "full" && batch == 16) continue;
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  for (int batch : {1, 4, 16, 64}) {
+    if (options.set != "full" && (batch == 4 || batch == 16)) continue;
     if (!options.filter.empty() &&
         std::string("context parallel").find(options.filter) == std::string::npos)
       continue;
     double single_gpu_us = 0;
     if (!run_context_parallel_cases(batch, stream, ceilings, &records, &single_gpu_us)) ++failures;
 #ifdef M3SA_BENCH_NCCL
-    else if (!run_context_parallel_nccl(batch, single_gpu_us, ceilings, &records))
-      ++failures;
+    else
+      for (int ranks = 2; ranks <= devices; ranks *= 2)
+        if (!run_context_parallel_nccl(batch, ranks, single_gpu_us, ceilings, &records)) ++failures;
 #endif
   }
   std::printf("| case | op | median us | CV | GB/s | TFLOP/s | of ceiling | note "
