@@ -5,7 +5,8 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 # NVLink multicast off on the lent machines (device README)
 out="${OUT:-/tmp/m3sa_out}"; mkdir -p "$out"
-export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:$(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null)"
+wheel_lib() { python3 -c "import nvidia.$1, os; print(os.path.join(list(nvidia.$1.__path__)[0], 'lib'))" 2>/dev/null; }
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:$(wheel_lib cublas):$(wheel_lib nccl)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 ./.gpu/m3sa_gpu_tests 2>&1 > "$out/gpu_tests.log"; echo "gpu suite rc=$?"
 grep -E '^\[ [A-Z]|FAILED|PASSED|Failure' "$out/gpu_tests.log" | grep -v '^\[ RUN\|^\[       OK' | tail -30
