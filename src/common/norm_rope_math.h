@@ -17,17 +17,17 @@
 
 namespace m3sa::detail::norm_rope {
 
-// A 128-element row as 4 quarters of 32. Quarters 0 and 1 hold both halves of their RoPE pairs
-// (i, i + 32): quarter 0 is dims [0, 16) and [32, 48), quarter 1 is [16, 32) and [48, 64); quarters
-// 2 and 3 are [64, 96) and [96, 128), which RoPE leaves alone. Element k of quarter q is dim
-// quarter_dim(q, k).
+// A 128-element row as 4 quarters of 32, each quarter four 8-dim chunks: quarter q holds chunks
+// q, q + 4, q + 8 and q + 12 (dims [8q, 8q + 8), [32 + 8q, ...), [64 + 8q, ...), [96 + 8q, ...)).
+// The four CUDA lanes of a row then touch 64 contiguous bytes per access, and each lane holds both
+// halves of 8 RoPE pairs (i, i + 32), i in [8q, 8q + 8): elements e and 8 + e. Element k of quarter
+// q is dim quarter_dim(q, k).
 inline constexpr int kQuarters = 4;
 inline constexpr int kQuarterElems = 32;
 inline constexpr int kRotaryPairs = 32;
+inline constexpr int kChunkElems = 8;
 M3SA_HOST_DEVICE int quarter_dim(int q, int k) {
-  const int run = k / 16; // each quarter is two runs of 16 consecutive dims
-  const int start = q < 2 ? (run == 0 ? 16 * q : 32 + 16 * q) : 64 + 32 * (q - 2) + 16 * run;
-  return start + k % 16;
+  return 32 * (k / kChunkElems) + kChunkElems * q + k % kChunkElems;
 }
 
 M3SA_HOST_DEVICE float mul(float a, float b) {

@@ -401,8 +401,9 @@ Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& a, Workspa
   for (int i = 0; i < 32; ++i)
     p.inv_freq[i] = detail::norm_rope::inverse_frequency(config.rope_theta, i);
   p.error_flags = l.error_flags;
-  M3SA_CUDA_RETURN_IF_ERROR(launch_norm_rope_insert(
-      p, static_cast<int>(plan.request.capacities.max_tokens), as_stream(stream)));
+  M3SA_CUDA_RETURN_IF_ERROR(
+      launch_norm_rope_insert(p, static_cast<int>(plan.request.capacities.max_tokens),
+                              plan.cuda_sm_count, as_stream(stream)));
   return {};
 }
 

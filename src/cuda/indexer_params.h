@@ -148,6 +148,7 @@ struct NormRopeInsertParams {
   int64_t index_pages;
   int32_t index_is_fp8;
   int32_t num_tokens, q_heads, kv_heads, index_heads;
+  int32_t tokens_per_tile; // set by the launcher
   float eps, weight_offset;
   float inv_freq[32];   // theta^(-i/32) rounded to fp32, computed on the host
   int32_t* error_flags; // [1]

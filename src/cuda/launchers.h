@@ -23,7 +23,7 @@ cudaError_t launch_decode_topk_fp8_k32(const DecodeTopkParams& params, dim3 grid
 cudaError_t launch_merge_candidates(const MergeCandidatesParams& params, cudaStream_t stream);
 cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream);
 cudaError_t launch_norm_rope_insert(const NormRopeInsertParams& params, int token_capacity,
-                                    cudaStream_t stream);
+                                    int sm_count, cudaStream_t stream);
 cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity,
                                   cudaStream_t stream);
 

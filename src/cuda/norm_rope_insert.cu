@@ -1,7 +1,10 @@
-// norm_rope_insert: four lanes per 128-element row, a few tokens per CTA. The arithmetic is
-// common/norm_rope_math.h, the CPU backend's, in the same order.
+// norm_rope_insert: four lanes per 128-element row, tiles of a few tokens, as many CTAs as are
+// resident, each looping over tiles. The arithmetic is common/norm_rope_math.h, the CPU backend's,
+// in the same order.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+
+#include <algorithm>
 
 #include "common/norm_rope_math.h"
 #include "cuda/launchers.h"
@@ -11,8 +14,12 @@ namespace {
 
 namespace nr = detail::norm_rope;
 
+// 256 threads held to 64 registers (8 bytes spill) so four CTAs share an SM, with tiles of two
+// tokens: of the variants measured (tiles of 2/4/8 tokens, 2 or 4 CTAs per SM, bench/NOTES.md),
+// the fastest; all persistent ones were within 3% of it.
 constexpr int kThreads = 256;
-constexpr int kTokensPerCta = 4;
+constexpr int kMinCtasPerSm = 4;
+constexpr int kMaxTileTokens = 2;
 constexpr int kRowsPerPass = kThreads / nr::kQuarters;
 constexpr unsigned kFullMask = 0xffffffffu;
 
@@ -83,7 +90,9 @@ __device__ RowJob row_job(const NormRopeInsertParams& p, int t, int row, int64_t
 }
 
 // Chunk c (8 dims, one 16-byte load of a bf16 row) of quarter q's 32 elements.
-__device__ __forceinline__ int quarter_chunk(int q, int c) { return nr::quarter_dim(q, 8 * c) / 8; }
+__device__ __forceinline__ int quarter_chunk(int q, int c) {
+  return nr::quarter_dim(q, nr::kChunkElems * c) / nr::kChunkElems;
+}
 
 // Quarter q's 32 values of a row, divided by the row's scale and rounded once. The kernel is
 // bound by instruction issue as much as by memory: an IEEE division is a dozen instructions, so
@@ -124,117 +133,148 @@ __device__ float load_scalar(const void* base, int64_t i, bool is_f32) {
                 : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
 
-// One CTA per kTokensPerCta tokens; their rows (q heads, index-q heads, k heads, v heads, index
-// k, per token) are spread over 64 groups of 4 lanes, one quarter row per lane (four 16-byte
-// loads in flight). Lanes 0 and 1 of a group hold both halves of their RoPE pairs, so the
-// rotation needs no shuffle; the sum of squares needs two.
-__global__ void __launch_bounds__(kThreads)
-    norm_rope_insert_kernel(const __grid_constant__ NormRopeInsertParams p) {
-  const int first_token = blockIdx.x * kTokensPerCta;
-  if (first_token >= p.num_tokens) return;
-  __shared__ float cos_s[kTokensPerCta][nr::kRotaryPairs], sin_s[kTokensPerCta][nr::kRotaryPairs];
-  __shared__ float gains[4][128];
-  __shared__ int64_t slot_s[kTokensPerCta], index_slot_s[kTokensPerCta];
-  __shared__ bool position_ok[kTokensPerCta];
+// Per-token values of one tile, written by the tile's prologue; double-buffered so the next
+// tile's prologue can run while slower warps still read this tile's.
+struct TileTokens {
+  float cos[kMaxTileTokens][nr::kRotaryPairs], sin[kMaxTileTokens][nr::kRotaryPairs];
+  int64_t slot[kMaxTileTokens], index_slot[kMaxTileTokens];
+  bool position_ok[kMaxTileTokens];
+};
 
-  const int tokens = min(kTokensPerCta, p.num_tokens - first_token);
+// Positions, slots and cos/sin of tile `tile`'s tokens; threads [0, 32 x tokens) take part.
+__device__ void load_tile_tokens(const NormRopeInsertParams& p, int tile, TileTokens& out) {
+  const int tok = threadIdx.x / nr::kRotaryPairs, i = threadIdx.x % nr::kRotaryPairs;
+  const int t = tile * p.tokens_per_tile + tok;
+  if (tok >= p.tokens_per_tile || t >= p.num_tokens) return;
+  const int64_t position = p.positions[t * p.positions_stride];
+  const int64_t max_position =
+      p.cos_sin_cache ? min(p.cos_sin_rows, int64_t{1} << 24) : int64_t{1} << 24;
+  const bool ok = position >= 0 && position < max_position;
+  if (i == 0) {
+    int64_t slot = p.slot_mapping[t * p.slot_stride];
+    int64_t index_slot = p.index_slot_mapping[t * p.index_slot_stride];
+    if (!ok) atomicOr(p.error_flags, kPositionOutOfRange);
+    if (slot >= p.kv_pages * 128 || index_slot >= p.index_pages * 128) {
+      atomicOr(p.error_flags, kSlotOutOfRange);
+      if (slot >= p.kv_pages * 128) slot = -1;
+      if (index_slot >= p.index_pages * 128) index_slot = -1;
+    }
+    out.position_ok[tok] = ok, out.slot[tok] = slot, out.index_slot[tok] = index_slot;
+  }
+  if (ok && p.cos_sin_cache) {
+    out.cos[tok][i] =
+        load_scalar(p.cos_sin_cache, position * p.cos_sin_stride + i, p.cos_sin_is_f32);
+    out.sin[tok][i] = load_scalar(
+        p.cos_sin_cache, position * p.cos_sin_stride + i + nr::kRotaryPairs, p.cos_sin_is_f32);
+  } else if (ok) {
+    nr::rope_cos_sin(position, p.inv_freq[i], &out.cos[tok][i], &out.sin[tok][i]);
+  }
+}
+
+// Each CTA loops over tiles of p.tokens_per_tile tokens (tile, tile + gridDim.x, ...); a tile's
+// rows (q heads, index-q heads, k heads, v heads, index k, per token) are spread over 64 groups of
+// 4 lanes in passes, one quarter row per lane. The next pass's row (possibly the next tile's) is
+// loaded during the current pass's math: four 16-byte loads in flight per lane. Lane q holds both
+// halves of 8 RoPE pairs, so the rotation needs no shuffle; the sum of squares needs two.
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
+    norm_rope_insert_kernel(const __grid_constant__ NormRopeInsertParams p) {
+  __shared__ TileTokens tile_tokens[2];
+  __shared__ float gains[4][128];
+  const int tiles = (p.num_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
+  int tile = blockIdx.x;
+  if (tile >= tiles) return;
   const int rows_per_token = p.q_heads + p.index_heads + 2 * p.kv_heads + 1;
-  const int rows = tokens * rows_per_token;
+  const auto tile_rows = [&](int t) {
+    return min(p.tokens_per_tile, p.num_tokens - t * p.tokens_per_tile) * rows_per_token;
+  };
   const int q = threadIdx.x % nr::kQuarters, group = threadIdx.x / nr::kQuarters;
-  const auto load_quarter = [&](int row, uint4(&raw)[4]) {
-    const bool active = row < rows;
-    const uint4* src =
-        active
-            ? reinterpret_cast<const uint4*>(
-                  row_job(p, first_token + row / rows_per_token, row % rows_per_token, -1, -1).src)
-            : nullptr;
+  const auto load_quarter = [&](int t, int row, uint4(&raw)[4]) {
+    const bool active = t < tiles && row < tile_rows(t);
+    const uint4* src = active ? reinterpret_cast<const uint4*>(
+                                    row_job(p, t * p.tokens_per_tile + row / rows_per_token,
+                                            row % rows_per_token, -1, -1)
+                                        .src)
+                              : nullptr;
 #pragma unroll
     for (int c = 0; c < 4; ++c) raw[c] = active ? src[quarter_chunk(q, c)] : make_uint4(0, 0, 0, 0);
   };
   uint4 raw[4];
-  load_quarter(group, raw); // in flight during the prologue
+  load_quarter(tile, group, raw); // in flight during the prologue
 
-  if (threadIdx.x < tokens * nr::kRotaryPairs) {
-    const int tok = threadIdx.x / nr::kRotaryPairs, i = threadIdx.x % nr::kRotaryPairs;
-    const int t = first_token + tok;
-    const int64_t position = p.positions[t * p.positions_stride];
-    const int64_t max_position =
-        p.cos_sin_cache ? min(p.cos_sin_rows, int64_t{1} << 24) : int64_t{1} << 24;
-    const bool ok = position >= 0 && position < max_position;
-    if (i == 0) {
-      int64_t slot = p.slot_mapping[t * p.slot_stride];
-      int64_t index_slot = p.index_slot_mapping[t * p.index_slot_stride];
-      if (!ok) atomicOr(p.error_flags, kPositionOutOfRange);
-      if (slot >= p.kv_pages * 128 || index_slot >= p.index_pages * 128) {
-        atomicOr(p.error_flags, kSlotOutOfRange);
-        if (slot >= p.kv_pages * 128) slot = -1;
-        if (index_slot >= p.index_pages * 128) index_slot = -1;
-      }
-      position_ok[tok] = ok, slot_s[tok] = slot, index_slot_s[tok] = index_slot;
-    }
-    if (ok && p.cos_sin_cache) {
-      cos_s[tok][i] =
-          load_scalar(p.cos_sin_cache, position * p.cos_sin_stride + i, p.cos_sin_is_f32);
-      sin_s[tok][i] = load_scalar(
-          p.cos_sin_cache, position * p.cos_sin_stride + i + nr::kRotaryPairs, p.cos_sin_is_f32);
-    } else if (ok) {
-      nr::rope_cos_sin(position, p.inv_freq[i], &cos_s[tok][i], &sin_s[tok][i]);
-    }
-  }
+  load_tile_tokens(p, tile, tile_tokens[0]);
   for (int i = threadIdx.x; i < 4 * 128; i += kThreads)
     gains[i / 128][i % 128] = nr::add(p.weight_offset, load_scalar(p.norm_weights[i / 128], i % 128,
                                                                    p.norm_weight_is_f32[i / 128]));
   __syncthreads();
 
-  // Every lane runs every pass (the shuffles need all 32); rows past the end compute on zeros.
-  for (int base = 0; base < rows; base += kRowsPerPass) {
-    const int row = base + group;
-    const bool active = row < rows;
-    const int tok = active ? row / rows_per_token : 0;
-    float x[nr::kQuarterElems];
+  for (int parity = 0; tile < tiles; tile += gridDim.x, parity ^= 1) {
+    const TileTokens& tt = tile_tokens[parity];
+    const int rows = tile_rows(tile);
+    const int first_token = tile * p.tokens_per_tile;
+    // Every lane runs every pass (the shuffles need all 32); rows past the end compute on zeros.
+    for (int base = 0; base < rows; base += kRowsPerPass) {
+      const int row = base + group;
+      const bool active = row < rows;
+      const int tok = active ? row / rows_per_token : 0;
+      float x[nr::kQuarterElems];
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[c]);
+      for (int c = 0; c < 4; ++c) {
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[c]);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const float2 f = __bfloat1622float2(pairs[w]);
-        x[8 * c + 2 * w] = f.x, x[8 * c + 2 * w + 1] = f.y;
-      }
-    }
-    if (base + kRowsPerPass < rows) load_quarter(row + kRowsPerPass, raw); // the next pass's
-    const RowJob job =
-        active && position_ok[tok]
-            ? row_job(p, first_token + tok, row % rows_per_token, slot_s[tok], index_slot_s[tok])
-            : RowJob{};
-    float sum = nr::quarter_sum_of_squares(x);
-    sum = nr::add(sum, __shfl_xor_sync(kFullMask, sum, 1));
-    sum = nr::add(sum, __shfl_xor_sync(kFullMask, sum, 2));
-    if (job.dst == nullptr) continue; // inactive, bad position, or a skipped slot
-    if (job.gain >= 0) {
-      const float inv_rms = nr::inverse_rms(sum, p.eps);
-#pragma unroll
-      for (int k = 0; k < nr::kQuarterElems; ++k)
-        x[k] = nr::normalize(x[k], inv_rms, gains[job.gain][nr::quarter_dim(q, k)]);
-      if (q < 2) {
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-          const int i = 16 * q + e;
-          const float x1 = x[e], x2 = x[16 + e], c = cos_s[tok][i], s = sin_s[tok][i];
-          x[e] = nr::rotate_first(x1, x2, c, s);
-          x[16 + e] = nr::rotate_second(x1, x2, c, s);
+        for (int w = 0; w < 4; ++w) {
+          const float2 f = __bfloat1622float2(pairs[w]);
+          x[8 * c + 2 * w] = f.x, x[8 * c + 2 * w + 1] = f.y;
         }
       }
+      if (base + kRowsPerPass < rows) // the next pass's row: this tile's, or the next tile's
+        load_quarter(tile, row + kRowsPerPass, raw);
+      else
+        load_quarter(tile + gridDim.x, group, raw);
+      const RowJob job = active && tt.position_ok[tok]
+                             ? row_job(p, first_token + tok, row % rows_per_token, tt.slot[tok],
+                                       tt.index_slot[tok])
+                             : RowJob{};
+      float sum = nr::quarter_sum_of_squares(x);
+      sum = nr::add(sum, __shfl_xor_sync(kFullMask, sum, 1));
+      sum = nr::add(sum, __shfl_xor_sync(kFullMask, sum, 2));
+      if (job.dst == nullptr) continue; // inactive, bad position, or a skipped slot
+      if (job.gain >= 0) {
+        const float inv_rms = nr::inverse_rms(sum, p.eps);
+#pragma unroll
+        for (int k = 0; k < nr::kQuarterElems; ++k)
+          x[k] = nr::normalize(x[k], inv_rms, gains[job.gain][nr::quarter_dim(q, k)]);
+#pragma unroll
+        for (int e = 0; e < nr::kChunkElems; ++e) {
+          const int i = nr::kChunkElems * q + e;
+          const float x1 = x[e], x2 = x[nr::kChunkElems + e], c = tt.cos[tok][i],
+                      s = tt.sin[tok][i];
+          x[e] = nr::rotate_first(x1, x2, c, s);
+          x[nr::kChunkElems + e] = nr::rotate_second(x1, x2, c, s);
+        }
+      }
+      store_quarter(job, q, x);
     }
-    store_quarter(job, q, x);
+    // The next tile's tokens into the other buffer; the barrier also retires this tile's buffer
+    // for the tile after next.
+    if (tile + gridDim.x < tiles) load_tile_tokens(p, tile + gridDim.x, tile_tokens[parity ^ 1]);
+    __syncthreads();
   }
 }
 
 } // namespace
 
 cudaError_t launch_norm_rope_insert(const NormRopeInsertParams& params, int token_capacity,
-                                    cudaStream_t stream) {
-  const int grid = (token_capacity + kTokensPerCta - 1) / kTokensPerCta;
-  norm_rope_insert_kernel<<<grid, kThreads, 0, stream>>>(params);
+                                    int sm_count, cudaStream_t stream) {
+  NormRopeInsertParams p = params;
+  p.tokens_per_tile = kMaxTileTokens;
+  int resident = 0;
+  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, norm_rope_insert_kernel,
+                                                                kThreads, 0);
+  if (e != cudaSuccess) return e;
+  // As many CTAs as are resident at once (no partial last wave), never more than there are tiles.
+  const int tiles = (token_capacity + p.tokens_per_tile - 1) / p.tokens_per_tile;
+  const int grid = std::max(1, std::min(tiles, resident * sm_count));
+  norm_rope_insert_kernel<<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
