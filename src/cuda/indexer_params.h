@@ -16,6 +16,11 @@ enum DeviceErrorBits : int32_t {
   kPositionOutOfRange = 16, // norm_rope_insert: a position outside [0, 2^24) or the cos/sin table
 };
 
+// Decode scoring CTAs (128 threads, 168 registers at most) resident per SM: the kernel is built
+// for it and plans size their block splits by it, since resident CTAs, each with one key block in
+// flight, are the memory parallelism of decode scoring.
+inline constexpr int kDecodeCtasPerSm = 3;
+
 // One unit of scoring work: consecutive tokens of one request.
 struct RowTile {
   int32_t request;
@@ -148,7 +153,6 @@ struct NormRopeInsertParams {
   int64_t index_pages;
   int32_t index_is_fp8;
   int32_t num_tokens, q_heads, kv_heads, index_heads;
-  int32_t tokens_per_tile; // set by the launcher
   float eps, weight_offset;
   float inv_freq[32];   // theta^(-i/32) rounded to fp32, computed on the host
   int32_t* error_flags; // [1]

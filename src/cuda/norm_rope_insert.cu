@@ -19,7 +19,7 @@ namespace nr = detail::norm_rope;
 // the fastest; all persistent ones were within 3% of it.
 constexpr int kThreads = 256;
 constexpr int kMinCtasPerSm = 4;
-constexpr int kMaxTileTokens = 2;
+constexpr int kTileTokens = 2;
 constexpr int kRowsPerPass = kThreads / nr::kQuarters;
 constexpr unsigned kFullMask = 0xffffffffu;
 
@@ -136,16 +136,16 @@ __device__ float load_scalar(const void* base, int64_t i, bool is_f32) {
 // Per-token values of one tile, written by the tile's prologue; double-buffered so the next
 // tile's prologue can run while slower warps still read this tile's.
 struct TileTokens {
-  float cos[kMaxTileTokens][nr::kRotaryPairs], sin[kMaxTileTokens][nr::kRotaryPairs];
-  int64_t slot[kMaxTileTokens], index_slot[kMaxTileTokens];
-  bool position_ok[kMaxTileTokens];
+  float cos[kTileTokens][nr::kRotaryPairs], sin[kTileTokens][nr::kRotaryPairs];
+  int64_t slot[kTileTokens], index_slot[kTileTokens];
+  bool position_ok[kTileTokens];
 };
 
-// Positions, slots and cos/sin of tile `tile`'s tokens; threads [0, 32 x tokens) take part.
+// Positions, slots and cos/sin of tile `tile`'s tokens; threads [0, 32 x kTileTokens) take part.
 __device__ void load_tile_tokens(const NormRopeInsertParams& p, int tile, TileTokens& out) {
   const int tok = threadIdx.x / nr::kRotaryPairs, i = threadIdx.x % nr::kRotaryPairs;
-  const int t = tile * p.tokens_per_tile + tok;
-  if (tok >= p.tokens_per_tile || t >= p.num_tokens) return;
+  const int t = tile * kTileTokens + tok;
+  if (tok >= kTileTokens || t >= p.num_tokens) return;
   const int64_t position = p.positions[t * p.positions_stride];
   const int64_t max_position =
       p.cos_sin_cache ? min(p.cos_sin_rows, int64_t{1} << 24) : int64_t{1} << 24;
@@ -171,7 +171,7 @@ __device__ void load_tile_tokens(const NormRopeInsertParams& p, int tile, TileTo
   }
 }
 
-// Each CTA loops over tiles of p.tokens_per_tile tokens (tile, tile + gridDim.x, ...); a tile's
+// Each CTA loops over tiles of kTileTokens tokens (tile, tile + gridDim.x, ...); a tile's
 // rows (q heads, index-q heads, k heads, v heads, index k, per token) are spread over 64 groups of
 // 4 lanes in passes, one quarter row per lane. The next pass's row (possibly the next tile's) is
 // loaded during the current pass's math: four 16-byte loads in flight per lane. Lane q holds both
@@ -180,21 +180,21 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     norm_rope_insert_kernel(const __grid_constant__ NormRopeInsertParams p) {
   __shared__ TileTokens tile_tokens[2];
   __shared__ float gains[4][128];
-  const int tiles = (p.num_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
+  const int tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
   int tile = blockIdx.x;
   if (tile >= tiles) return;
   const int rows_per_token = p.q_heads + p.index_heads + 2 * p.kv_heads + 1;
   const auto tile_rows = [&](int t) {
-    return min(p.tokens_per_tile, p.num_tokens - t * p.tokens_per_tile) * rows_per_token;
+    return min(kTileTokens, p.num_tokens - t * kTileTokens) * rows_per_token;
   };
   const int q = threadIdx.x % nr::kQuarters, group = threadIdx.x / nr::kQuarters;
   const auto load_quarter = [&](int t, int row, uint4(&raw)[4]) {
     const bool active = t < tiles && row < tile_rows(t);
-    const uint4* src = active ? reinterpret_cast<const uint4*>(
-                                    row_job(p, t * p.tokens_per_tile + row / rows_per_token,
-                                            row % rows_per_token, -1, -1)
-                                        .src)
-                              : nullptr;
+    const uint4* src =
+        active ? reinterpret_cast<const uint4*>(row_job(p, t * kTileTokens + row / rows_per_token,
+                                                        row % rows_per_token, -1, -1)
+                                                    .src)
+               : nullptr;
 #pragma unroll
     for (int c = 0; c < 4; ++c) raw[c] = active ? src[quarter_chunk(q, c)] : make_uint4(0, 0, 0, 0);
   };
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   for (int parity = 0; tile < tiles; tile += gridDim.x, parity ^= 1) {
     const TileTokens& tt = tile_tokens[parity];
     const int rows = tile_rows(tile);
-    const int first_token = tile * p.tokens_per_tile;
+    const int first_token = tile * kTileTokens;
     // Every lane runs every pass (the shuffles need all 32); rows past the end compute on zeros.
     for (int base = 0; base < rows; base += kRowsPerPass) {
       const int row = base + group;
@@ -265,16 +265,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
 
 cudaError_t launch_norm_rope_insert(const NormRopeInsertParams& params, int token_capacity,
                                     int sm_count, cudaStream_t stream) {
-  NormRopeInsertParams p = params;
-  p.tokens_per_tile = kMaxTileTokens;
   int resident = 0;
   cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, norm_rope_insert_kernel,
                                                                 kThreads, 0);
   if (e != cudaSuccess) return e;
   // As many CTAs as are resident at once (no partial last wave), never more than there are tiles.
-  const int tiles = (token_capacity + p.tokens_per_tile - 1) / p.tokens_per_tile;
+  const int tiles = (token_capacity + kTileTokens - 1) / kTileTokens;
   const int grid = std::max(1, std::min(tiles, resident * sm_count));
-  norm_rope_insert_kernel<<<grid, kThreads, 0, stream>>>(p);
+  norm_rope_insert_kernel<<<grid, kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
 
