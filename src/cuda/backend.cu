@@ -281,12 +281,14 @@ Status make_plan(const PlanRequest& request, OpPlan* plan) {
   plan->num_threads = 1;
   plan->cuda_sm_count = sms;
   // Enough block ranges per row tile that a batch of max_requests single-tile requests fills the
-  // resident decode CTAs of every SM in one wave (decode at batch 1 must fill the GPU; at 16-64
-  // long requests two per SM left a third of the bandwidth unused). No cap below that: batch 1
-  // at 1M tokens capped at 256 ranges ran 113 us of scoring, with 396 ranges 80 us
-  // (bench/NOTES.md, session 3).
+  // three CTAs every SM holds (168 registers x 128 threads), in one wave: each CTA keeps one key
+  // block in flight, so resident CTAs are the memory parallelism (decode at batch 1 must fill
+  // the GPU; at 16-64 long requests two per SM left a third of the bandwidth unused). No cap
+  // below that: batch 1 at 1M tokens capped at 256 ranges ran 113 us of scoring, with 396 ranges
+  // 80 us (bench/NOTES.md, session 3).
+  constexpr int64_t kResidentScoringCtasPerSm = 3;
   plan->cuda_block_splits = static_cast<int>(
-      std::max<int64_t>(1, int64_t{kDecodeCtasPerSm} * sms / request.capacities.max_requests));
+      std::max<int64_t>(1, kResidentScoringCtasPerSm * sms / request.capacities.max_requests));
   carve(request, plan->cuda_block_splits, nullptr, &plan->workspace_bytes);
   return {};
 }

@@ -16,11 +16,6 @@ enum DeviceErrorBits : int32_t {
   kPositionOutOfRange = 16, // norm_rope_insert: a position outside [0, 2^24) or the cos/sin table
 };
 
-// Decode scoring CTAs (128 threads, 168 registers at most) resident per SM: the kernel is built
-// for it and plans size their block splits by it, since resident CTAs, each with one key block in
-// flight, are the memory parallelism of decode scoring.
-inline constexpr int kDecodeCtasPerSm = 3;
-
 // One unit of scoring work: consecutive tokens of one request.
 struct RowTile {
   int32_t request;

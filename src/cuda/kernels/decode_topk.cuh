@@ -28,7 +28,7 @@ __device__ __forceinline__ void insert_sorted(uint64_t* list, int len, uint64_t 
 
 // MaxK: 16 or 32, the register list length of the final merge (>= the ranked slots).
 template <typename StoredT, int MaxK>
-__global__ void __launch_bounds__(kScoreThreads, kDecodeCtasPerSm)
+__global__ void __launch_bounds__(kScoreThreads)
     decode_topk_kernel(const __grid_constant__ DecodeTopkParams p) {
   const ScoreBlocksParams& s = p.scoring;
   const int x = blockIdx.x;
@@ -85,38 +85,24 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeCtasPerSm)
 
   const int n_local = shard_local_count(s, geo.n_max); // this rank's blocks (all, unsharded)
   const BlockRange range = split_block_range(n_local, s.splits);
-  // Up to 4 rows (H x q_len <= 4: every H = 1..4 decode step), warp `row` owns row `row`'s list,
-  // lane i holding its i-th key in a register: an insert is a ballot and a shuffle. A serial
-  // insert by one thread held the whole CTA at the next block's barrier (2-18 us of a batch-1
-  // step, bench/NOTES.md). More rows: thread `row` owns the list, in shared memory. Either way
-  // the owner keeps the list's entry bar (its last key) and the row's candidate range in
-  // registers, so a block that does not enter costs one compare.
-  const bool warp_per_row = geo.rows <= kScoreThreads / 32;
-  const int own_row = warp_per_row ? warp : static_cast<int>(threadIdx.x);
-  const SelectionRow own = selection_row(own_row < geo.rows ? own_row : 0);
-  uint64_t* own_list = lists + own_row * fill;
-  uint64_t entry_bar = 0, lane_key = 0; // lane_key: warp_per_row, the lane's key of the list
+  // Thread `row` owns row `row`'s list; it keeps the list's entry bar (its last key) and the
+  // row's candidate range in registers, so a block that does not enter costs one compare.
+  const bool owns_row = static_cast<int>(threadIdx.x) < geo.rows;
+  const SelectionRow own = selection_row(owns_row ? threadIdx.x : 0);
+  uint64_t* own_list = lists + threadIdx.x * fill;
+  uint64_t entry_bar = 0;
   score_block_range<StoredT>(
-      s, tile, geo, range, smem, warp_per_row,
+      s, tile, geo, range, smem,
       [&] {
         for (int i = threadIdx.x; i < geo.rows * fill; i += kScoreThreads) lists[i] = 0;
         __syncthreads();
       },
-      [&](int, int b, float score) { // the owner: uniform across the warp with warp_per_row
+      [&](int, int b, float score) { // called by the owning thread only
         const uint64_t key = selection_key(score, b);
         if (fill == 0 || key <= entry_bar || !own.is_candidate(b)) return;
-        if (!warp_per_row) {
-          insert_sorted(own_list, fill, key);
-          entry_bar = own_list[fill - 1];
-          return;
-        }
-        // Keys are unique (they hold the block id): those above `key` are a prefix of the list.
-        const int at = __popc(__ballot_sync(0xffffffffu, lane < fill && lane_key > key));
-        const uint64_t above = __shfl_up_sync(0xffffffffu, lane_key, 1);
-        lane_key = lane < at ? lane_key : (lane == at ? key : above);
-        entry_bar = __shfl_sync(0xffffffffu, lane_key, fill - 1);
+        insert_sorted(own_list, fill, key);
+        entry_bar = own_list[fill - 1];
       });
-  if (warp_per_row && own_row < geo.rows && lane < fill) own_list[lane] = lane_key;
   __syncthreads();
 
   // Publish the best `len` of each row's list ([tile][split][64 rows][fill] in the workspace): a

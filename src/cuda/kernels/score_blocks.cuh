@@ -168,17 +168,15 @@ __device__ __forceinline__ BlockRange split_block_range(int n_max, int splits) {
 inline constexpr int kReusableSmemBytes = kTileRows * kSmemStride * 2;
 
 // Scores local blocks [range.begin, range.end) (block-table columns; global ids shard_global())
-// for the tile's rows: after each block, on_score(row, global block, max * scale) is called with
-// the row's causal block maximum, by thread `row` (< rows), or with `warp_per_row` (rows <= 4)
-// by every lane of warp `row`, so that the caller can spread its per-row work over a warp. Blocks
+// for the tile's rows: after each block, thread `row` (< rows) calls on_score(row, global block,
+// max * scale) with its row's causal block maximum. Blocks
 // whose page id is out of range are flagged and not reported. Every thread calls on_start()
 // once, before any on_score, when the first kReusableSmemBytes of `smem` are free for the
 // caller. Needs kScoreSmemBytes of `smem`.
 template <typename StoredT, typename OnStart, typename OnScore>
-__device__ __forceinline__ void score_block_range(const ScoreBlocksParams& p, const RowTile& tile,
-                                                  const TileGeometry& geo, BlockRange range,
-                                                  uint32_t* smem, bool warp_per_row,
-                                                  OnStart on_start, OnScore on_score) {
+__device__ __forceinline__ void
+score_block_range(const ScoreBlocksParams& p, const RowTile& tile, const TileGeometry& geo,
+                  BlockRange range, uint32_t* smem, OnStart on_start, OnScore on_score) {
   // 32-bit words per 16x8 MMA step along k: 16 bf16 or 32 e4m3 values; 8 or 4 steps per 128 dims.
   constexpr bool kFp8Mma = kHaveFp8Mma && std::is_same_v<StoredT, __nv_fp8_e4m3>;
   constexpr int kSteps = kFp8Mma ? 4 : 8;
@@ -278,9 +276,8 @@ __device__ __forceinline__ void score_block_range(const ScoreBlocksParams& p, co
       partial[warp * 16 + g + 8] = m1;
     }
     __syncthreads();
-    const int row = warp_per_row ? warp : static_cast<int>(threadIdx.x);
-    if (row < rows && page_ok) { // thread (or warp) i finishes row i
-      const int row_group = row / 16;
+    if (static_cast<int>(threadIdx.x) < rows && page_ok) { // thread i finishes row i
+      const int row = threadIdx.x, row_group = row / 16;
       float m = -INFINITY;
       for (int s = 0; s < warps_per_group; ++s)
         m = nan_propagating_max(m, partial[(row_group * warps_per_group + s) * 16 + row % 16]);
@@ -308,7 +305,7 @@ __global__ void __launch_bounds__(kScoreThreads)
                     b * p.score_stride_block];
   };
   score_block_range<StoredT>(
-      p, tile, geo, split_block_range(geo.n_max, p.splits), smem, false, [] {},
+      p, tile, geo, split_block_range(geo.n_max, p.splits), smem, [] {},
       [&](int row, int b, float score) { score_at(row, b) = score; });
   if (p.fill_tail) { // columns [n_max, width): no visible key for any row of the tile
     const BlockRange tail = split_block_range(p.score_width - geo.n_max, p.splits);

@@ -88,26 +88,23 @@ __device__ __forceinline__ void rank_candidates(uint64_t (&best)[MaxK], const fl
 }
 
 // Candidate lists l = 0 .. count-1, `list_stride` apart, `len` keys each (0 = empty slot): this
-// lane takes keys first, first + step, ... of the count x len, kListKeysInFlight independent loads
-// in flight. The loads are L2 round trips on the merge's serial tail (after the last CTA
-// arrives): at batch 1 and 1M tokens a lane ranks ~46 keys, 12 round trips with 4 in flight.
-inline constexpr int kListKeysInFlight = 16;
+// lane takes keys first, first + step, ... of the count x len, four independent loads in flight.
 template <int MaxK>
 __device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const uint64_t* lists,
                                            int64_t list_stride, int len, int count, int first,
                                            int step) {
   clear_list(best);
   const int total = count * len;
-  for (int base = first; base < total; base += kListKeysInFlight * step) {
-    uint64_t keys[kListKeysInFlight];
+  for (int base = first; base < total; base += 4 * step) {
+    uint64_t keys[4];
 #pragma unroll
-    for (int u = 0; u < kListKeysInFlight; ++u) {
+    for (int u = 0; u < 4; ++u) {
       const int i = base + u * step;
       // Written by other CTAs of this launch: read through L2, never a stale L1 line.
       keys[u] = i < total ? __ldcg(lists + (i / len) * list_stride + i % len) : 0;
     }
 #pragma unroll
-    for (int u = 0; u < kListKeysInFlight; ++u) insert_key(best, keys[u]);
+    for (int u = 0; u < 4; ++u) insert_key(best, keys[u]);
   }
 }
 
