@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include "cuda/kernels/common.cuh"
 #include "cuda/launchers.h"
 
 namespace m3sa::cuda {
@@ -30,34 +31,17 @@ __global__ void __launch_bounds__(kInsertThreads)
     const float4 a = src[0], b = src[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   } else {
-    const uint4 raw = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.index_k) +
-                                                     t * p.k_stride_token)[part];
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(pairs[i]);
-      v[2 * i] = f.x, v[2 * i + 1] = f.y;
-    }
+    widen_bf16x8(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.index_k) +
+                                                t * p.k_stride_token)[part],
+                 v);
   }
   const int64_t row = (slot / 128) * p.cache_stride_page + (slot % 128) * p.cache_stride_token;
-  if (p.cache_is_fp8) {
-    uint16_t out[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      out[i] =
-          __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i], v[2 * i + 1]), __NV_SATFINITE, __NV_E4M3);
+  if (p.cache_is_fp8)
     reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.index_k_cache) + row)[part] =
-        make_uint2(out[0] | (uint32_t{out[1]} << 16), out[2] | (uint32_t{out[3]} << 16));
-  } else {
-    uint32_t out[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-      out[i] = *reinterpret_cast<const uint32_t*>(&b);
-    }
+        round_to_e4m3x8(v);
+  else
     reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.index_k_cache) + row)[part] =
-        make_uint4(out[0], out[1], out[2], out[3]);
-  }
+        round_to_bf16x8(v);
 }
 
 // Row tiles of the scoring kernel, in request order: one thread walks the requests (a few hundred

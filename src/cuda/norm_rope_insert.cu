@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "common/norm_rope_math.h"
+#include "cuda/kernels/common.cuh"
 #include "cuda/launchers.h"
 
 namespace m3sa::cuda {
@@ -103,28 +104,11 @@ __device__ void store_quarter(const RowJob& job, int q, float (&x)[nr::kQuarterE
     for (int k = 0; k < nr::kQuarterElems; ++k) x[k] = nr::divide(x[k], job.scale);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    const float* v = x + 8 * c;
-    if (job.fp8) {
-      uint32_t word[2];
-#pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * w], v[4 * w + 1]),
-                                                     __NV_SATFINITE, __NV_E4M3);
-        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * w + 2], v[4 * w + 3]),
-                                                     __NV_SATFINITE, __NV_E4M3);
-        word[w] = lo | (hi << 16);
-      }
-      reinterpret_cast<uint2*>(job.dst)[quarter_chunk(q, c)] = make_uint2(word[0], word[1]);
-    } else {
-      uint32_t word[4];
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * w], v[2 * w + 1]);
-        word[w] = *reinterpret_cast<const uint32_t*>(&b);
-      }
-      reinterpret_cast<uint4*>(job.dst)[quarter_chunk(q, c)] =
-          make_uint4(word[0], word[1], word[2], word[3]);
-    }
+    const float* v = x + nr::kChunkElems * c;
+    if (job.fp8)
+      reinterpret_cast<uint2*>(job.dst)[quarter_chunk(q, c)] = round_to_e4m3x8(v);
+    else
+      reinterpret_cast<uint4*>(job.dst)[quarter_chunk(q, c)] = round_to_bf16x8(v);
   }
 }
 
@@ -218,14 +202,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       const int tok = active ? row / rows_per_token : 0;
       float x[nr::kQuarterElems];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[c]);
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const float2 f = __bfloat1622float2(pairs[w]);
-          x[8 * c + 2 * w] = f.x, x[8 * c + 2 * w + 1] = f.y;
-        }
-      }
+      for (int c = 0; c < 4; ++c) widen_bf16x8(raw[c], x + nr::kChunkElems * c);
       if (base + kRowsPerPass < rows) // the next pass's row: this tile's, or the next tile's
         load_quarter(tile, row + kRowsPerPass, raw);
       else

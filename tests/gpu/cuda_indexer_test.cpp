@@ -15,25 +15,8 @@
 namespace m3sa::testing {
 namespace {
 
-struct CudaRun {
-  OpPlan plan;
-  std::unique_ptr<DeviceWorkspace> workspace;
-};
-
 CudaRun cuda_plan(OpKind op, const MsaConfig& config, const SyntheticBatch& sb) {
-  CudaRun run;
-  PlanRequest request = plan_request(op, config, sb, {Backend::cuda});
-  const Status s = make_plan(request, &run.plan);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  run.workspace = std::make_unique<DeviceWorkspace>(run.plan);
-  return run;
-}
-
-void expect_no_device_errors(const CudaRun& run) {
-  int32_t flags = -1;
-  const Status s = read_device_errors(run.plan, run.workspace->get(), {}, &flags);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  EXPECT_EQ(flags, 0);
+  return cuda_run(plan_request(op, config, sb, {Backend::cuda}));
 }
 
 HostTensor cuda_index_topk(const MsaConfig& config, const SyntheticBatch& sb, const DeviceBatch& db,
@@ -46,7 +29,7 @@ HostTensor cuda_index_topk(const MsaConfig& config, const SyntheticBatch& sb, co
                  run.workspace->get());
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_no_device_errors(run);
+  EXPECT_EQ(device_flags(run), 0);
   return topk.download();
 }
 
@@ -59,7 +42,7 @@ HostTensor cuda_score_blocks(const MsaConfig& config, const SyntheticBatch& sb,
       run.workspace->get());
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_no_device_errors(run);
+  EXPECT_EQ(device_flags(run), 0);
   return scores.download();
 }
 

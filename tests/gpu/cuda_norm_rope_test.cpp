@@ -56,13 +56,7 @@ struct DeviceNormRope {
   }
 };
 
-struct CudaNormRopeRun {
-  OpPlan plan;
-  std::unique_ptr<DeviceWorkspace> workspace;
-};
-
-CudaNormRopeRun plan_norm_rope(const MsaConfig& config, const NormRopeSpec& spec) {
-  CudaNormRopeRun run;
+CudaRun plan_norm_rope(const MsaConfig& config, const NormRopeSpec& spec) {
   PlanRequest request;
   request.op = OpKind::norm_rope_insert;
   request.backend = Backend::cuda;
@@ -70,17 +64,7 @@ CudaNormRopeRun plan_norm_rope(const MsaConfig& config, const NormRopeSpec& spec
   request.config.num_index_heads = spec.index_heads;
   request.capacities = {1, spec.tokens, 1};
   request.cache_dtype = spec.index_dtype;
-  const Status s = make_plan(request, &run.plan);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  run.workspace = std::make_unique<DeviceWorkspace>(run.plan);
-  return run;
-}
-
-int32_t device_flags(const CudaNormRopeRun& run) {
-  int32_t flags = -1;
-  const Status s = read_device_errors(run.plan, run.workspace->get(), {}, &flags);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return flags;
+  return cuda_run(request);
 }
 
 struct CudaNormRopeCase {
@@ -124,7 +108,7 @@ TEST_P(GpuNormRope, BitIdenticalToTheCpuBackend) {
   const NormRopeBatch want(spec), input(spec);
   M3SA_ASSERT_OK(run_norm_rope_insert(config, want, Backend::cpu, 0, c.in_place));
   const DeviceNormRope d(input);
-  CudaNormRopeRun run = plan_norm_rope(config, spec);
+  CudaRun run = plan_norm_rope(config, spec);
   M3SA_ASSERT_OK(norm_rope_insert(run.plan, d.args(c.in_place), run.workspace->get()));
   M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(device_flags(run), 0);
@@ -149,7 +133,7 @@ TEST(GpuNormRopeSmall, DevicePositionsAndSlotsOutOfRangeAreFlaggedNotWritten) {
   b.positions.data<int64_t>()[2] = int64_t{1} << 24;    // token 2: nothing written
   b.slot_mapping.data<int64_t>()[5] = 4 * kBlockTokens; // token 5: its KV rows skipped
   const DeviceNormRope d(b);
-  CudaNormRopeRun run = plan_norm_rope(MsaConfig{}, spec);
+  CudaRun run = plan_norm_rope(MsaConfig{}, spec);
   M3SA_ASSERT_OK(norm_rope_insert(run.plan, d.args(false), run.workspace->get()));
   EXPECT_EQ(device_flags(run), 16 | 4);
   const HostTensor q_out = d.q_out.download();
@@ -167,7 +151,7 @@ TEST(GpuNormRopeSmall, CapturedRunReplaysOnRewrittenPositionsAndSlots) {
   spec.seed += 1;
   const NormRopeBatch second(spec);
   const DeviceNormRope d(first);
-  CudaNormRopeRun run = plan_norm_rope(MsaConfig{}, spec);
+  CudaRun run = plan_norm_rope(MsaConfig{}, spec);
   cudaStream_t stream;
   M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 
+#include "m3sa/ops.h"
 #include "testing/host_tensor.h"
 
 namespace m3sa::testing {
@@ -97,8 +98,31 @@ private:
   struct Free {
     void operator()(void* p) const { cudaFree(p); }
   };
+
   std::unique_ptr<void, Free> storage_;
   size_t bytes_;
 };
+
+// A CUDA plan with its prepared device workspace.
+struct CudaRun {
+  OpPlan plan;
+  std::unique_ptr<DeviceWorkspace> workspace;
+};
+
+inline CudaRun cuda_run(const PlanRequest& request) {
+  CudaRun run;
+  const Status s = make_plan(request, &run.plan);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  run.workspace = std::make_unique<DeviceWorkspace>(run.plan);
+  return run;
+}
+
+// The run's device error flags (read_device_errors also clears them).
+inline int32_t device_flags(const CudaRun& run) {
+  int32_t flags = -1;
+  const Status s = read_device_errors(run.plan, run.workspace->get(), {}, &flags);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return flags;
+}
 
 } // namespace m3sa::testing

@@ -39,6 +39,31 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Eight fp32 values rounded once to a stored 8-element chunk: 16 bytes of bf16 (RNE) or 8 bytes of
+// e4m3 (RNE, saturating to +-448), the element order kept.
+__device__ __forceinline__ uint4 round_to_bf16x8(const float* v) {
+  return make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
+                    pack_bf16x2(v[6], v[7]));
+}
+__device__ __forceinline__ uint2 round_to_e4m3x8(const float* v) {
+  uint32_t half[4]; // two e4m3 bytes each
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    half[i] =
+        __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i], v[2 * i + 1]), __NV_SATFINITE, __NV_E4M3);
+  return make_uint2(half[0] | (half[1] << 16), half[2] | (half[3] << 16));
+}
+
+// A 16-byte chunk of 8 bf16 values widened to fp32 (exact).
+__device__ __forceinline__ void widen_bf16x8(uint4 raw, float* v) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+
 // Launches `kernel` with `smem` bytes of dynamic shared memory (above the 48 KB default, so the
 // attribute is set first); returns the first error.
 template <typename Kernel, typename Params>
