@@ -441,6 +441,9 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
             args.q,
             {"q", {DType::bf16}, {tokens, kAtLeastOne, kHeadDim}, "[num_tokens, num_q_heads, 128]"},
             device));
+        M3SA_RETURN_IF_ERROR(detail::check_vector_rows(args.q, "q", device));
+        M3SA_RETURN_IF_ERROR(detail::check_vector_rows(args.k_cache, "k_cache", device));
+        M3SA_RETURN_IF_ERROR(detail::check_vector_rows(args.v_cache, "v_cache", device));
         const int64_t q_heads = args.q.shape[1];
         if (q_heads % kv_heads != 0 || q_heads / kv_heads > kMaxGqaGroup)
           return Status::invalid_argument("q",
@@ -483,6 +486,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
                                            true,
                                            true},
                                           device));
+        M3SA_RETURN_IF_ERROR(detail::check_vector_rows(args.out, "out", device));
         M3SA_RETURN_IF_ERROR(detail::check_optional_tensor(
             args.lse,
             {"lse", {DType::f32}, {tokens, q_heads}, "[num_tokens, num_q_heads]", false, true},
@@ -506,9 +510,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
       },
       [&] { ref::sparse_attention(args, workspace); },
       [&] { cpu::sparse_attention(plan.request, args, workspace, threads_for(plan, ctx)); },
-      [&]() -> Status {
-        return Status::unsupported("backend cuda", "sparse_attention has no CUDA kernel yet");
-      });
+      [&]() -> Status { M3SA_CUDA_DISPATCH(sparse_attention(plan, args, workspace, ctx.stream)); });
 }
 
 namespace {

@@ -35,8 +35,7 @@ inline constexpr bool kCudaBuilt = false;
 inline constexpr BackendCapability kSupportedConfigs[] = {
     {Backend::reference, true, false, kAllOps, 1, 32, 16, true, true, ""},
     {Backend::cpu, true, false, kAllOps, 1, 32, 16, true, true, ""},
-    {Backend::cuda, kCudaBuilt, true, kAllOps & ~op_bit(OpKind::sparse_attention), 1, 32, 16, true,
-     false, "sparse_attention has no CUDA kernel yet; run it on Backend::cpu"},
+    {Backend::cuda, kCudaBuilt, true, kAllOps, 1, 32, 16, true, false, ""},
 };
 
 inline const BackendCapability& capability(Backend backend) {

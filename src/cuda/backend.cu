@@ -48,25 +48,51 @@ constexpr int64_t kFlagOffset = 2;            // int32s
 constexpr int64_t kArrivalsOffset = 16;       // int32s: the counters start a 64-byte line
 constexpr unsigned char kPreparedByte = 0xa5; // prepare_workspace writes 8 of them
 
+// Sparse attention: (token, KV head) pairs that may split their selection, at most the resident
+// CTAs (a split count > 1 is only chosen for fewer pairs than that), and their partials.
+int64_t attention_split_pairs(int sm_count) { return int64_t{kAttentionCtasPerSm} * sm_count; }
+// Prefill rows run in passes of this many tokens: their per-(token, KV head, slot) partials, 8 KB
+// each, stay within 1 GiB of workspace (2016 tokens at 4 KV heads and top_k 16).
+int64_t attention_pass_tokens(const PlanRequest& request) {
+  const int64_t per_token = int64_t{request.config.num_index_heads} * request.config.top_k *
+                            kPartialFloats * int64_t{sizeof(float)};
+  return std::clamp<int64_t>((int64_t{1} << 30) / per_token, 1,
+                             std::max<int64_t>(1, request.capacities.max_tokens));
+}
+int64_t attention_pass_entries(const PlanRequest& request) {
+  return attention_pass_tokens(request) * request.config.num_index_heads * request.config.top_k;
+}
+
 struct Layout {
   int32_t* control = nullptr;     // the region prepare_workspace initialises
   int32_t* error_flags = nullptr; // [1]
-  int32_t* arrivals = nullptr;    // [decode tiles] (index_topk)
+  int32_t* arrivals = nullptr;    // [decode tiles] (index_topk), [split pairs] (sparse_attention)
   int64_t control_bytes = 0;
   int32_t* num_tiles = nullptr;      // [1]
   RowTile* tiles = nullptr;          // [tile_capacity]
   float* scores = nullptr;           // [H, max_tokens, max_blocks] (index_topk: prefill rows)
   uint64_t* partial_lists = nullptr; // [decode tiles, splits, 64, ranked slots] (index_topk)
+  float* attention_partials = nullptr; // [split pairs, kPartialFloats] (sparse_attention)
+  uint32_t* entry_keys = nullptr;      // [pass entries] x 4: keys, values, sorted keys, values
+  uint32_t* entry_values = nullptr;
+  uint32_t* sorted_keys = nullptr;
+  uint32_t* sorted_values = nullptr;
+  void* sort_temp = nullptr;
+  size_t sort_temp_bytes = 0;
+  float* prefill_partials = nullptr; // [pass tokens, Hkv, top_k, kPartialFloats]
   int64_t tile_capacity = 0;
 };
 
 // The one description of the workspace: sizes it at plan time, carves it at run time.
 // decode_only: the context-parallel indexer's scoring (no prefill tiles or score matrix).
-Layout carve(const PlanRequest& request, int splits, detail::WorkspaceCarver& carver,
-             bool decode_only) {
+Layout carve(const PlanRequest& request, int splits, int sm_count,
+             detail::WorkspaceCarver& carver, bool decode_only) {
   Layout l;
   const bool topk = request.op == OpKind::index_topk;
-  const int64_t arrivals = topk ? decode_tile_capacity(request) : 0;
+  const bool attention = request.op == OpKind::sparse_attention;
+  const int64_t arrivals = topk        ? decode_tile_capacity(request)
+                           : attention ? attention_split_pairs(sm_count)
+                                       : 0;
   l.control = carver.take<int32_t>(kArrivalsOffset + arrivals);
   l.error_flags = l.control ? l.control + kFlagOffset : nullptr;
   l.arrivals = l.control ? l.control + kArrivalsOffset : nullptr;
@@ -76,6 +102,17 @@ Layout carve(const PlanRequest& request, int splits, detail::WorkspaceCarver& ca
   if (topk)
     l.partial_lists = carver.take<uint64_t>(arrivals * splits * kTileRows *
                                             std::max(1, ranked_slots(request.config)));
+  if (attention) {
+    l.attention_partials = carver.take<float>(attention_split_pairs(sm_count) * kPartialFloats);
+    const int64_t entries = attention_pass_entries(request);
+    l.entry_keys = carver.take<uint32_t>(entries);
+    l.entry_values = carver.take<uint32_t>(entries);
+    l.sorted_keys = carver.take<uint32_t>(entries);
+    l.sorted_values = carver.take<uint32_t>(entries);
+    l.sort_temp_bytes = selection_sort_temp_bytes(static_cast<int>(entries));
+    l.sort_temp = carver.take<unsigned char>(l.sort_temp_bytes);
+    l.prefill_partials = carver.take<float>(entries * kPartialFloats);
+  }
   if (decode_only) return l;
   l.num_tiles = carver.take<int32_t>(1);
   l.tile_capacity = ceil_div(cap.max_tokens, tile_tokens(heads)) + cap.max_requests;
@@ -85,9 +122,9 @@ Layout carve(const PlanRequest& request, int splits, detail::WorkspaceCarver& ca
   return l;
 }
 
-Layout carve(const PlanRequest& request, int splits, void* base, size_t* bytes) {
+Layout carve(const PlanRequest& request, int splits, int sm_count, void* base, size_t* bytes) {
   detail::WorkspaceCarver carver(base);
-  const Layout l = carve(request, splits, carver, false);
+  const Layout l = carve(request, splits, sm_count, carver, false);
   if (bytes) *bytes = carver.bytes_used();
   return l;
 }
@@ -102,7 +139,8 @@ struct ContextParallelLayout {
 ContextParallelLayout carve(const ContextParallelPlan& plan, void* base, size_t* bytes) {
   detail::WorkspaceCarver carver(base);
   ContextParallelLayout c;
-  c.scoring = carve(plan.request, plan.scoring.cuda_block_splits, carver, true);
+  c.scoring = carve(plan.request, plan.scoring.cuda_block_splits, plan.scoring.cuda_sm_count,
+                    carver, true);
   const int64_t per_rank = static_cast<int64_t>(plan.candidate_bytes / sizeof(uint64_t));
   c.candidates = carver.take<uint64_t>(per_rank);
   c.gathered = carver.take<uint64_t>(per_rank * plan.shard.num_ranks);
@@ -259,7 +297,16 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, DType c
 }
 
 Layout run_layout(const OpPlan& plan, Workspace workspace) {
-  return carve(plan.request, plan.cuda_block_splits, workspace.data, nullptr);
+  return carve(plan.request, plan.cuda_block_splits, plan.cuda_sm_count, workspace.data, nullptr);
+}
+
+// Selection ranges per (decode token, KV head): enough CTAs for every resident slot when the
+// decode rows are few (batch 1 reads 16 blocks with 16 x Hkv CTAs), one range when they fill the
+// GPU alone; never more than the selection has blocks or the workspace has partials.
+int attention_decode_splits(const OpPlan& plan, int64_t decode_pairs) {
+  const int64_t resident = attention_split_pairs(plan.cuda_sm_count);
+  if (decode_pairs <= 0 || decode_pairs * 2 > resident) return 1;
+  return static_cast<int>(std::min<int64_t>(plan.request.config.top_k, resident / decode_pairs));
 }
 
 } // namespace
@@ -289,7 +336,7 @@ Status make_plan(const PlanRequest& request, OpPlan* plan) {
   constexpr int64_t kResidentScoringCtasPerSm = 3;
   plan->cuda_block_splits = static_cast<int>(
       std::max<int64_t>(1, kResidentScoringCtasPerSm * sms / request.capacities.max_requests));
-  carve(request, plan->cuda_block_splits, nullptr, &plan->workspace_bytes);
+  carve(request, plan->cuda_block_splits, sms, nullptr, &plan->workspace_bytes);
   return {};
 }
 
@@ -347,6 +394,87 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
                                       as_stream(stream)));
   return launch_selection(plan, args.batch, l.scores, strides, cap.max_blocks_per_request,
                           args.topk, l.error_flags, as_stream(stream));
+}
+
+Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Workspace workspace,
+                        void* stream) {
+  const Layout l = run_layout(plan, workspace);
+  const TensorView& table = a.kv_block_table.present() ? a.kv_block_table : a.batch.block_table;
+  SparseAttentionParams p{};
+  p.q = a.q.data, p.q_stride_token = a.q.strides[0], p.q_stride_head = a.q.strides[1];
+  p.k_cache = a.k_cache.data;
+  p.k_stride_page = a.k_cache.strides[0], p.k_stride_token = a.k_cache.strides[1];
+  p.k_stride_head = a.k_cache.strides[2];
+  p.v_cache = a.v_cache.data;
+  p.v_stride_page = a.v_cache.strides[0], p.v_stride_token = a.v_cache.strides[1];
+  p.v_stride_head = a.v_cache.strides[2];
+  p.num_pages = a.k_cache.shape[0];
+  p.k_scale = a.k_scale, p.v_scale = a.v_scale;
+  p.topk = a.topk.ptr<const int32_t>();
+  p.topk_stride_head = a.topk.strides[0], p.topk_stride_token = a.topk.strides[1];
+  p.topk_stride_k = a.topk.strides[2];
+  p.cu_q_lens = a.batch.cu_q_lens.ptr<const int32_t>();
+  p.seq_lens = a.batch.seq_lens.ptr<const int32_t>();
+  p.block_table = table.ptr<const int32_t>();
+  p.block_table_stride = table.strides[0];
+  p.block_table_width = static_cast<int32_t>(table.shape[1]);
+  p.num_requests = a.batch.num_requests;
+  p.kv_heads = static_cast<int32_t>(a.k_cache.shape[2]);
+  p.group = static_cast<int32_t>(a.q.shape[1] / a.k_cache.shape[2]);
+  p.top_k = plan.request.config.top_k;
+  p.out = a.out.data, p.out_stride_token = a.out.strides[0], p.out_stride_head = a.out.strides[1];
+  if (a.lse.present()) {
+    p.lse = a.lse.ptr<float>();
+    p.lse_stride_token = a.lse.strides[0], p.lse_stride_head = a.lse.strides[1];
+  }
+  p.partials = l.attention_partials;
+  p.arrivals = l.arrivals;
+  p.error_flags = l.error_flags;
+  // Decode rows token-major with split selections, prefill rows block-major: any split of the
+  // tokens is correct (each kernel reads its tokens' requests on the device); this one gives
+  // decode rows all the CTAs and prefill rows the shared page reads.
+  const bool fp8 = a.k_cache.dtype == DType::fp8_e4m3;
+  const int tokens = a.batch.num_tokens;
+  const int decode_tokens =
+      std::min(tokens, a.batch.num_decode_requests * a.batch.decode_q_len);
+  cudaStream_t s = as_stream(stream);
+  if (decode_tokens > 0) {
+    p.token_begin = 0, p.token_end = decode_tokens;
+    p.splits = attention_decode_splits(plan, int64_t{decode_tokens} * p.kv_heads);
+    M3SA_CUDA_RETURN_IF_ERROR(
+        (fp8 ? launch_sparse_attention_decode_fp8 : launch_sparse_attention_decode_bf16)(
+            p, static_cast<int>(attention_split_pairs(plan.cuda_sm_count)), s));
+  }
+  if (tokens == decode_tokens) return {};
+  // Keys (KV head, page) and the sentinel above them must fit the sort's 32 bits.
+  const uint64_t keys = static_cast<uint64_t>(p.kv_heads) * static_cast<uint64_t>(p.num_pages) + 1;
+  int key_bits = 1;
+  while (key_bits < 64 && (uint64_t{1} << key_bits) - 1 < keys) ++key_bits;
+  if (key_bits > 32)
+    return Status::unsupported("k_cache",
+                               detail::concat("num_kv_heads x num_pages below 2^32 - 1 for the "
+                                              "prefill sort, got ",
+                                              keys - 1));
+  p.entry_sentinel = static_cast<uint32_t>((uint64_t{1} << key_bits) - 1);
+  p.entry_keys = l.entry_keys, p.entry_values = l.entry_values;
+  p.sorted_keys = l.sorted_keys, p.sorted_values = l.sorted_values;
+  p.prefill_partials = l.prefill_partials;
+  p.splits = 1;
+  const int64_t pass_tokens = attention_pass_tokens(plan.request);
+  for (int begin = decode_tokens; begin < tokens; begin += static_cast<int>(pass_tokens)) {
+    p.token_begin = begin;
+    p.token_end = static_cast<int>(std::min<int64_t>(tokens, begin + pass_tokens));
+    p.entry_count = (p.token_end - p.token_begin) * p.kv_heads * p.top_k;
+    const int gather_grid = static_cast<int>(
+        std::min<int64_t>(ceil_div(p.entry_count, 256), int64_t{8} * plan.cuda_sm_count));
+    M3SA_CUDA_RETURN_IF_ERROR(launch_gather_selection_entries(p, gather_grid, s));
+    M3SA_CUDA_RETURN_IF_ERROR(sort_selection_entries(p, l.sorted_keys, l.sorted_values, key_bits,
+                                                     l.sort_temp, l.sort_temp_bytes, s));
+    M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_attend_block_members_fp8
+                                   : launch_attend_block_members_bf16)(p, plan.cuda_sm_count, s));
+    M3SA_CUDA_RETURN_IF_ERROR(launch_merge_token_partials(p, 4 * plan.cuda_sm_count, s));
+  }
+  return {};
 }
 
 Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& a, Workspace workspace,

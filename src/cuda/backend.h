@@ -15,6 +15,8 @@ Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace w
 Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace,
                           void* stream);
 Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace, void* stream);
+Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Workspace workspace,
+                        void* stream);
 Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& args, Workspace workspace,
                         void* stream);
 Status prepare_workspace(const OpPlan& plan, Workspace workspace, void* stream);

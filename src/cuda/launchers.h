@@ -2,6 +2,7 @@
 // Kernel launchers, one per translation unit. Each returns the launch's cudaError_t.
 #include <cuda_runtime.h>
 
+#include "cuda/attention_params.h"
 #include "cuda/indexer_params.h"
 
 namespace m3sa::cuda {
@@ -26,5 +27,24 @@ cudaError_t launch_norm_rope_insert(const NormRopeInsertParams& params, int toke
                                     int sm_count, cudaStream_t stream);
 cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity,
                                   cudaStream_t stream);
+// Sparse attention, decode rows: persistent grid, one token per CTA, selections split over CTAs.
+cudaError_t launch_sparse_attention_decode_bf16(const SparseAttentionParams& params, int grid,
+                                                cudaStream_t stream);
+cudaError_t launch_sparse_attention_decode_fp8(const SparseAttentionParams& params, int grid,
+                                               cudaStream_t stream);
+// Sparse attention, prefill rows, block-major: gather (KV head, token, slot) entries, sort them by
+// (KV head, page), attend each page's member tokens, merge each token's partials.
+cudaError_t launch_gather_selection_entries(const SparseAttentionParams& params, int grid,
+                                            cudaStream_t stream);
+size_t selection_sort_temp_bytes(int entries);
+cudaError_t sort_selection_entries(const SparseAttentionParams& params, uint32_t* sorted_keys,
+                                   uint32_t* sorted_values, int key_bits, void* temp,
+                                   size_t temp_bytes, cudaStream_t stream);
+cudaError_t launch_attend_block_members_bf16(const SparseAttentionParams& params, int grid,
+                                             cudaStream_t stream);
+cudaError_t launch_attend_block_members_fp8(const SparseAttentionParams& params, int grid,
+                                            cudaStream_t stream);
+cudaError_t launch_merge_token_partials(const SparseAttentionParams& params, int grid,
+                                        cudaStream_t stream);
 
 } // namespace m3sa::cuda

@@ -725,6 +725,168 @@ bool run_context_parallel_nccl(int batch, int ranks, double single_gpu_us, const
 }
 #endif
 
+// Sparse attention at MiniMax-M3 shapes (64/4 at TP1, 16/1 per TP4 rank), with selections made
+// by index_topk on random index data, as an engine makes them. Decode: B single-token requests of
+// S tokens replayed from a graph, rotating over block tables that draw pages at random from a
+// pool larger than L2 (cold L2, like the peer's rotations). Prefill: one 8K chunk at the end of S.
+struct AttentionBenchCase {
+  std::string name;
+  bool decode;
+  int batch, context, chunk, q_heads, kv_heads;
+  DType kv_dtype;
+};
+
+std::vector<AttentionBenchCase> attention_cases(const std::string& set) {
+  std::vector<AttentionBenchCase> all;
+  const auto suffix = [](int s, int hq, int hkv) {
+    return " S=" + std::to_string(s / 1024) + "K Hq=" + std::to_string(hq) +
+           " Hkv=" + std::to_string(hkv);
+  };
+  for (DType d : {DType::bf16, DType::fp8_e4m3}) {
+    const std::string dn = d == DType::bf16 ? "bf16" : "fp8";
+    for (auto [hq, hkv] : {std::pair{64, 4}, std::pair{16, 1}})
+      for (int s : {8192, 32768, 131072}) {
+        if (set == "full" || d == DType::bf16 || s == 131072)
+          all.push_back({"attention prefill " + dn + " C=8K" + suffix(s, hq, hkv), false, 1, s,
+                         8192, hq, hkv, d});
+        for (int b : {1, 32, 128})
+          if (set == "full" || (b != 32 && s != 8192))
+            all.push_back({"attention decode " + dn + " B=" + std::to_string(b) + suffix(s, hq, hkv),
+                           true, b, s, 1, hq, hkv, d});
+      }
+  }
+  return all;
+}
+
+bool run_attention_case(const AttentionBenchCase& c, cudaStream_t stream, const Ceilings& ceilings,
+                        std::vector<Record>* records) {
+  const Device gpu{DeviceKind::cuda, 0};
+  const int blocks = (c.context + 127) / 128;
+  const int64_t tokens = c.decode ? c.batch : c.chunk;
+  const size_t elem = dtype_size(c.kv_dtype);
+  const int top_k = 16;
+  // Keys each token attends to and the bytes of K and V they hold (per KV head).
+  double keys = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t p = c.decode ? c.context - 1 : c.context - c.chunk + t;
+    keys += (std::min<int64_t>(top_k, p / 128 + 1) - 1) * 128.0 + p % 128 + 1;
+  }
+  const double kv_bytes = keys * c.kv_heads * 2 * 128 * elem;
+  const double flops = keys * c.q_heads * 4 * 128;
+  // Rotation sets for decode (cold L2), one for prefill; pages from one pool per case.
+  const double call_bytes = kv_bytes;
+  const int sets = c.decode ? static_cast<int>(std::clamp<double>(
+                                  (240.0 * (1 << 20)) / call_bytes + 1, 1, 16))
+                            : 1;
+  const int64_t page_bytes = int64_t{128} * c.kv_heads * 128 * static_cast<int64_t>(elem);
+  const int64_t pool = c.decode ? std::min<int64_t>(int64_t{c.batch} * blocks * sets,
+                                                    (int64_t{4} << 30) / page_bytes)
+                                : blocks;
+  DeviceBuffer k_cache(pool * page_bytes), v_cache(pool * page_bytes),
+      index_cache(pool * 128 * 128 * 2), q(tokens * c.q_heads * 128 * 2),
+      index_q(tokens * c.kv_heads * 128 * 2), out(tokens * c.q_heads * 128 * 2),
+      cu((c.batch + 1) * 4), seq(c.batch * 4);
+  if (!k_cache.ptr || !v_cache.ptr || !index_cache.ptr ||
+      !fill_random(k_cache, c.kv_dtype, 41) || !fill_random(v_cache, c.kv_dtype, 42) ||
+      !fill_random(index_cache, DType::bf16, 43) || !fill_random(q, DType::bf16, 44) ||
+      !fill_random(index_q, DType::bf16, 45))
+    return false;
+  HostTensor host_cu(DType::i32, {c.batch + 1}), host_seq(DType::i32, {c.batch});
+  for (int r = 0; r <= c.batch; ++r) host_cu.data<int32_t>()[r] = c.decode ? r : (r ? c.chunk : 0);
+  for (int r = 0; r < c.batch; ++r) host_seq.data<int32_t>()[r] = c.context;
+  BENCH_CHECK(cudaMemcpy(cu.ptr, host_cu.view().data, host_cu.bytes(), cudaMemcpyHostToDevice));
+  BENCH_CHECK(cudaMemcpy(seq.ptr, host_seq.view().data, host_seq.bytes(), cudaMemcpyHostToDevice));
+  MsaConfig config;
+  config.num_index_heads = c.kv_heads;
+  config.top_k = top_k;
+  const Capacities capacities{c.batch, tokens, blocks};
+  PlanRequest index_request{OpKind::index_topk, Backend::cuda, config, capacities, DType::bf16};
+  PlanRequest attention_request{OpKind::sparse_attention, Backend::cuda, config, capacities,
+                                c.kv_dtype};
+  OpPlan index_plan, attention_plan;
+  Status st = make_plan(index_request, &index_plan);
+  if (st.ok()) st = make_plan(attention_request, &attention_plan);
+  DeviceBuffer index_ws(index_plan.workspace_bytes), attention_ws(attention_plan.workspace_bytes);
+  if (st.ok()) st = prepare_workspace(index_plan, {index_ws.ptr, index_ws.bytes}, {0, stream});
+  if (st.ok())
+    st = prepare_workspace(attention_plan, {attention_ws.ptr, attention_ws.bytes}, {0, stream});
+  // Per set: a block table drawing random pool pages and the selections index_topk makes on it.
+  std::vector<std::unique_ptr<DeviceBuffer>> tables, selections;
+  Rng rng(17);
+  const auto batch_of = [&](int set) {
+    return BatchMetadata{TensorView::contiguous(cu.ptr, DType::i32, {c.batch + 1}, gpu),
+                         TensorView::contiguous(seq.ptr, DType::i32, {c.batch}, gpu),
+                         TensorView::contiguous(tables[set]->ptr, DType::i32, {c.batch, blocks}, gpu),
+                         c.batch,
+                         c.decode ? c.batch : 0,
+                         1,
+                         static_cast<int>(tokens)};
+  };
+  for (int set = 0; set < sets && st.ok(); ++set) {
+    HostTensor table(DType::i32, {c.batch, blocks});
+    for (int64_t i = 0; i < int64_t{c.batch} * blocks; ++i)
+      table.data<int32_t>()[i] = c.decode ? rng.uniform_int(0, static_cast<int>(pool - 1))
+                                          : static_cast<int32_t>(i);
+    tables.push_back(std::make_unique<DeviceBuffer>(table.bytes()));
+    selections.push_back(std::make_unique<DeviceBuffer>(c.kv_heads * tokens * top_k * 4));
+    BENCH_CHECK(cudaMemcpy(tables.back()->ptr, table.view().data, table.bytes(),
+                           cudaMemcpyHostToDevice));
+    st = index_topk(
+        index_plan,
+        {TensorView::contiguous(index_q.ptr, DType::bf16, {tokens, c.kv_heads, 128}, gpu),
+         TensorView::contiguous(index_cache.ptr, DType::bf16, {pool, 128, 128}, gpu), batch_of(set),
+         TensorView::contiguous(selections.back()->ptr, DType::i32, {c.kv_heads, tokens, top_k},
+                                gpu)},
+        {index_ws.ptr, index_ws.bytes}, {0, stream});
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "m3sa bench: %s: %s\n", c.name.c_str(), st.to_string().c_str());
+    return false;
+  }
+  Timing t;
+  const bool ok = time_graph(
+      stream, sets, c.decode ? 20 : 5,
+      [&](int i) {
+        SparseAttentionArgs a;
+        a.q = TensorView::contiguous(q.ptr, DType::bf16, {tokens, c.q_heads, 128}, gpu);
+        a.k_cache = TensorView::contiguous(k_cache.ptr, c.kv_dtype, {pool, 128, c.kv_heads, 128}, gpu);
+        a.v_cache = TensorView::contiguous(v_cache.ptr, c.kv_dtype, {pool, 128, c.kv_heads, 128}, gpu);
+        a.topk = TensorView::contiguous(selections[i % sets]->ptr, DType::i32,
+                                        {c.kv_heads, tokens, top_k}, gpu);
+        a.batch = batch_of(i % sets);
+        a.out = TensorView::contiguous(out.ptr, DType::bf16, {tokens, c.q_heads, 128}, gpu);
+        const Status s = sparse_attention(attention_plan, a, {attention_ws.ptr, attention_ws.bytes},
+                                          {0, stream});
+        if (!s.ok()) std::fprintf(stderr, "m3sa bench: %s: %s\n", c.name.c_str(), s.to_string().c_str());
+        return s.ok();
+      },
+      &t);
+  if (!ok) return false;
+  int32_t flags = 0;
+  st = read_device_errors(attention_plan, {attention_ws.ptr, attention_ws.bytes}, {0, stream},
+                          &flags);
+  if (!st.ok() || flags != 0) {
+    std::fprintf(stderr, "m3sa bench: %s: device error flags %d %s\n", c.name.c_str(), flags,
+                 st.to_string().c_str());
+    return false;
+  }
+  Record rec{c.name, to_string(OpKind::sparse_attention), t};
+  rec.bytes = kv_bytes, rec.flops = flops;
+  if (c.decode) {
+    rec.fraction = kv_bytes / (t.median_us * 1e3) / ceilings.copy_gbps;
+    rec.ceiling = "copy";
+  } else {
+    rec.fraction = ceilings.bf16_gemm_tflops > 0
+                       ? flops / (t.median_us * 1e6) / ceilings.bf16_gemm_tflops
+                       : 0;
+    rec.ceiling = "bf16 GEMM";
+    rec.note = "bytes: K and V of every token's selected keys (no sharing between tokens)";
+  }
+  records->push_back(rec);
+  std::fprintf(stderr, "[m3sa bench] %-50s %10.2f us\n", c.name.c_str(), t.median_us);
+  return true;
+}
+
 std::string iso_date() {
   char text[32];
   const std::time_t now = std::time(nullptr);
@@ -763,6 +925,10 @@ int run_bench(const BenchOptions& options) {
   for (const Case& c : cases(options.set)) {
     if (!options.filter.empty() && c.name.find(options.filter) == std::string::npos) continue;
     if (!run_case(c, stream, ceilings, &records)) ++failures;
+  }
+  for (const AttentionBenchCase& c : attention_cases(options.set)) {
+    if (!options.filter.empty() && c.name.find(options.filter) == std::string::npos) continue;
+    if (!run_attention_case(c, stream, ceilings, &records)) ++failures;
   }
   for (DType kv : {DType::bf16, DType::fp8_e4m3})
     for (DType index : {DType::bf16, DType::fp8_e4m3}) {

@@ -39,6 +39,28 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// D += A x B on tensor cores, 16x8x16, bf16 operands, fp32 accumulation (SM80+).
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+               "{%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 e4m3 values widened to 16 bf16 (exact: every e4m3 value is a bf16 value), order kept.
+__device__ __forceinline__ void widen_e4m3x16_to_bf16(uint4 raw, uint4* dst) {
+  const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
+    out[i] = pack_bf16x2(f.x, f.y);
+  }
+  dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
 // Eight fp32 values rounded once to a stored 8-element chunk: 16 bytes of bf16 (RNE) or 8 bytes of
 // e4m3 (RNE, saturating to +-448), the element order kept.
 __device__ __forceinline__ uint4 round_to_bf16x8(const float* v) {

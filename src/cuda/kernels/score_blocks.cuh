@@ -44,16 +44,7 @@ template <> struct Staging<__nv_fp8_e4m3> {
     if constexpr (kHaveFp8Mma) {
       reinterpret_cast<uint4*>(dst_row)[chunk] = raw;
     } else {
-      const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
-      uint32_t out[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
-        out[i] = pack_bf16x2(f.x, f.y);
-      }
-      uint4* dst = reinterpret_cast<uint4*>(dst_row) + 2 * chunk;
-      dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
-      dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+      widen_e4m3x16_to_bf16(raw, reinterpret_cast<uint4*>(dst_row) + 2 * chunk);
     }
   }
 };
@@ -100,14 +91,6 @@ template <typename StoredT> struct KeyBlockPrefetch {
     }
   }
 };
-
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-               "{%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // e4m3 x e4m3 -> fp32, 16x8x32. Same register pattern as the bf16 MMA: word k/4 of a row.
 __device__ __forceinline__ void mma_e4m3_16832(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,

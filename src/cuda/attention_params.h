@@ -1,0 +1,57 @@
+#pragma once
+// Plain parameter struct of the CUDA sparse attention kernels (host- and device-includable, no
+// CUDA headers). Strides are in elements. Lengths, selections and block tables are read on the
+// device; only capacities and the live token counts travel as values, so a captured graph replays
+// on rewritten metadata and caches.
+#include <cstdint>
+
+namespace m3sa::cuda {
+
+// One split's or one warp's share of a (token, KV head) row group before the log-sum-exp merge:
+// the running max m (log2 domain, scaled logits), the denominator l and the unnormalised output.
+inline constexpr int kAttentionRows = 16; // query heads of one GQA group per MMA tile (padded)
+inline constexpr int kPartialFloats = 2 * kAttentionRows + kAttentionRows * 128; // m, l, O
+// Resident CTAs per SM (the kernel's launch bounds; its shared memory allows two): the persistent
+// grid and the plan's split and workspace sizes follow from it.
+inline constexpr int kAttentionCtasPerSm = 2;
+inline constexpr int kMaxSelection = 32; // top_k limit (config.h kMaxTopK)
+
+struct SparseAttentionParams {
+  const void* q; // [T, Hq, 128] bf16
+  int64_t q_stride_token, q_stride_head;
+  const void* k_cache; // [num_pages, 128, Hkv, 128] bf16 or e4m3 (strided: combined K|V works)
+  int64_t k_stride_page, k_stride_token, k_stride_head;
+  const void* v_cache; // [num_pages, 128, Hkv, 128], k_cache's dtype
+  int64_t v_stride_page, v_stride_token, v_stride_head;
+  int64_t num_pages;
+  float k_scale, v_scale;
+  const int32_t* topk; // [Hkv, T, K] ascending logical block ids, -1 padded
+  int64_t topk_stride_head, topk_stride_token, topk_stride_k;
+  const int32_t* cu_q_lens;   // [R + 1]
+  const int32_t* seq_lens;    // [R]
+  const int32_t* block_table; // [R, width] logical block -> KV page (kv_block_table or the index's)
+  int64_t block_table_stride;
+  int32_t block_table_width;
+  int32_t num_requests;
+  int32_t token_begin, token_end; // packed tokens this launch serves
+  int32_t kv_heads, group, top_k;
+  int32_t splits; // selection ranges per (token, KV head); > 1 merges through `partials`
+  void* out;      // [T, Hq, 128] bf16
+  int64_t out_stride_token, out_stride_head;
+  float* lse; // [T, Hq] f32 natural log, or null
+  int64_t lse_stride_token, lse_stride_head;
+  float* partials;      // [(token_end - token_begin) * Hkv * splits, kPartialFloats] when splits > 1
+  int32_t* arrivals;    // [(token_end - token_begin) * Hkv] zero on entry, left zero on exit
+  int32_t* error_flags; // [1]
+  // Prefill (block-major) pass over tokens [token_begin, token_end): one entry per
+  // (KV head, token, slot), keyed by KV head * num_pages + page (entry_sentinel: no visible block).
+  uint32_t* entry_keys;          // [entry_count]
+  uint32_t* entry_values;        // [entry_count] token in the pass, slot, visible keys
+  const uint32_t* sorted_keys;   // [entry_count] entry_keys sorted
+  const uint32_t* sorted_values; // [entry_count]
+  int32_t entry_count;           // (token_end - token_begin) * Hkv * top_k
+  uint32_t entry_sentinel;       // 2^key_bits - 1, above every key
+  float* prefill_partials;       // [token_end - token_begin, Hkv, top_k, kPartialFloats]
+};
+
+} // namespace m3sa::cuda

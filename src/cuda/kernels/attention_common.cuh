@@ -1,0 +1,320 @@
+#pragma once
+// Building blocks of the sparse attention kernels (decode: sparse_attention_decode.cuh, prefill:
+// sparse_attention_prefill.cuh): the 16 query heads of one GQA group form the 16 rows of an
+// mma.sync m16n8k16 tile (bf16 operands, fp32 accumulation, SM80+), keys and values are staged in
+// shared memory as bf16 rows, and a row group's result travels as a partial (m, l, O) that
+// log-sum-exp merges combine.
+//
+// Numerics: logits are q·k in fp32 times 1/sqrt(128) * k_scale, kept in the log2 domain (exp2);
+// P·V multiplies P split into a bf16 high part and the bf16 rounding of the rest (two MMAs), so
+// the weights keep ~16 bits (P rounded to bf16 alone costs ~1e-3 relative error in the output);
+// v_scale and 1/l are applied once at the end.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "cuda/attention_params.h"
+#include "cuda/indexer_params.h"
+#include "cuda/kernels/common.cuh"
+
+namespace m3sa::cuda {
+
+inline constexpr int kRowStride = 136; // bf16 per staged row: +16 B spreads ldmatrix rows over banks
+inline constexpr int kRowBytes = kRowStride * 2;
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.69314718055994531f;
+
+__device__ __forceinline__ float logit_scale_log2(float k_scale) {
+  return k_scale * 0.08838834764831845f * kLog2e; // 1/sqrt(128), log2 domain
+}
+
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool fill) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  // src-size 0 writes zeros and reads nothing.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+               "r"(fill ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// Issues the copy of `rows` K and V rows (starting at key `first_key` of `page`, head g) into the
+// staged tiles k_dst / v_dst (bf16: kRowBytes per row; e4m3: 128 B per row, widened later).
+// Rows at or past `visible` are zero-filled and not read: pages hold whatever the engine left
+// there, and 0 x NaN would poison the MMA.
+template <bool kFp8>
+__device__ __forceinline__ void copy_kv_rows(const SparseAttentionParams& p, int64_t page, int g,
+                                             int first_key, int rows, int visible,
+                                             unsigned char* k_dst, unsigned char* v_dst,
+                                             int thread, int threads) {
+  constexpr int kElementBytes = kFp8 ? 1 : 2;
+  constexpr int kChunks = 128 * kElementBytes / 16; // 16-byte chunks per row
+  constexpr int kDstRowBytes = kFp8 ? 128 : kRowBytes;
+  const unsigned char* k_base =
+      static_cast<const unsigned char*>(p.k_cache) +
+      (page * p.k_stride_page + int64_t{first_key} * p.k_stride_token + g * p.k_stride_head) *
+          kElementBytes;
+  const unsigned char* v_base =
+      static_cast<const unsigned char*>(p.v_cache) +
+      (page * p.v_stride_page + int64_t{first_key} * p.v_stride_token + g * p.v_stride_head) *
+          kElementBytes;
+  for (int i = thread; i < rows * kChunks; i += threads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    const bool fill = row < visible;
+    const int64_t src_row = fill ? row : 0;
+    cp_async_16(k_dst + row * kDstRowBytes + chunk * 16,
+                k_base + src_row * p.k_stride_token * kElementBytes + chunk * 16, fill);
+    cp_async_16(v_dst + row * kDstRowBytes + chunk * 16,
+                v_base + src_row * p.v_stride_token * kElementBytes + chunk * 16, fill);
+  }
+}
+
+// `rows` staged e4m3 rows (128 B each) -> bf16 rows (kRowBytes each), exact.
+__device__ __forceinline__ void widen_rows(const unsigned char* src, unsigned char* dst, int rows,
+                                           int thread, int threads) {
+  for (int i = thread; i < rows * 8; i += threads) {
+    const int row = i / 8, chunk = i % 8;
+    const uint4 raw = *reinterpret_cast<const uint4*>(src + row * 128 + chunk * 16);
+    widen_e4m3x16_to_bf16(raw, reinterpret_cast<uint4*>(dst + row * kRowBytes + chunk * 32));
+  }
+}
+
+// The KV page of selection slot `slot` of token t (position `position`, request r) for head g, or
+// -1 when the slot holds no visible key: padding (-1), a block past the token's causal blocks,
+// a block past the block table (flagged: seq_len beyond the table) or a page id out of range
+// (flagged). The selections are the caller's (contract: ascending, causal); the device only
+// refuses to read what it must not.
+__device__ __forceinline__ int64_t selected_page(const SparseAttentionParams& p, int request,
+                                                 int position, int32_t block) {
+  if (block < 0 || position < 0 || block > position / 128) return -1;
+  if (block >= p.block_table_width) {
+    atomicOr(p.error_flags, kSeqLenBeyondTable);
+    return -1;
+  }
+  const int64_t page = p.block_table[request * p.block_table_stride + block];
+  if (page < 0 || page >= p.num_pages) {
+    atomicOr(p.error_flags, kPageOutOfRange);
+    return -1;
+  }
+  return page;
+}
+
+// Position of packed token t of `request`, or -1 (padding, or q_len > seq_len: flagged).
+__device__ __forceinline__ int token_position(const SparseAttentionParams& p, int request, int t) {
+  const int q_begin = p.cu_q_lens[request];
+  const int q_len = p.cu_q_lens[request + 1] - q_begin;
+  const int seq_len = p.seq_lens[request];
+  if (seq_len > 0 && q_len > seq_len) {
+    atomicOr(p.error_flags, kSeqLenBeyondTable);
+    return -1;
+  }
+  return seq_len > 0 ? seq_len - q_len + (t - q_begin) : -1;
+}
+
+// One warp's running softmax state for its 16 rows: thread (gid, tid) holds rows gid and gid + 8.
+struct RowState {
+  float m[2], l[2]; // max (log2-scaled logits) and this thread's share of the denominator
+  float o[16][4];   // [n-tile of 8 dims][c0..c3] unnormalised output
+  __device__ void reset() {
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+  }
+};
+
+// A warp's 16 query rows of token t, KV head g as MMA A fragments (zero rows past the group).
+__device__ __forceinline__ void load_query(const SparseAttentionParams& p, int t, int g, bool live,
+                                           uint32_t (&q)[8][4]) {
+  const int lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+  const uint16_t* rows[2] = {nullptr, nullptr};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = gid + 8 * r;
+    if (live && h < p.group)
+      rows[r] = static_cast<const uint16_t*>(p.q) + int64_t{t} * p.q_stride_token +
+                int64_t{g * p.group + h} * p.q_stride_head;
+  }
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        q[ks][2 * half + r] =
+            rows[r] ? *reinterpret_cast<const uint32_t*>(rows[r] + 16 * ks + 8 * half + 2 * tid)
+                    : 0u;
+}
+
+// Logits, online softmax and P·V for the 16 keys at row `key_row` of the staged K and V tiles;
+// keys past `last_key` (block-relative, like key_row) are masked.
+__device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8][4],
+                                            const unsigned char* k_tile,
+                                            const unsigned char* v_tile, int key_row, int last_key,
+                                            float logit_scale) {
+  const int lane = threadIdx.x & 31, tid = lane & 3, matrix = lane >> 3;
+  float s[2][4] = {};
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    uint32_t b[4];
+    ldmatrix_x4(b, k_tile + (key_row + (matrix >> 1) * 8 + (lane & 7)) * kRowBytes +
+                       (2 * ks + (matrix & 1)) * 16);
+    mma_bf16_16816(s[0], q[ks], b[0], b[1]);
+    mma_bf16_16816(s[1], q[ks], b[2], b[3]);
+  }
+  float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key_row + nt * 8 + 2 * tid + (e & 1);
+      s[nt][e] = key <= last_key ? s[nt][e] * logit_scale : -INFINITY;
+      row_max[e >> 1] = fmaxf(row_max[e >> 1], s[nt][e]);
+    }
+  float scale[2], m_use[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+    row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+    const float m_new = fmaxf(st.m[r], row_max[r]);
+    m_use[r] = m_new == -INFINITY ? 0.f : m_new; // a row with no key yet keeps exp2 finite
+    scale[r] = exp2f(st.m[r] - m_use[r]);
+    st.m[r] = m_new;
+  }
+  uint32_t p_hi[4], p_lo[4];
+  float sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float w0 = exp2f(s[nt][2 * r] - m_use[r]), w1 = exp2f(s[nt][2 * r + 1] - m_use[r]);
+      sum[r] += w0 + w1;
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(w0, w1);
+      const float2 hi_f = __bfloat1622float2(hi);
+      p_hi[2 * nt + r] = *reinterpret_cast<const uint32_t*>(&hi);
+      p_lo[2 * nt + r] = pack_bf16x2(w0 - hi_f.x, w1 - hi_f.y);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) st.l[r] = st.l[r] * scale[r] + sum[r];
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+    st.o[nt][0] *= scale[0], st.o[nt][1] *= scale[0];
+    st.o[nt][2] *= scale[1], st.o[nt][3] *= scale[1];
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, v_tile + (key_row + (matrix & 1) * 8 + (lane & 7)) * kRowBytes +
+                             (2 * j + (matrix >> 1)) * 16);
+    mma_bf16_16816(st.o[2 * j], p_hi, b[0], b[1]);
+    mma_bf16_16816(st.o[2 * j], p_lo, b[0], b[1]);
+    mma_bf16_16816(st.o[2 * j + 1], p_hi, b[2], b[3]);
+    mma_bf16_16816(st.o[2 * j + 1], p_lo, b[2], b[3]);
+  }
+}
+
+// Writes a warp's state as a partial [m 16][l 16][O 16 x 128] (denominator summed over the quad)
+// to shared or global memory.
+__device__ __forceinline__ void store_partial(RowState& st, float* partial) {
+  const int lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 1);
+    st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 2);
+    if (tid == 0) {
+      partial[gid + 8 * r] = st.m[r];
+      partial[kAttentionRows + gid + 8 * r] = st.l[r];
+    }
+  }
+  float* o = partial + 2 * kAttentionRows;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float2*>(o + (gid + 8 * r) * 128 + nt * 8 + 2 * tid) =
+          make_float2(st.o[nt][2 * r], st.o[nt][2 * r + 1]);
+}
+
+template <bool kCoherent> __device__ __forceinline__ float load_partial(const float* x) {
+  if constexpr (kCoherent)
+    return __ldcg(x); // written by other CTAs: bypass L1
+  else
+    return *x;
+}
+template <bool kCoherent> __device__ __forceinline__ float4 load_partial4(const float* x) {
+  if constexpr (kCoherent)
+    return __ldcg(reinterpret_cast<const float4*>(x));
+  else
+    return *reinterpret_cast<const float4*>(x);
+}
+
+// Merges `count` partials (`stride` floats apart) with a group of 128 threads (`thread` in
+// 0..127: row thread / 8, dims 16 * (thread % 8)..). Partials whose row max is -inf hold no key
+// for that row and are skipped unread. Writes token t's bf16 output and lse, or, with
+// partial_out, a merged partial.
+template <bool kCoherent>
+__device__ __forceinline__ void merge_partials(const SparseAttentionParams& p, const float* first,
+                                               int64_t stride, int count, int t, int g,
+                                               float* partial_out, int thread) {
+  const int row = thread >> 3, d0 = (thread & 7) * 16;
+  float m = -INFINITY;
+#pragma unroll 8
+  for (int i = 0; i < count; ++i) m = fmaxf(m, load_partial<kCoherent>(first + i * stride + row));
+  const float m_use = m == -INFINITY ? 0.f : m;
+  float l = 0.f;
+  float4 o[4] = {};
+#pragma unroll 4
+  for (int i = 0; i < count; ++i) {
+    const float* part = first + i * stride;
+    const float m_i = load_partial<kCoherent>(part + row);
+    if (m_i == -INFINITY) continue;
+    const float w = exp2f(m_i - m_use);
+    l += w * load_partial<kCoherent>(part + kAttentionRows + row);
+    const float* po = part + 2 * kAttentionRows + row * 128 + d0;
+#pragma unroll
+    for (int d = 0; d < 4; ++d) {
+      const float4 v = load_partial4<kCoherent>(po + 4 * d);
+      o[d].x += w * v.x, o[d].y += w * v.y, o[d].z += w * v.z, o[d].w += w * v.w;
+    }
+  }
+  if (partial_out) {
+    if ((thread & 7) == 0) partial_out[row] = m, partial_out[kAttentionRows + row] = l;
+    float4* po = reinterpret_cast<float4*>(partial_out + 2 * kAttentionRows + row * 128 + d0);
+#pragma unroll
+    for (int d = 0; d < 4; ++d) po[d] = o[d];
+    return;
+  }
+  if (row >= p.group) return;
+  const float inverse = l > 0.f ? p.v_scale / l : 0.f;
+  const int64_t head = int64_t{g} * p.group + row;
+  uint16_t* out = static_cast<uint16_t*>(p.out) + int64_t{t} * p.out_stride_token +
+                  head * p.out_stride_head + d0;
+  uint32_t packed[8];
+#pragma unroll
+  for (int d = 0; d < 4; ++d) {
+    packed[2 * d] = pack_bf16x2(o[d].x * inverse, o[d].y * inverse);
+    packed[2 * d + 1] = pack_bf16x2(o[d].z * inverse, o[d].w * inverse);
+  }
+  reinterpret_cast<uint4*>(out)[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  reinterpret_cast<uint4*>(out)[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  if (p.lse && (thread & 7) == 0)
+    p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] =
+        l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY;
+}
+
+} // namespace m3sa::cuda

@@ -1,0 +1,328 @@
+// CUDA sparse attention against the host backends. Selections come from the CPU indexer on random
+// index data (what an engine feeds the attention); outputs are compared with the CPU backend
+// (which the cpu suite holds to the reference and to a dense masked softmax) and, on small cases,
+// with the reference itself. Device outputs are poisoned before every run, and cache slots past
+// each request's seq_len hold NaN, so a read past the visible keys shows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "gpu/device_tensor.h"
+#include "support/test_util.h"
+
+namespace m3sa::testing {
+namespace {
+
+// The bound issue 11 sets: bf16 output within 1e-3 relative L2, lse within 1e-4 absolute.
+constexpr double kRelativeL2 = 1e-3;
+constexpr double kLseAbs = 1e-4;
+
+struct AttentionCase {
+  const char* name;
+  BatchSpec spec;
+  int top_k;
+  float k_scale = 1.f, v_scale = 1.f;
+  bool use_reference = false; // small enough for the reference as a second oracle
+};
+
+void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
+
+MsaConfig attention_config(const BatchSpec& spec, int top_k) {
+  MsaConfig c;
+  c.num_index_heads = spec.kv_heads;
+  c.top_k = top_k;
+  return c;
+}
+
+// Selections by the CPU indexer on random index data.
+HostTensor indexer_selections(SyntheticBatch& sb, const MsaConfig& config, uint64_t seed) {
+  sb.fill_index_random(seed);
+  HostTensor topk;
+  const Status s = run_index_topk(config, sb, {Backend::cpu}, &topk);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return topk;
+}
+
+// Device copies of the attention inputs of a SyntheticBatch; out and lse poisoned.
+struct DeviceAttention {
+  DeviceTensor q, k_cache, v_cache, topk, cu_q_lens, seq_lens, block_table, kv_block_table, out,
+      lse;
+  BatchMetadata batch;
+  DeviceAttention(const SyntheticBatch& sb, const HostTensor& selections)
+      : q(sb.q), k_cache(sb.k_cache), v_cache(sb.v_cache), topk(selections),
+        cu_q_lens(sb.cu_q_lens), seq_lens(sb.seq_lens), block_table(sb.block_table),
+        kv_block_table(sb.kv_block_table),
+        out(DType::bf16, {sb.num_tokens(), sb.spec().q_heads, kHeadDim}, 0xff),
+        lse(DType::f32, {sb.num_tokens(), sb.spec().q_heads}, 0xff) {
+    batch = sb.batch();
+    batch.cu_q_lens = cu_q_lens.view();
+    batch.seq_lens = seq_lens.view();
+    batch.block_table = block_table.view();
+  }
+  SparseAttentionArgs args(float k_scale, float v_scale) const {
+    SparseAttentionArgs a;
+    a.q = q.view(), a.k_cache = k_cache.view(), a.v_cache = v_cache.view();
+    a.k_scale = k_scale, a.v_scale = v_scale;
+    a.topk = topk.view(), a.batch = batch, a.kv_block_table = kv_block_table.view();
+    a.out = out.view(), a.lse = lse.view();
+    return a;
+  }
+};
+
+CudaRun attention_run(const MsaConfig& config, const SyntheticBatch& sb) {
+  return cuda_run(plan_request(OpKind::sparse_attention, config, sb, {Backend::cuda}));
+}
+
+struct HostAttention {
+  HostTensor out, lse;
+};
+
+HostAttention host_attention(Backend backend, const MsaConfig& config, const SyntheticBatch& sb,
+                             const HostTensor& topk, float k_scale, float v_scale) {
+  PlannedOp planned(plan_request(OpKind::sparse_attention, config, sb, {backend}));
+  EXPECT_TRUE(planned.status.ok()) << planned.status.to_string();
+  HostAttention h;
+  h.out.reset(DType::bf16, {sb.num_tokens(), sb.spec().q_heads, kHeadDim});
+  h.lse.reset(DType::f32, {sb.num_tokens(), sb.spec().q_heads});
+  SparseAttentionArgs args = attention_args(sb, topk, h.out, h.lse, true);
+  args.k_scale = k_scale, args.v_scale = v_scale;
+  const Status s = sparse_attention(planned.plan, args, planned.workspace());
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return h;
+}
+
+void expect_close(const HostAttention& expected, const HostTensor& out, const HostTensor& lse,
+                  const char* oracle) {
+  const AttentionComparison c =
+      compare_attention(expected.out.view(), out.view(), expected.lse.view(), lse.view());
+  std::printf("  vs %s: %s\n", oracle, describe(c).c_str());
+  EXPECT_EQ(c.nonfinite_mismatches, 0) << oracle << ": " << describe(c);
+  EXPECT_EQ(c.lse_inf_mismatches, 0) << oracle << ": " << describe(c);
+  EXPECT_LE(c.relative_l2_error, kRelativeL2) << oracle << ": " << describe(c);
+  EXPECT_LE(c.max_lse_error, kLseAbs) << oracle << ": " << describe(c);
+}
+
+bool same_bytes(const HostTensor& a, const HostTensor& b) {
+  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
+}
+
+class CudaAttention : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(CudaAttention, MatchesHostBackends) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const AttentionCase& c = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  BatchSpec spec = c.spec;
+  spec.seed = seed;
+  SyntheticBatch sb(spec);
+  const MsaConfig config = attention_config(spec, c.top_k);
+  HostTensor topk = indexer_selections(sb, config, seed + 1);
+  sb.fill_attention_random(seed + 2);
+
+  DeviceAttention d(sb, topk);
+  CudaRun run = attention_run(config, sb);
+  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(c.k_scale, c.v_scale), run.workspace->get()));
+  M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(device_flags(run), 0);
+  const HostTensor out = d.out.download(), lse = d.lse.download();
+  expect_close(host_attention(Backend::cpu, config, sb, topk, c.k_scale, c.v_scale), out, lse,
+               "cpu");
+  if (c.use_reference)
+    expect_close(host_attention(Backend::reference, config, sb, topk, c.k_scale, c.v_scale), out,
+                 lse, "reference");
+}
+
+BatchSpec spec(std::vector<int32_t> q_lens, std::vector<int32_t> seq_lens, int num_decode,
+               int decode_q_len, int q_heads, int kv_heads, DType kv = DType::bf16) {
+  BatchSpec s;
+  s.q_lens = std::move(q_lens), s.seq_lens = std::move(seq_lens);
+  s.num_decode = num_decode, s.decode_q_len = decode_q_len;
+  s.index_heads = kv_heads, s.q_heads = q_heads, s.kv_heads = kv_heads, s.kv_dtype = kv;
+  return s;
+}
+
+const AttentionCase kCases[] = {
+    {"DecodeTp1", spec({1, 1, 1, 1}, {1000, 5000, 77, 20000}, 4, 1, 64, 4), 16, 1, 1, true},
+    {"DecodeTp4Batch1", spec({1}, {33000}, 1, 1, 16, 1), 16},
+    {"DecodeMtp4", spec({4, 4, 4}, {4000, 700, 9000}, 3, 4, 64, 4), 16},
+    {"DecodeMtp16K32", spec({16, 16}, {6000, 2100}, 2, 16, 16, 1), 32},
+    {"DecodeK1", spec({1, 1}, {3000, 500}, 2, 1, 64, 4), 1, 1, 1, true},
+    {"DecodeK8Group8", spec({1, 1, 1}, {3000, 900, 40}, 3, 1, 32, 4), 8, 1, 1, true},
+    {"DecodeShortContextsPadded", spec({1, 1, 1, 1}, {1, 129, 640, 0}, 4, 1, 64, 4), 16, 1, 1,
+     true},
+    {"DecodeFp8Scales", spec({1, 1, 1}, {4000, 20000, 300}, 3, 1, 64, 4, DType::fp8_e4m3), 16,
+     0.5f, 2.f, true},
+    {"DecodeFp8Batch1", spec({1}, {70000}, 1, 1, 16, 1, DType::fp8_e4m3), 16, 1.5f, 0.75f},
+    {"PrefillNoPrefix", spec({700}, {700}, 0, 1, 16, 1), 16, 1, 1, true},
+    {"PrefillUnalignedPrefix", spec({300}, {2333}, 0, 1, 64, 4), 16},
+    {"PrefillChunkAfterPrefixK32", spec({1000}, {9000}, 0, 1, 16, 1), 32},
+    {"PrefillFp8", spec({513}, {5000}, 0, 1, 64, 4, DType::fp8_e4m3), 16, 0.25f, 4.f},
+    {"PrefillShortRequests", spec({3, 5, 1, 2, 7}, {3, 130, 1, 300, 7}, 0, 1, 16, 1), 16, 1, 1,
+     true},
+    {"MixedBatchWithPadding",
+     spec({1, 1, 1, 260, 17, 0}, {5000, 0, 300, 2000, 17, 0}, 3, 1, 64, 4), 16, 1, 1, true},
+    {"MixedMtpBatchFp8", spec({2, 2, 200}, {3000, 90, 7000}, 2, 2, 32, 2, DType::fp8_e4m3), 16,
+     2.f, 0.5f},
+    {"LongPrefixSpotCheck", spec({64}, {(1 << 20) - 16 * 1024 + 64}, 0, 1, 16, 1), 16},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(kCases),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
+
+// A batch and its device copies, reused by the tests below.
+struct Fixture {
+  SyntheticBatch sb;
+  MsaConfig config;
+  HostTensor topk;
+  Fixture(BatchSpec s, int top_k, uint64_t seed)
+      : sb((s.seed = seed, s)), config(attention_config(s, top_k)),
+        topk(indexer_selections(sb, config, seed + 1)) {
+    sb.fill_attention_random(seed + 2);
+  }
+};
+
+// vLLM keeps K and V of a token side by side ([pages, Hkv, 128, 2 * 128]): two strided views of
+// that buffer give what the separate caches give.
+TEST(CudaAttentionLayouts, CombinedKvCacheViews) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  Fixture f(spec({1, 1, 150}, {3000, 700, 1500}, 2, 1, 64, 4), 16, test_seed());
+  const SyntheticBatch& sb = f.sb;
+  const int64_t pages = sb.k_cache.view().shape[0], hkv = sb.spec().kv_heads;
+  HostTensor combined(DType::bf16, {pages, hkv, kBlockTokens, 2 * kHeadDim});
+  for (int64_t p = 0; p < pages; ++p)
+    for (int64_t j = 0; j < kBlockTokens; ++j)
+      for (int64_t g = 0; g < hkv; ++g)
+        for (int64_t half = 0; half < 2; ++half)
+          std::memcpy(combined.data<uint16_t>() + ((p * hkv + g) * kBlockTokens + j) * 256 +
+                          half * 128,
+                      (half ? sb.v_cache : sb.k_cache).data<uint16_t>() +
+                          ((p * kBlockTokens + j) * hkv + g) * kHeadDim,
+                      kHeadDim * 2);
+  DeviceAttention d(sb, f.topk);
+  DeviceTensor d_combined(combined);
+  SparseAttentionArgs args = d.args(1.f, 1.f);
+  for (int half = 0; half < 2; ++half) {
+    TensorView v = d_combined.view();
+    v.rank = 4;
+    v.shape[0] = pages, v.shape[1] = kBlockTokens, v.shape[2] = hkv, v.shape[3] = kHeadDim;
+    v.strides[0] = hkv * kBlockTokens * 256, v.strides[1] = 256, v.strides[2] = kBlockTokens * 256;
+    v.strides[3] = 1;
+    v.data = static_cast<uint16_t*>(v.data) + half * kHeadDim;
+    (half ? args.v_cache : args.k_cache) = v;
+  }
+  CudaRun run = attention_run(f.config, sb);
+  M3SA_ASSERT_OK(sparse_attention(run.plan, args, run.workspace->get()));
+  M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(device_flags(run), 0);
+  expect_close(host_attention(Backend::cpu, f.config, sb, f.topk, 1.f, 1.f), d.out.download(),
+               d.lse.download(), "cpu");
+}
+
+// Rows whose selection is empty attend to nothing: zeros and lse -inf, never NaN.
+TEST(CudaAttentionLayouts, EmptySelectionsGiveZerosAndMinusInfinity) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  Fixture f(spec({1, 1, 40}, {2000, 300, 900}, 2, 1, 16, 1), 16, test_seed());
+  for (int64_t t : {int64_t{0}, int64_t{5}})
+    for (int k = 0; k < 16; ++k) f.topk.data<int32_t>()[t * 16 + k] = -1;
+  DeviceAttention d(f.sb, f.topk);
+  CudaRun run = attention_run(f.config, f.sb);
+  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace->get()));
+  M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(device_flags(run), 0);
+  const HostTensor out = d.out.download(), lse = d.lse.download();
+  for (int64_t t : {int64_t{0}, int64_t{5}})
+    for (int h = 0; h < 16; ++h) {
+      EXPECT_EQ(lse.data<float>()[t * 16 + h], -INFINITY) << t << " " << h;
+      for (int i = 0; i < kHeadDim; ++i)
+        ASSERT_EQ(out.data<uint16_t>()[(t * 16 + h) * kHeadDim + i], 0) << t << " " << h;
+    }
+  expect_close(host_attention(Backend::cpu, f.config, f.sb, f.topk, 1.f, 1.f), out, lse, "cpu");
+}
+
+// Split merges sum in a fixed order: repeated runs are bitwise identical.
+TEST(CudaAttentionLayouts, TwentyRunsBitwiseIdentical) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  Fixture f(spec({1, 1, 1, 300}, {9000, 40000, 128, 5000}, 3, 1, 64, 4), 16, test_seed());
+  DeviceAttention d(f.sb, f.topk);
+  CudaRun run = attention_run(f.config, f.sb);
+  HostTensor first_out, first_lse;
+  for (int i = 0; i < 20; ++i) {
+    d.out.fill(0xff);
+    M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace->get()));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    if (i == 0) {
+      first_out = d.out.download(), first_lse = d.lse.download();
+      continue;
+    }
+    ASSERT_TRUE(same_bytes(first_out, d.out.download())) << "run " << i;
+    ASSERT_TRUE(same_bytes(first_lse, d.lse.download())) << "run " << i;
+  }
+  EXPECT_EQ(device_flags(run), 0);
+}
+
+// Captured once, replayed after q, the selections and the caches were rewritten in place: the
+// replay equals an eager run on the new data.
+TEST(CudaAttentionLayouts, GraphReplayOnRewrittenInputsMatchesEager) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = test_seed();
+  const BatchSpec s = spec({1, 1, 1, 1, 100}, {3000, 12000, 640, 1, 2500}, 4, 1, 64, 4);
+  Fixture f(s, 16, seed), g(s, 16, seed + 100);
+  DeviceAttention d(f.sb, f.topk);
+  CudaRun run = attention_run(f.config, f.sb);
+  cudaStream_t stream;
+  M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  M3SA_ASSERT_OK(
+      sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace->get(), {0, stream}));
+  M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  // Same shapes (the same spec), new values: the page shuffle of seed + 100 differs too.
+  d.q.upload(g.sb.q), d.k_cache.upload(g.sb.k_cache), d.v_cache.upload(g.sb.v_cache);
+  d.topk.upload(g.topk), d.block_table.upload(g.sb.block_table);
+  d.kv_block_table.upload(g.sb.kv_block_table);
+  d.out.fill(0xff), d.lse.fill(0xff);
+  M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+  M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  const HostTensor replay_out = d.out.download(), replay_lse = d.lse.download();
+  d.out.fill(0xff), d.lse.fill(0xff);
+  M3SA_ASSERT_OK(
+      sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace->get(), {0, stream}));
+  M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(same_bytes(replay_out, d.out.download()));
+  EXPECT_TRUE(same_bytes(replay_lse, d.lse.download()));
+  expect_close(host_attention(Backend::cpu, g.config, g.sb, g.topk, 1.f, 1.f), replay_out,
+               replay_lse, "cpu");
+  EXPECT_EQ(device_flags(run), 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// A page id out of range in the KV block table is flagged and never read (compute-sanitizer runs
+// this case); the other rows are still right.
+TEST(CudaAttentionLayouts, BadPageIdsAreFlaggedNotRead) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  Fixture f(spec({1, 1}, {2000, 700}, 2, 1, 16, 1), 16, test_seed());
+  DeviceAttention d(f.sb, f.topk);
+  HostTensor bad_table = d.kv_block_table.download();
+  bad_table.data<int32_t>()[0] = 1 << 30; // request 0, block 0: selected whenever n <= K
+  d.kv_block_table.upload(bad_table);
+  CudaRun run = attention_run(f.config, f.sb);
+  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace->get()));
+  M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(device_flags(run) & 1, 1);
+  const HostAttention expected = host_attention(Backend::cpu, f.config, f.sb, f.topk, 1.f, 1.f);
+  const HostTensor out = d.out.download();
+  for (int i = 16 * kHeadDim; i < 32 * kHeadDim; ++i) // request 1 (token 1) is untouched
+    ASSERT_NEAR(load(DType::bf16, out.view().data, i),
+                load(DType::bf16, expected.out.view().data, i), 1e-2)
+        << i;
+}
+
+} // namespace
+} // namespace m3sa::testing
