@@ -16,6 +16,8 @@ public:
   HostTensor() = default;
   HostTensor(DType dtype, std::initializer_list<int64_t> shape) { reset(dtype, shape); }
   void reset(DType dtype, std::initializer_list<int64_t> shape);
+  // A contiguous tensor of `like`'s dtype and shape (any rank; its data and strides ignored).
+  static HostTensor shaped_like(const TensorView& like);
 
   TensorView view() const { return view_; }
   template <typename T> T* data() const { return static_cast<T*>(view_.data); }
@@ -25,6 +27,7 @@ public:
   }
 
 private:
+  void allocate(const TensorView& shape);
   struct Free {
     void operator()(void* p) const { std::free(p); }
   };

@@ -9,12 +9,11 @@
 #include <vector>
 
 #include "gpu/device_batch.h"
-#include "gpu/device_tensor.h"
+#include "gpu/cuda_test_util.h"
 #include "support/test_util.h"
 
-#ifdef M3SA_TEST_NCCL
-#include <dlfcn.h>
-#include <nccl.h>
+#ifdef M3SA_HAVE_NCCL
+#include "cuda/nccl_exchange.h"
 #endif
 
 namespace m3sa::testing {
@@ -50,10 +49,11 @@ HostTensor single_gpu_topk(const MsaConfig& config, const SyntheticBatch& sb,
                            const DeviceBatch& db) {
   OpPlan plan;
   EXPECT_TRUE(make_plan(plan_request(OpKind::index_topk, config, sb, {Backend::cuda}), &plan).ok());
-  const DeviceWorkspace ws(plan);
-  DeviceTensor topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
+  const DeviceBuffer ws = device_workspace(plan);
+  M3SA_EXPECT_OK(ws.status());
+  DeviceBuffer topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
   const Status s = index_topk(
-      plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()}, ws.get());
+      plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()}, ws.workspace());
   EXPECT_TRUE(s.ok()) << s.to_string();
   return topk.download();
 }
@@ -103,25 +103,26 @@ TEST_P(GpuContextParallel, ShardedSelectionsEqualTheSingleGpuOnes) {
         M3SA_ASSERT_OK(make_context_parallel_plan(request, {rank, ranks, mode}, &plans[rank]));
       const int fill = plans[0].ranked_slots;
       const int64_t per_rank = int64_t{c.heads} * sb.num_tokens() * fill;
-      DeviceTensor gathered(DType::i64, {ranks, c.heads, sb.num_tokens(), fill}, 0x77);
+      DeviceBuffer gathered(DType::i64, {ranks, c.heads, sb.num_tokens(), fill}, 0x77);
       for (int rank = 0; rank < ranks; ++rank) { // each rank in turn, as if on its own GPU
         const ContextParallelPlan& plan = plans[rank];
-        const DeviceTensor table(shard_table(sb, request.capacities, plan.shard));
+        const DeviceBuffer table(shard_table(sb, request.capacities, plan.shard));
         BatchMetadata batch = db.batch();
         batch.block_table = table.view();
-        DeviceWorkspace ws(plan.scoring, false);
-        M3SA_ASSERT_OK(prepare_context_parallel_workspace(plan, ws.get()));
+        const DeviceBuffer ws = device_workspace(plan.scoring, false);
+        M3SA_EXPECT_OK(ws.status());
+        M3SA_ASSERT_OK(prepare_context_parallel_workspace(plan, ws.workspace()));
         TensorView slice =
             TensorView::contiguous(gathered.view().ptr<int64_t>() + rank * per_rank, DType::i64,
                                    {c.heads, sb.num_tokens(), fill}, {DeviceKind::cuda, 0});
         M3SA_ASSERT_OK(score_shard_candidates(
-            plan, {db.index_q.view(), db.index_k_cache.view(), batch, {}}, slice, ws.get()));
+            plan, {db.index_q.view(), db.index_k_cache.view(), batch, {}}, slice, ws.workspace()));
         M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
         int32_t flags = -1;
-        M3SA_ASSERT_OK(read_device_errors(plan.scoring, ws.get(), {}, &flags));
+        M3SA_ASSERT_OK(read_device_errors(plan.scoring, ws.workspace(), {}, &flags));
         EXPECT_EQ(flags, 0);
       }
-      DeviceTensor topk(DType::i32, {c.heads, sb.num_tokens(), c.config.top_k}, 0x5a);
+      DeviceBuffer topk(DType::i32, {c.heads, sb.num_tokens(), c.config.top_k}, 0x5a);
       M3SA_ASSERT_OK(merge_shard_candidates(plans[0], gathered.view(), db.batch(), topk.view()));
       M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
       EXPECT_TRUE(same_bytes(want, topk.download()));
@@ -144,10 +145,11 @@ TEST(GpuContextParallelSmall, PrefillRowsAndOversizedTablesAreRejected) {
   M3SA_ASSERT_OK(make_context_parallel_plan(
       plan_request(OpKind::index_topk, config_with_heads(1), sb, {Backend::cuda}),
       {1, 4, ShardMode::contiguous}, &plan));
-  DeviceWorkspace ws(plan.scoring, false);
-  DeviceTensor candidates(DType::i64, {1, sb.num_tokens(), plan.ranked_slots}, 0);
+  const DeviceBuffer ws = device_workspace(plan.scoring, false);
+  M3SA_EXPECT_OK(ws.status());
+  DeviceBuffer candidates(DType::i64, {1, sb.num_tokens(), plan.ranked_slots}, 0);
   const IndexTopkArgs args{db.index_q.view(), db.index_k_cache.view(), db.batch(), {}};
-  Status s = score_shard_candidates(plan, args, candidates.view(), ws.get());
+  Status s = score_shard_candidates(plan, args, candidates.view(), ws.workspace());
   EXPECT_NE(s.message().find("decode rows"), std::string::npos) << s.to_string();
   BatchMetadata decode_only = db.batch(); // the first request alone: a decode batch
   decode_only.num_decode_requests = decode_only.num_requests = 1;
@@ -157,26 +159,21 @@ TEST(GpuContextParallelSmall, PrefillRowsAndOversizedTablesAreRejected) {
   TensorView one_query = db.index_q.view();
   one_query.shape[0] = 1;
   s = score_shard_candidates(plan, {one_query, db.index_k_cache.view(), decode_only, {}},
-                             candidates.view(), ws.get());
+                             candidates.view(), ws.workspace());
   EXPECT_NE(s.message().find("the rank's table"), std::string::npos) << s.to_string();
 }
 
 TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEagerAndInAGraph) {
   M3SA_SKIP_WITHOUT_CUDA();
-#ifndef M3SA_TEST_NCCL
+#ifndef M3SA_HAVE_NCCL
   GTEST_SKIP() << "built without NCCL headers: the NCCL exchange is compiled out";
 #else
   int devices = 0;
   M3SA_CUDA_ASSERT(cudaGetDeviceCount(&devices));
   if (devices < 2) GTEST_SKIP() << "NCCL path needs 2+ GPUs; " << devices << " visible";
-  void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) GTEST_SKIP() << "libnccl.so.2 not loadable: " << dlerror();
+  const cuda::NcclLibrary& nccl = cuda::nccl_library();
+  if (!nccl.loaded()) GTEST_SKIP() << nccl.error;
   setenv("NCCL_NVLS_ENABLE", "0", 1); // NVLink multicast off (device README)
-  const auto get_id = reinterpret_cast<decltype(&ncclGetUniqueId)>(dlsym(lib, "ncclGetUniqueId"));
-  const auto init_rank =
-      reinterpret_cast<decltype(&ncclCommInitRank)>(dlsym(lib, "ncclCommInitRank"));
-  const auto destroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(lib, "ncclCommDestroy"));
-  ASSERT_TRUE(get_id && init_rank && destroy);
 
   BatchSpec spec;
   spec.seq_lens = {1 << 20, 250000};
@@ -195,7 +192,7 @@ TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEage
   for (int ranks = 2; ranks <= devices; ranks *= 2) { // every power of two the host allows
     SCOPED_TRACE(std::to_string(ranks) + " ranks");
     ncclUniqueId id;
-    ASSERT_EQ(get_id(&id), ncclSuccess);
+    ASSERT_EQ(nccl.get_unique_id(&id), ncclSuccess);
     std::vector<HostTensor> got(ranks), replayed(ranks);
     std::vector<std::string> errors(ranks);
     std::vector<std::thread> threads;
@@ -203,7 +200,7 @@ TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEage
       threads.emplace_back([&, rank] {
         cudaSetDevice(rank);
         ncclComm_t comm;
-        if (init_rank(&comm, ranks, id, rank) != ncclSuccess) {
+        if (nccl.comm_init_rank(&comm, ranks, id, rank) != ncclSuccess) {
           errors[rank] = "ncclCommInitRank failed";
           return;
         }
@@ -211,18 +208,19 @@ TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEage
         Status s =
             make_context_parallel_plan(request, {rank, ranks, ShardMode::round_robin}, &plan);
         const DeviceBatch db(sb); // a full copy per GPU; each rank reads its pages only
-        const DeviceTensor table(shard_table(sb, request.capacities, plan.shard));
+        const DeviceBuffer table(shard_table(sb, request.capacities, plan.shard));
         BatchMetadata batch = db.batch();
         batch.block_table = table.view();
-        DeviceWorkspace ws(plan.scoring, false);
-        DeviceTensor topk(DType::i32, {4, sb.num_tokens(), config.top_k}, 0x5a);
+        const DeviceBuffer ws = device_workspace(plan.scoring, false);
+        M3SA_EXPECT_OK(ws.status());
+        DeviceBuffer topk(DType::i32, {4, sb.num_tokens(), config.top_k}, 0x5a);
         cudaStream_t stream;
         cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-        if (s.ok()) s = prepare_context_parallel_workspace(plan, ws.get(), {0, stream});
+        if (s.ok()) s = prepare_context_parallel_workspace(plan, ws.workspace(), {0, stream});
         const auto step = [&] {
           return context_parallel_index_topk(
               plan, {db.index_q.view(), db.index_k_cache.view(), batch, topk.view()}, comm,
-              ws.get(), {0, stream});
+              ws.workspace(), {0, stream});
         };
         if (s.ok()) s = step();
         cudaStreamSynchronize(stream);
@@ -232,7 +230,7 @@ TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEage
         // the same time as the others) and replayed twice into a poisoned output.
         cudaGraph_t graph = nullptr;
         cudaGraphExec_t exec = nullptr;
-        topk.fill(0x5a);
+        M3SA_EXPECT_OK(topk.fill(0x5a));
         if (s.ok() &&
             cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
           s = step();
@@ -249,7 +247,7 @@ TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEage
         }
         if (graph) cudaGraphDestroy(graph);
         cudaStreamDestroy(stream);
-        destroy(comm);
+        nccl.comm_destroy(comm);
       });
     for (std::thread& t : threads) t.join();
     for (int rank = 0; rank < ranks; ++rank) {
