@@ -70,11 +70,18 @@ HostTensor DeviceBuffer::download() const {
   return h;
 }
 
+Status DeviceBuffer::usable() const {
+  if (data_ != nullptr || !status_.ok()) return status_;
+  return Status::invalid_argument("device buffer", "an allocation", "an empty buffer");
+}
+
 Status DeviceBuffer::fill(uint8_t byte) const {
+  M3SA_RETURN_IF_ERROR(usable());
   return cuda::cuda_status(cudaMemset(data_, byte, bytes_), "cudaMemset");
 }
 
 Status DeviceBuffer::fill_random(DType dtype, uint64_t seed) const {
+  M3SA_RETURN_IF_ERROR(usable());
   const size_t block = std::min<size_t>(bytes_, 16u << 20);
   HostTensor host(DType::i32, {static_cast<int64_t>((block + 3) / 4)});
   Rng rng(seed);
@@ -89,8 +96,10 @@ Status DeviceBuffer::fill_random(DType dtype, uint64_t seed) const {
 DeviceBuffer device_workspace(const OpPlan& plan, bool prepare, ExecContext ctx) {
   DeviceBuffer ws(plan.workspace_bytes);
   Status s = ws.status();
-  if (s.ok()) s = cuda::cuda_status(cudaMemset(ws.data(), 0xcd, std::max<size_t>(ws.bytes(), 64)),
-                                    "cudaMemset");
+  if (s.ok()) // on the stream the preparation runs on, so that it lands first
+    s = cuda::cuda_status(cudaMemsetAsync(ws.data(), 0xcd, std::max<size_t>(ws.bytes(), 64),
+                                          static_cast<cudaStream_t>(ctx.stream)),
+                          "cudaMemsetAsync");
   if (s.ok() && prepare) s = prepare_workspace(plan, ws.workspace(), ctx);
   ws.status_ = s;
   return ws;

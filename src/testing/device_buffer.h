@@ -68,6 +68,7 @@ private:
   friend DeviceBuffer device_workspace(const OpPlan&, bool, ExecContext);
   void allocate(size_t bytes);
   void release();
+  Status usable() const; // status(), or an error for a buffer that holds no allocation
   void* data_ = nullptr;
   size_t bytes_ = 0;
   TensorView view_;
