@@ -5,7 +5,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "gpu/device_batch.h"
@@ -13,7 +12,7 @@
 #include "support/test_util.h"
 
 #ifdef M3SA_HAVE_NCCL
-#include "cuda/nccl_exchange.h"
+#include "testing/nccl_ranks.h"
 #endif
 
 namespace m3sa::testing {
@@ -191,67 +190,56 @@ TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEage
   }
   for (int ranks = 2; ranks <= devices; ranks *= 2) { // every power of two the host allows
     SCOPED_TRACE(std::to_string(ranks) + " ranks");
-    ncclUniqueId id;
-    ASSERT_EQ(nccl.get_unique_id(&id), ncclSuccess);
     std::vector<HostTensor> got(ranks), replayed(ranks);
-    std::vector<std::string> errors(ranks);
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < ranks; ++rank)
-      threads.emplace_back([&, rank] {
-        cudaSetDevice(rank);
-        ncclComm_t comm;
-        if (nccl.comm_init_rank(&comm, ranks, id, rank) != ncclSuccess) {
-          errors[rank] = "ncclCommInitRank failed";
-          return;
-        }
-        ContextParallelPlan plan;
-        Status s =
-            make_context_parallel_plan(request, {rank, ranks, ShardMode::round_robin}, &plan);
-        const DeviceBatch db(sb); // a full copy per GPU; each rank reads its pages only
-        const DeviceBuffer table(shard_table(sb, request.capacities, plan.shard));
-        BatchMetadata batch = db.batch();
-        batch.block_table = table.view();
-        const DeviceBuffer ws = device_workspace(plan.scoring, false);
-        M3SA_EXPECT_OK(ws.status());
-        DeviceBuffer topk(DType::i32, {4, sb.num_tokens(), config.top_k}, 0x5a);
-        cudaStream_t stream;
-        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-        if (s.ok()) s = prepare_context_parallel_workspace(plan, ws.workspace(), {0, stream});
-        const auto step = [&] {
-          return context_parallel_index_topk(
-              plan, {db.index_q.view(), db.index_k_cache.view(), batch, topk.view()}, comm,
-              ws.workspace(), {0, stream});
-        };
-        if (s.ok()) s = step();
-        cudaStreamSynchronize(stream);
-        if (!s.ok()) errors[rank] = s.to_string();
-        got[rank] = topk.download();
-        // The same step captured in a graph (each rank captures its own stream, thread-local, at
-        // the same time as the others) and replayed twice into a poisoned output.
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        M3SA_EXPECT_OK(topk.fill(0x5a));
-        if (s.ok() &&
-            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
-          s = step();
-          if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || !s.ok())
-            errors[rank] = s.ok() ? "capture failed" : s.to_string();
-        }
-        if (graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
-          for (int replay = 0; replay < 2; ++replay) cudaGraphLaunch(exec, stream);
-          if (cudaStreamSynchronize(stream) != cudaSuccess) errors[rank] = "replay failed";
-          replayed[rank] = topk.download();
-          cudaGraphExecDestroy(exec);
-        } else if (errors[rank].empty()) {
-          errors[rank] = s.ok() ? "no graph" : s.to_string();
-        }
-        if (graph) cudaGraphDestroy(graph);
-        cudaStreamDestroy(stream);
-        nccl.comm_destroy(comm);
-      });
-    for (std::thread& t : threads) t.join();
+    const std::vector<Status> results = run_on_ranks(ranks, [&](int rank, ncclComm_t comm) {
+      ContextParallelPlan plan;
+      M3SA_RETURN_IF_ERROR(
+          make_context_parallel_plan(request, {rank, ranks, ShardMode::round_robin}, &plan));
+      const DeviceBatch db(sb); // a full copy per GPU; each rank reads its pages only
+      const DeviceBuffer table(shard_table(sb, request.capacities, plan.shard));
+      BatchMetadata batch = db.batch();
+      batch.block_table = table.view();
+      const DeviceBuffer ws = device_workspace(plan.scoring, false);
+      const DeviceBuffer topk(DType::i32, {4, sb.num_tokens(), config.top_k}, 0x5a);
+      M3SA_RETURN_IF_ERROR(ws.status());
+      M3SA_RETURN_IF_ERROR(topk.status());
+      cudaStream_t stream;
+      M3SA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      const auto step = [&] {
+        return context_parallel_index_topk(
+            plan, {db.index_q.view(), db.index_k_cache.view(), batch, topk.view()}, comm,
+            ws.workspace(), {0, stream});
+      };
+      Status s = prepare_context_parallel_workspace(plan, ws.workspace(), {0, stream});
+      if (s.ok()) s = step();
+      if (s.ok()) s = cuda::cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      got[rank] = topk.download();
+      // The same step captured in a graph (each rank captures its own stream, thread-local, at
+      // the same time as the others) and replayed twice into a poisoned output.
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      if (s.ok()) s = topk.fill(0x5a);
+      if (s.ok())
+        s = cuda::cuda_status(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                              "cudaStreamBeginCapture");
+      if (s.ok()) {
+        s = step();
+        const Status ended =
+            cuda::cuda_status(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+        if (s.ok()) s = ended;
+      }
+      if (s.ok()) s = cuda::cuda_status(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+      for (int replay = 0; replay < 2 && s.ok(); ++replay)
+        s = cuda::cuda_status(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+      if (s.ok()) s = cuda::cuda_status(cudaStreamSynchronize(stream), "replay");
+      if (s.ok()) replayed[rank] = topk.download();
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+      return s;
+    });
     for (int rank = 0; rank < ranks; ++rank) {
-      EXPECT_EQ(errors[rank], "") << "rank " << rank;
+      EXPECT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank].to_string();
       EXPECT_TRUE(same_bytes(want, got[rank])) << "rank " << rank;
       EXPECT_TRUE(same_bytes(want, replayed[rank])) << "rank " << rank << ", graph replay";
     }

@@ -93,22 +93,18 @@ Status run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
   const double flops = 2.0 * 128 * c.heads * visible;
   const double key_bytes = static_cast<double>(c.batch) * c.context * 128 * elem;
   for (OpKind op : {OpKind::score_blocks, OpKind::select_topk_blocks, OpKind::index_topk}) {
-    PlanRequest request{op, Backend::cuda, config, Capacities{c.batch, tokens, blocks}, c.dtype};
-    OpPlan plan;
-    M3SA_RETURN_IF_ERROR(make_plan(request, &plan));
-    const ExecContext ctx{0, stream};
-    const DeviceBuffer ws = testing::device_workspace(plan, true, ctx);
-    M3SA_RETURN_IF_ERROR(ws.status());
+    const PlanRequest request{op, Backend::cuda, config, Capacities{c.batch, tokens, blocks},
+                              c.dtype};
     Timing t;
-    M3SA_RETURN_IF_ERROR(time_graph(
-        stream, sets, c.decode ? 20 : 5,
-        [&](int i) {
+    M3SA_RETURN_IF_ERROR(time_planned(
+        request, stream, sets, c.decode ? 20 : 5,
+        [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx, int i) {
           const TensorView cache = caches[i % sets].view(c.dtype, {pages, 128, 128});
           if (op == OpKind::score_blocks)
-            return score_blocks(plan, {q, cache, batch, scores}, ws.workspace(), ctx);
+            return score_blocks(plan, {q, cache, batch, scores}, ws, ctx);
           if (op == OpKind::select_topk_blocks)
-            return select_topk_blocks(plan, {scores, batch, topk}, ws.workspace(), ctx);
-          return index_topk(plan, {q, cache, batch, topk}, ws.workspace(), ctx);
+            return select_topk_blocks(plan, {scores, batch, topk}, ws, ctx);
+          return index_topk(plan, {q, cache, batch, topk}, ws, ctx);
         },
         &t));
     Record rec{c.name, to_string(op), t};
@@ -180,16 +176,15 @@ Status run_norm_rope_case(int tokens, DType kv_dtype, DType index_dtype, cudaStr
   a.index_k_cache = ik_cache.view(index_dtype, {pages, 128, 128});
   MsaConfig config;
   config.num_index_heads = kIndexHeads;
-  PlanRequest request{OpKind::norm_rope_insert, Backend::cuda, config, Capacities{1, T, 1},
-                      index_dtype};
-  OpPlan plan;
-  M3SA_RETURN_IF_ERROR(make_plan(request, &plan));
-  const ExecContext ctx{0, stream};
-  const DeviceBuffer ws = testing::device_workspace(plan, true, ctx);
-  M3SA_RETURN_IF_ERROR(ws.status());
+  const PlanRequest request{OpKind::norm_rope_insert, Backend::cuda, config, Capacities{1, T, 1},
+                            index_dtype};
   Timing t;
-  M3SA_RETURN_IF_ERROR(time_graph(
-      stream, 1, 20, [&](int) { return norm_rope_insert(plan, a, ws.workspace(), ctx); }, &t));
+  M3SA_RETURN_IF_ERROR(time_planned(
+      request, stream, 1, 20,
+      [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx, int) {
+        return norm_rope_insert(plan, a, ws, ctx);
+      },
+      &t));
   Record rec{name, "norm_rope_insert", t};
   const double rows_read = kQHeads + 2 * kKvHeads + kIndexHeads + 1;
   rec.bytes = static_cast<double>(T) *

@@ -24,6 +24,21 @@ Status cublas_absent(const char* library) {
 
 constexpr int kGemmSize = 8192;
 
+// One kGemmSize^3 GEMM launch (`gemm()`, a cuBLAS status) timed in a graph: TFLOP/s.
+template <typename Gemm> Status time_gemm(cudaStream_t stream, Gemm&& gemm, double* tflops) {
+  Timing t;
+  M3SA_RETURN_IF_ERROR(time_graph(
+      stream, 1, 10,
+      [&](int) {
+        return gemm() == CUBLAS_STATUS_SUCCESS ? Status{}
+                                               : Status::unsupported("GEMM", "cuBLAS refused it");
+      },
+      &t));
+  const double n = kGemmSize;
+  *tflops = 2.0 * n * n * n / (t.median_us * 1e6);
+  return {};
+}
+
 } // namespace
 
 // Ceiling 1: device-to-device copy of 2 GiB, bytes read + written, timed with events on the stream
@@ -70,20 +85,16 @@ Status measure_bf16_gemm(cudaStream_t stream, double* tflops) {
   Status s = a.fill_random(DType::bf16, 1);
   if (s.ok()) s = b.fill_random(DType::bf16, 2);
   const float one = 1.f, zero = 0.f;
-  Timing t;
   if (s.ok())
-    s = time_graph(
-        stream, 1, 10,
-        [&](int) {
+    s = time_gemm(
+        stream,
+        [&] {
           return gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a.data(), CUDA_R_16BF, n,
                       b.data(), CUDA_R_16BF, n, &zero, c.data(), CUDA_R_16BF, n,
-                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS
-                     ? Status{}
-                     : Status::unsupported("cuBLAS", "cublasGemmEx refused");
+                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         },
-        &t);
+        tflops);
   destroy(handle);
-  if (s.ok()) *tflops = 2.0 * n * n * n / (t.median_us * 1e6);
   return s;
 }
 
@@ -144,25 +155,20 @@ Status measure_fp8_gemm(cudaStream_t stream, double* tflops) {
       found > 0;
   Status s = ready ? Status{} : Status::unsupported("cuBLASLt", "no e4m3 GEMM for 8192^3");
   const float one = 1.f, zero = 0.f;
-  Timing t;
   if (s.ok())
-    s = time_graph(
-        stream, 1, 10,
-        [&](int) {
+    s = time_gemm(
+        stream,
+        [&] {
           return cublasLtMatmul_(handle, desc, &one, a.data(), a_layout, b.data(), b_layout, &zero,
                                  c.data(), c_layout, c.data(), c_layout, &heuristic.algo,
-                                 workspace.data(), workspace_bytes,
-                                 stream) == CUBLAS_STATUS_SUCCESS
-                     ? Status{}
-                     : Status::unsupported("cuBLASLt", "cublasLtMatmul refused");
+                                 workspace.data(), workspace_bytes, stream);
         },
-        &t);
+        tflops);
   if (preference) cublasLtMatmulPreferenceDestroy_(preference);
   for (cublasLtMatrixLayout_t layout : {a_layout, b_layout, c_layout})
     if (layout) cublasLtMatrixLayoutDestroy_(layout);
   if (desc) cublasLtMatmulDescDestroy_(desc);
   if (handle) cublasLtDestroy_(handle);
-  if (s.ok()) *tflops = 2.0 * n * n * n / (t.median_us * 1e6);
   return s;
 }
 

@@ -9,9 +9,7 @@
 #include "testing/host_tensor.h"
 
 #ifdef M3SA_HAVE_NCCL
-#include <thread>
-
-#include "cuda/nccl_exchange.h"
+#include "testing/nccl_ranks.h"
 #endif
 
 namespace m3sa::cli::bench {
@@ -126,26 +124,14 @@ Status run_context_parallel_nccl(int batch, int ranks, double single_gpu_us,
     std::fprintf(stderr, "m3sa bench: %s: multi-GPU cases skipped\n", nccl.error.c_str());
     return {};
   }
-  ncclUniqueId id;
-  if (nccl.get_unique_id(&id) != ncclSuccess)
-    return {StatusCode::cuda_error, "ncclGetUniqueId failed"};
   constexpr int kContext = 1 << 20, kBlocks = kContext / 128;
   MsaConfig config;
   config.num_index_heads = 1;
   const PlanRequest request{OpKind::index_topk, Backend::cuda, config,
                             Capacities{batch, batch, kBlocks}, DType::bf16};
   std::vector<Timing> eager(ranks), graph(ranks);
-  std::vector<Status> errors(ranks);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < ranks; ++rank)
-    threads.emplace_back([&, rank] {
-      cudaSetDevice(rank);
-      ncclComm_t comm;
-      if (nccl.comm_init_rank(&comm, ranks, id, rank) != ncclSuccess) {
-        errors[rank] = {StatusCode::cuda_error, "ncclCommInitRank failed"};
-        return;
-      }
-      errors[rank] = [&]() -> Status {
+  const std::vector<Status> results =
+      testing::run_on_ranks(ranks, [&](int rank, ncclComm_t comm) -> Status {
         ContextParallelPlan plan;
         M3SA_RETURN_IF_ERROR(
             make_context_parallel_plan(request, {rank, ranks, ShardMode::round_robin}, &plan));
@@ -176,14 +162,11 @@ Status run_context_parallel_nccl(int batch, int ranks, double single_gpu_us,
               cudaStreamCaptureModeThreadLocal);
         cudaStreamDestroy(stream);
         return s;
-      }();
-      nccl.comm_destroy(comm);
-    });
-  for (std::thread& t : threads) t.join();
+      });
   for (int rank = 0; rank < ranks; ++rank)
-    if (!errors[rank].ok())
-      return {errors[rank].code(), "context parallel NCCL rank " + std::to_string(rank) + " of " +
-                                       std::to_string(ranks) + ": " + errors[rank].message()};
+    if (!results[rank].ok())
+      return {results[rank].code(), "rank " + std::to_string(rank) + " of " +
+                                        std::to_string(ranks) + ": " + results[rank].message()};
   for (const bool replayed : {true, false}) {
     const Timing& t = replayed ? graph[0] : eager[0];
     Record rec("context parallel NCCL B=" + std::to_string(batch) + " S=1M H=1 bf16, " +

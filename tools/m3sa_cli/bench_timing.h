@@ -70,6 +70,20 @@ Status time_graph(cudaStream_t stream, int launches, int samples, Enqueue&& enqu
   return {};
 }
 
+// Plans `request`, gives the plan a prepared device workspace and times
+// `run(plan, workspace, ctx)` with time_graph (`launches` calls, `run(..., i)` for the i-th).
+template <typename Run>
+Status time_planned(const PlanRequest& request, cudaStream_t stream, int launches, int samples,
+                    Run&& run, Timing* out) {
+  OpPlan plan;
+  M3SA_RETURN_IF_ERROR(make_plan(request, &plan));
+  const ExecContext ctx{0, stream};
+  const DeviceBuffer ws = testing::device_workspace(plan, true, ctx);
+  M3SA_RETURN_IF_ERROR(ws.status());
+  return time_graph(
+      stream, launches, samples, [&](int i) { return run(plan, ws.workspace(), ctx, i); }, out);
+}
+
 // Median over 20 eager calls of `step()` (a Status), each timed alone with events on `stream`,
 // after three untimed warm-ups.
 template <typename Step> Status time_eager(cudaStream_t stream, Step&& step, double* median_us) {
