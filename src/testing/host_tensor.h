@@ -36,6 +36,12 @@ private:
   TensorView view_;
 };
 
+// Equal sizes and equal bytes (an empty tensor equals only an empty one).
+inline bool same_bytes(const HostTensor& a, const HostTensor& b) {
+  return a.bytes() == b.bytes() &&
+         (a.bytes() == 0 || std::memcmp(a.view().data, b.view().data, a.bytes()) == 0);
+}
+
 // SplitMix64: a tiny, well-distributed generator whose stream is identical on every platform.
 class Rng {
 public:

@@ -18,10 +18,6 @@
 namespace m3sa::testing {
 namespace {
 
-bool same_bytes(const HostTensor& a, const HostTensor& b) {
-  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
-}
-
 MsaConfig config_with_heads(int heads) {
   MsaConfig c;
   c.num_index_heads = heads;

@@ -58,10 +58,6 @@ HostTensor cuda_select(const MsaConfig& config, const SyntheticBatch& sb, const 
   return topk.download();
 }
 
-bool same_bytes(const HostTensor& a, const HostTensor& b) {
-  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
-}
-
 struct IndexerCase {
   const char* name;
   BatchSpec spec;

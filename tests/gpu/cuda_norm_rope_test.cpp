@@ -12,10 +12,6 @@
 namespace m3sa::testing {
 namespace {
 
-bool same_bytes(const HostTensor& a, const HostTensor& b) {
-  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
-}
-
 // A NormRopeBatch mirrored on the device (outputs poisoned like the host copy).
 struct DeviceNormRope {
   DeviceBuffer q, k, v, index_q, index_k, positions, weights[4], cos_sin_cache, slot_mapping,
