@@ -2,7 +2,7 @@
 # Installs what m3sa's build needs on a Debian/Ubuntu machine (run as root, or with sudo available).
 # The CUDA toolkit is optional: with nvcc found the CUDA backend is compiled too.
 set -euo pipefail
-packages=(cmake ninja-build g++ git libgtest-dev libcli11-dev)
+packages=(cmake ninja-build g++ git libgtest-dev libcli11-dev nlohmann-json3-dev)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -10,19 +10,13 @@
 #include "common/norm_rope_math.h"
 #include "common/workspace.h"
 #include "cuda/backend.h"
+#include "cuda/cuda_status.h"
 #include "cuda/launchers.h"
 #include "cuda/nccl_exchange.h"
 #include "m3sa/context_parallel.h"
 
 namespace m3sa::cuda {
 namespace {
-
-Status cuda_status(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return {};
-  return {StatusCode::cuda_error,
-          detail::concat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error))};
-}
-#define M3SA_CUDA_RETURN_IF_ERROR(expr) M3SA_RETURN_IF_ERROR(cuda_status((expr), #expr))
 
 constexpr int kTileRows = 64;
 int tile_tokens(int heads) { return std::max(1, kTileRows / heads); }

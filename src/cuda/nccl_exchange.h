@@ -9,10 +9,34 @@
 
 #include "m3sa/status.h"
 
+#ifdef M3SA_HAVE_NCCL // nccl.h found at configure time: the library, the GPU tests and the bench
+#include <nccl.h>
+
+#include <string>
+#endif
+
 namespace m3sa::cuda {
 
 // recv[rank * count + i] = send of `rank`, i < count, for every rank of `comm` (an ncclComm_t).
 Status all_gather_u64(const uint64_t* send, uint64_t* recv, size_t count, void* comm,
                       cudaStream_t stream);
+
+#ifdef M3SA_HAVE_NCCL
+// The one NCCL loader (the exchange above, the multi-GPU test and `m3sa bench` use it): the
+// entry points m3sa needs, typed by nccl.h, from libnccl.so.2 (or libnccl.so) opened once with
+// RTLD_GLOBAL; all null, with `error` saying why, where the library cannot be loaded.
+struct NcclLibrary {
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclGetErrorString) get_error_string = nullptr;
+  std::string error; // empty when every entry point was found
+  bool loaded() const { return error.empty(); }
+};
+
+// Loaded on first use (thread-safe static initialisation).
+const NcclLibrary& nccl_library();
+#endif
 
 } // namespace m3sa::cuda

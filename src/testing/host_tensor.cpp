@@ -7,8 +7,27 @@
 namespace m3sa::testing {
 
 void HostTensor::reset(DType dtype, std::initializer_list<int64_t> shape) {
-  view_ = TensorView::contiguous(nullptr, dtype, shape);
-  bytes_ = static_cast<size_t>(view_.numel()) * dtype_size(dtype);
+  allocate(TensorView::contiguous(nullptr, dtype, shape));
+}
+
+HostTensor HostTensor::shaped_like(const TensorView& like) {
+  TensorView shape;
+  shape.dtype = like.dtype;
+  shape.rank = like.rank;
+  int64_t stride = 1;
+  for (int d = like.rank - 1; d >= 0; --d) {
+    shape.shape[d] = like.shape[d];
+    shape.strides[d] = stride;
+    stride *= like.shape[d];
+  }
+  HostTensor h;
+  h.allocate(shape);
+  return h;
+}
+
+void HostTensor::allocate(const TensorView& shape) {
+  view_ = shape;
+  bytes_ = static_cast<size_t>(view_.numel()) * dtype_size(view_.dtype);
   const size_t rounded = (bytes_ + 63) / 64 * 64;
   storage_.reset(rounded ? std::aligned_alloc(64, rounded) : nullptr);
   view_.data = storage_.get();

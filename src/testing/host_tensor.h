@@ -16,6 +16,8 @@ public:
   HostTensor() = default;
   HostTensor(DType dtype, std::initializer_list<int64_t> shape) { reset(dtype, shape); }
   void reset(DType dtype, std::initializer_list<int64_t> shape);
+  // A contiguous tensor of `like`'s dtype and shape (any rank; its data and strides ignored).
+  static HostTensor shaped_like(const TensorView& like);
 
   TensorView view() const { return view_; }
   template <typename T> T* data() const { return static_cast<T*>(view_.data); }
@@ -25,6 +27,7 @@ public:
   }
 
 private:
+  void allocate(const TensorView& shape);
   struct Free {
     void operator()(void* p) const { std::free(p); }
   };
@@ -32,6 +35,12 @@ private:
   size_t bytes_ = 0;
   TensorView view_;
 };
+
+// Equal sizes and equal bytes (an empty tensor equals only an empty one).
+inline bool same_bytes(const HostTensor& a, const HostTensor& b) {
+  return a.bytes() == b.bytes() &&
+         (a.bytes() == 0 || std::memcmp(a.view().data, b.view().data, a.bytes()) == 0);
+}
 
 // SplitMix64: a tiny, well-distributed generator whose stream is identical on every platform.
 class Rng {

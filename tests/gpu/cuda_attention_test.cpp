@@ -9,8 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "gpu/device_tensor.h"
-#include "support/test_util.h"
+#include "gpu/cuda_test_util.h"
 
 namespace m3sa::testing {
 namespace {
@@ -47,7 +46,7 @@ HostTensor indexer_selections(SyntheticBatch& sb, const MsaConfig& config, uint6
 
 // Device copies of the attention inputs of a SyntheticBatch; out and lse poisoned.
 struct DeviceAttention {
-  DeviceTensor q, k_cache, v_cache, topk, cu_q_lens, seq_lens, block_table, kv_block_table, out,
+  DeviceBuffer q, k_cache, v_cache, topk, cu_q_lens, seq_lens, block_table, kv_block_table, out,
       lse;
   BatchMetadata batch;
   DeviceAttention(const SyntheticBatch& sb, const HostTensor& selections)
@@ -104,10 +103,6 @@ void expect_close(const HostAttention& expected, const HostTensor& out, const Ho
   EXPECT_LE(c.max_lse_error, kLseAbs) << oracle << ": " << describe(c);
 }
 
-bool same_bytes(const HostTensor& a, const HostTensor& b) {
-  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
-}
-
 class CudaAttention : public ::testing::TestWithParam<AttentionCase> {};
 
 TEST_P(CudaAttention, MatchesHostBackends) {
@@ -124,7 +119,7 @@ TEST_P(CudaAttention, MatchesHostBackends) {
 
   DeviceAttention d(sb, topk);
   CudaRun run = attention_run(config, sb);
-  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(c.k_scale, c.v_scale), run.workspace->get()));
+  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(c.k_scale, c.v_scale), run.workspace.workspace()));
   M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(device_flags(run), 0);
   const HostTensor out = d.out.download(), lse = d.lse.download();
@@ -202,7 +197,7 @@ TEST(CudaAttentionLayouts, CombinedKvCacheViews) {
                           ((p * kBlockTokens + j) * hkv + g) * kHeadDim,
                       kHeadDim * 2);
   DeviceAttention d(sb, f.topk);
-  DeviceTensor d_combined(combined);
+  DeviceBuffer d_combined(combined);
   SparseAttentionArgs args = d.args(1.f, 1.f);
   for (int half = 0; half < 2; ++half) {
     TensorView v = d_combined.view();
@@ -214,7 +209,7 @@ TEST(CudaAttentionLayouts, CombinedKvCacheViews) {
     (half ? args.v_cache : args.k_cache) = v;
   }
   CudaRun run = attention_run(f.config, sb);
-  M3SA_ASSERT_OK(sparse_attention(run.plan, args, run.workspace->get()));
+  M3SA_ASSERT_OK(sparse_attention(run.plan, args, run.workspace.workspace()));
   M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(device_flags(run), 0);
   expect_close(host_attention(Backend::cpu, f.config, sb, f.topk, 1.f, 1.f), d.out.download(),
@@ -229,7 +224,7 @@ TEST(CudaAttentionLayouts, EmptySelectionsGiveZerosAndMinusInfinity) {
     for (int k = 0; k < 16; ++k) f.topk.data<int32_t>()[t * 16 + k] = -1;
   DeviceAttention d(f.sb, f.topk);
   CudaRun run = attention_run(f.config, f.sb);
-  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace->get()));
+  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace()));
   M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(device_flags(run), 0);
   const HostTensor out = d.out.download(), lse = d.lse.download();
@@ -250,8 +245,8 @@ TEST(CudaAttentionLayouts, TwentyRunsBitwiseIdentical) {
   CudaRun run = attention_run(f.config, f.sb);
   HostTensor first_out, first_lse;
   for (int i = 0; i < 20; ++i) {
-    d.out.fill(0xff);
-    M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace->get()));
+    M3SA_ASSERT_OK(d.out.fill(0xff));
+    M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace()));
     M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
     if (i == 0) {
       first_out = d.out.download(), first_lse = d.lse.download();
@@ -277,21 +272,26 @@ TEST(CudaAttentionLayouts, GraphReplayOnRewrittenInputsMatchesEager) {
   cudaGraph_t graph;
   M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   M3SA_ASSERT_OK(
-      sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace->get(), {0, stream}));
+      sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace(), {0, stream}));
   M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
   // Same shapes (the same spec), new values: the page shuffle of seed + 100 differs too.
-  d.q.upload(g.sb.q), d.k_cache.upload(g.sb.k_cache), d.v_cache.upload(g.sb.v_cache);
-  d.topk.upload(g.topk), d.block_table.upload(g.sb.block_table);
-  d.kv_block_table.upload(g.sb.kv_block_table);
-  d.out.fill(0xff), d.lse.fill(0xff);
+  M3SA_ASSERT_OK(d.q.upload(g.sb.q));
+  M3SA_ASSERT_OK(d.k_cache.upload(g.sb.k_cache));
+  M3SA_ASSERT_OK(d.v_cache.upload(g.sb.v_cache));
+  M3SA_ASSERT_OK(d.topk.upload(g.topk));
+  M3SA_ASSERT_OK(d.block_table.upload(g.sb.block_table));
+  M3SA_ASSERT_OK(d.kv_block_table.upload(g.sb.kv_block_table));
+  M3SA_ASSERT_OK(d.out.fill(0xff));
+  M3SA_ASSERT_OK(d.lse.fill(0xff));
   M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
   M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
   const HostTensor replay_out = d.out.download(), replay_lse = d.lse.download();
-  d.out.fill(0xff), d.lse.fill(0xff);
+  M3SA_ASSERT_OK(d.out.fill(0xff));
+  M3SA_ASSERT_OK(d.lse.fill(0xff));
   M3SA_ASSERT_OK(
-      sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace->get(), {0, stream}));
+      sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace(), {0, stream}));
   M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
   EXPECT_TRUE(same_bytes(replay_out, d.out.download()));
   EXPECT_TRUE(same_bytes(replay_lse, d.lse.download()));
@@ -311,9 +311,9 @@ TEST(CudaAttentionLayouts, BadPageIdsAreFlaggedNotRead) {
   DeviceAttention d(f.sb, f.topk);
   HostTensor bad_table = d.kv_block_table.download();
   bad_table.data<int32_t>()[0] = 1 << 30; // request 0, block 0: selected whenever n <= K
-  d.kv_block_table.upload(bad_table);
+  M3SA_ASSERT_OK(d.kv_block_table.upload(bad_table));
   CudaRun run = attention_run(f.config, f.sb);
-  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace->get()));
+  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace()));
   M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(device_flags(run) & 1, 1);
   const HostAttention expected = host_attention(Backend::cpu, f.config, f.sb, f.topk, 1.f, 1.f);

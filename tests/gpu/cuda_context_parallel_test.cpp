@@ -5,24 +5,18 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "gpu/device_batch.h"
-#include "gpu/device_tensor.h"
+#include "gpu/cuda_test_util.h"
 #include "support/test_util.h"
 
-#ifdef M3SA_TEST_NCCL
-#include <dlfcn.h>
-#include <nccl.h>
+#ifdef M3SA_HAVE_NCCL
+#include "testing/nccl_ranks.h"
 #endif
 
 namespace m3sa::testing {
 namespace {
-
-bool same_bytes(const HostTensor& a, const HostTensor& b) {
-  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
-}
 
 MsaConfig config_with_heads(int heads) {
   MsaConfig c;
@@ -50,10 +44,11 @@ HostTensor single_gpu_topk(const MsaConfig& config, const SyntheticBatch& sb,
                            const DeviceBatch& db) {
   OpPlan plan;
   EXPECT_TRUE(make_plan(plan_request(OpKind::index_topk, config, sb, {Backend::cuda}), &plan).ok());
-  const DeviceWorkspace ws(plan);
-  DeviceTensor topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
+  const DeviceBuffer ws = device_workspace(plan);
+  M3SA_EXPECT_OK(ws.status());
+  DeviceBuffer topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
   const Status s = index_topk(
-      plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()}, ws.get());
+      plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()}, ws.workspace());
   EXPECT_TRUE(s.ok()) << s.to_string();
   return topk.download();
 }
@@ -103,25 +98,26 @@ TEST_P(GpuContextParallel, ShardedSelectionsEqualTheSingleGpuOnes) {
         M3SA_ASSERT_OK(make_context_parallel_plan(request, {rank, ranks, mode}, &plans[rank]));
       const int fill = plans[0].ranked_slots;
       const int64_t per_rank = int64_t{c.heads} * sb.num_tokens() * fill;
-      DeviceTensor gathered(DType::i64, {ranks, c.heads, sb.num_tokens(), fill}, 0x77);
+      DeviceBuffer gathered(DType::i64, {ranks, c.heads, sb.num_tokens(), fill}, 0x77);
       for (int rank = 0; rank < ranks; ++rank) { // each rank in turn, as if on its own GPU
         const ContextParallelPlan& plan = plans[rank];
-        const DeviceTensor table(shard_table(sb, request.capacities, plan.shard));
+        const DeviceBuffer table(shard_table(sb, request.capacities, plan.shard));
         BatchMetadata batch = db.batch();
         batch.block_table = table.view();
-        DeviceWorkspace ws(plan.scoring, false);
-        M3SA_ASSERT_OK(prepare_context_parallel_workspace(plan, ws.get()));
+        const DeviceBuffer ws = device_workspace(plan.scoring, false);
+        M3SA_EXPECT_OK(ws.status());
+        M3SA_ASSERT_OK(prepare_context_parallel_workspace(plan, ws.workspace()));
         TensorView slice =
             TensorView::contiguous(gathered.view().ptr<int64_t>() + rank * per_rank, DType::i64,
                                    {c.heads, sb.num_tokens(), fill}, {DeviceKind::cuda, 0});
         M3SA_ASSERT_OK(score_shard_candidates(
-            plan, {db.index_q.view(), db.index_k_cache.view(), batch, {}}, slice, ws.get()));
+            plan, {db.index_q.view(), db.index_k_cache.view(), batch, {}}, slice, ws.workspace()));
         M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
         int32_t flags = -1;
-        M3SA_ASSERT_OK(read_device_errors(plan.scoring, ws.get(), {}, &flags));
+        M3SA_ASSERT_OK(read_device_errors(plan.scoring, ws.workspace(), {}, &flags));
         EXPECT_EQ(flags, 0);
       }
-      DeviceTensor topk(DType::i32, {c.heads, sb.num_tokens(), c.config.top_k}, 0x5a);
+      DeviceBuffer topk(DType::i32, {c.heads, sb.num_tokens(), c.config.top_k}, 0x5a);
       M3SA_ASSERT_OK(merge_shard_candidates(plans[0], gathered.view(), db.batch(), topk.view()));
       M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
       EXPECT_TRUE(same_bytes(want, topk.download()));
@@ -144,10 +140,11 @@ TEST(GpuContextParallelSmall, PrefillRowsAndOversizedTablesAreRejected) {
   M3SA_ASSERT_OK(make_context_parallel_plan(
       plan_request(OpKind::index_topk, config_with_heads(1), sb, {Backend::cuda}),
       {1, 4, ShardMode::contiguous}, &plan));
-  DeviceWorkspace ws(plan.scoring, false);
-  DeviceTensor candidates(DType::i64, {1, sb.num_tokens(), plan.ranked_slots}, 0);
+  const DeviceBuffer ws = device_workspace(plan.scoring, false);
+  M3SA_EXPECT_OK(ws.status());
+  DeviceBuffer candidates(DType::i64, {1, sb.num_tokens(), plan.ranked_slots}, 0);
   const IndexTopkArgs args{db.index_q.view(), db.index_k_cache.view(), db.batch(), {}};
-  Status s = score_shard_candidates(plan, args, candidates.view(), ws.get());
+  Status s = score_shard_candidates(plan, args, candidates.view(), ws.workspace());
   EXPECT_NE(s.message().find("decode rows"), std::string::npos) << s.to_string();
   BatchMetadata decode_only = db.batch(); // the first request alone: a decode batch
   decode_only.num_decode_requests = decode_only.num_requests = 1;
@@ -157,26 +154,21 @@ TEST(GpuContextParallelSmall, PrefillRowsAndOversizedTablesAreRejected) {
   TensorView one_query = db.index_q.view();
   one_query.shape[0] = 1;
   s = score_shard_candidates(plan, {one_query, db.index_k_cache.view(), decode_only, {}},
-                             candidates.view(), ws.get());
+                             candidates.view(), ws.workspace());
   EXPECT_NE(s.message().find("the rank's table"), std::string::npos) << s.to_string();
 }
 
 TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEagerAndInAGraph) {
   M3SA_SKIP_WITHOUT_CUDA();
-#ifndef M3SA_TEST_NCCL
+#ifndef M3SA_HAVE_NCCL
   GTEST_SKIP() << "built without NCCL headers: the NCCL exchange is compiled out";
 #else
   int devices = 0;
   M3SA_CUDA_ASSERT(cudaGetDeviceCount(&devices));
   if (devices < 2) GTEST_SKIP() << "NCCL path needs 2+ GPUs; " << devices << " visible";
-  void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) GTEST_SKIP() << "libnccl.so.2 not loadable: " << dlerror();
+  const cuda::NcclLibrary& nccl = cuda::nccl_library();
+  if (!nccl.loaded()) GTEST_SKIP() << nccl.error;
   setenv("NCCL_NVLS_ENABLE", "0", 1); // NVLink multicast off (device README)
-  const auto get_id = reinterpret_cast<decltype(&ncclGetUniqueId)>(dlsym(lib, "ncclGetUniqueId"));
-  const auto init_rank =
-      reinterpret_cast<decltype(&ncclCommInitRank)>(dlsym(lib, "ncclCommInitRank"));
-  const auto destroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(lib, "ncclCommDestroy"));
-  ASSERT_TRUE(get_id && init_rank && destroy);
 
   BatchSpec spec;
   spec.seq_lens = {1 << 20, 250000};
@@ -194,66 +186,56 @@ TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEage
   }
   for (int ranks = 2; ranks <= devices; ranks *= 2) { // every power of two the host allows
     SCOPED_TRACE(std::to_string(ranks) + " ranks");
-    ncclUniqueId id;
-    ASSERT_EQ(get_id(&id), ncclSuccess);
     std::vector<HostTensor> got(ranks), replayed(ranks);
-    std::vector<std::string> errors(ranks);
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < ranks; ++rank)
-      threads.emplace_back([&, rank] {
-        cudaSetDevice(rank);
-        ncclComm_t comm;
-        if (init_rank(&comm, ranks, id, rank) != ncclSuccess) {
-          errors[rank] = "ncclCommInitRank failed";
-          return;
-        }
-        ContextParallelPlan plan;
-        Status s =
-            make_context_parallel_plan(request, {rank, ranks, ShardMode::round_robin}, &plan);
-        const DeviceBatch db(sb); // a full copy per GPU; each rank reads its pages only
-        const DeviceTensor table(shard_table(sb, request.capacities, plan.shard));
-        BatchMetadata batch = db.batch();
-        batch.block_table = table.view();
-        DeviceWorkspace ws(plan.scoring, false);
-        DeviceTensor topk(DType::i32, {4, sb.num_tokens(), config.top_k}, 0x5a);
-        cudaStream_t stream;
-        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-        if (s.ok()) s = prepare_context_parallel_workspace(plan, ws.get(), {0, stream});
-        const auto step = [&] {
-          return context_parallel_index_topk(
-              plan, {db.index_q.view(), db.index_k_cache.view(), batch, topk.view()}, comm,
-              ws.get(), {0, stream});
-        };
-        if (s.ok()) s = step();
-        cudaStreamSynchronize(stream);
-        if (!s.ok()) errors[rank] = s.to_string();
-        got[rank] = topk.download();
-        // The same step captured in a graph (each rank captures its own stream, thread-local, at
-        // the same time as the others) and replayed twice into a poisoned output.
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        topk.fill(0x5a);
-        if (s.ok() &&
-            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
-          s = step();
-          if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || !s.ok())
-            errors[rank] = s.ok() ? "capture failed" : s.to_string();
-        }
-        if (graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
-          for (int replay = 0; replay < 2; ++replay) cudaGraphLaunch(exec, stream);
-          if (cudaStreamSynchronize(stream) != cudaSuccess) errors[rank] = "replay failed";
-          replayed[rank] = topk.download();
-          cudaGraphExecDestroy(exec);
-        } else if (errors[rank].empty()) {
-          errors[rank] = s.ok() ? "no graph" : s.to_string();
-        }
-        if (graph) cudaGraphDestroy(graph);
-        cudaStreamDestroy(stream);
-        destroy(comm);
-      });
-    for (std::thread& t : threads) t.join();
+    const std::vector<Status> results = run_on_ranks(ranks, [&](int rank, ncclComm_t comm) {
+      ContextParallelPlan plan;
+      M3SA_RETURN_IF_ERROR(
+          make_context_parallel_plan(request, {rank, ranks, ShardMode::round_robin}, &plan));
+      const DeviceBatch db(sb); // a full copy per GPU; each rank reads its pages only
+      const DeviceBuffer table(shard_table(sb, request.capacities, plan.shard));
+      BatchMetadata batch = db.batch();
+      batch.block_table = table.view();
+      const DeviceBuffer ws = device_workspace(plan.scoring, false);
+      const DeviceBuffer topk(DType::i32, {4, sb.num_tokens(), config.top_k}, 0x5a);
+      M3SA_RETURN_IF_ERROR(ws.status());
+      M3SA_RETURN_IF_ERROR(topk.status());
+      cudaStream_t stream;
+      M3SA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      const auto step = [&] {
+        return context_parallel_index_topk(
+            plan, {db.index_q.view(), db.index_k_cache.view(), batch, topk.view()}, comm,
+            ws.workspace(), {0, stream});
+      };
+      Status s = prepare_context_parallel_workspace(plan, ws.workspace(), {0, stream});
+      if (s.ok()) s = step();
+      if (s.ok()) s = cuda::cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      got[rank] = topk.download();
+      // The same step captured in a graph (each rank captures its own stream, thread-local, at
+      // the same time as the others) and replayed twice into a poisoned output.
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      if (s.ok()) s = topk.fill(0x5a);
+      if (s.ok())
+        s = cuda::cuda_status(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                              "cudaStreamBeginCapture");
+      if (s.ok()) {
+        s = step();
+        const Status ended =
+            cuda::cuda_status(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+        if (s.ok()) s = ended;
+      }
+      if (s.ok()) s = cuda::cuda_status(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+      for (int replay = 0; replay < 2 && s.ok(); ++replay)
+        s = cuda::cuda_status(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+      if (s.ok()) s = cuda::cuda_status(cudaStreamSynchronize(stream), "replay");
+      if (s.ok()) replayed[rank] = topk.download();
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+      return s;
+    });
     for (int rank = 0; rank < ranks; ++rank) {
-      EXPECT_EQ(errors[rank], "") << "rank " << rank;
+      EXPECT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank].to_string();
       EXPECT_TRUE(same_bytes(want, got[rank])) << "rank " << rank;
       EXPECT_TRUE(same_bytes(want, replayed[rank])) << "rank " << rank << ", graph replay";
     }

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "gpu/device_batch.h"
-#include "gpu/device_tensor.h"
+#include "gpu/cuda_test_util.h"
 #include "support/test_util.h"
 #include "testing/sample_batch.h"
 
@@ -23,10 +23,10 @@ HostTensor cuda_index_topk(const MsaConfig& config, const SyntheticBatch& sb, co
                            CudaRun* reuse = nullptr) {
   CudaRun local;
   CudaRun& run = reuse ? *reuse : (local = cuda_plan(OpKind::index_topk, config, sb));
-  DeviceTensor topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
+  DeviceBuffer topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
   const Status s =
       index_topk(run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
-                 run.workspace->get());
+                 run.workspace.workspace());
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(device_flags(run), 0);
@@ -36,10 +36,10 @@ HostTensor cuda_index_topk(const MsaConfig& config, const SyntheticBatch& sb, co
 HostTensor cuda_score_blocks(const MsaConfig& config, const SyntheticBatch& sb,
                              const DeviceBatch& db) {
   CudaRun run = cuda_plan(OpKind::score_blocks, config, sb);
-  DeviceTensor scores(DType::f32, {config.num_index_heads, sb.num_tokens(), sb.width()}, 0xff);
+  DeviceBuffer scores(DType::f32, {config.num_index_heads, sb.num_tokens(), sb.width()}, 0xff);
   const Status s = score_blocks(
       run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), scores.view()},
-      run.workspace->get());
+      run.workspace.workspace());
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(device_flags(run), 0);
@@ -49,17 +49,13 @@ HostTensor cuda_score_blocks(const MsaConfig& config, const SyntheticBatch& sb,
 HostTensor cuda_select(const MsaConfig& config, const SyntheticBatch& sb, const DeviceBatch& db,
                        const HostTensor& scores) {
   CudaRun run = cuda_plan(OpKind::select_topk_blocks, config, sb);
-  DeviceTensor d_scores(scores);
-  DeviceTensor topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
+  DeviceBuffer d_scores(scores);
+  DeviceBuffer topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
   const Status s = select_topk_blocks(run.plan, {d_scores.view(), db.batch(), topk.view()},
-                                      run.workspace->get());
+                                      run.workspace.workspace());
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return topk.download();
-}
-
-bool same_bytes(const HostTensor& a, const HostTensor& b) {
-  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
 }
 
 struct IndexerCase {
@@ -263,10 +259,11 @@ TEST(GpuIndexerSmall, InsertIndexKIsBitExactAndSkipsPadding) {
       request.backend = Backend::cuda;
       OpPlan plan;
       M3SA_ASSERT_OK(make_plan(request, &plan));
-      DeviceWorkspace ws(plan);
-      DeviceTensor d_rows(rows), d_slots(slots), d_cache(cache);
+      const DeviceBuffer ws = device_workspace(plan);
+      M3SA_EXPECT_OK(ws.status());
+      DeviceBuffer d_rows(rows), d_slots(slots), d_cache(cache);
       M3SA_ASSERT_OK(
-          insert_index_k(plan, {d_rows.view(), d_slots.view(), d_cache.view()}, ws.get()));
+          insert_index_k(plan, {d_rows.view(), d_slots.view(), d_cache.view()}, ws.workspace()));
       M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
       EXPECT_TRUE(same_bytes(want, d_cache.download()))
           << to_string(dtype) << " from " << to_string(row_dtype);
@@ -276,12 +273,12 @@ TEST(GpuIndexerSmall, InsertIndexKIsBitExactAndSkipsPadding) {
 // The device error flag after one index_topk on a fresh plan and workspace.
 int32_t flags_after_index_topk(const SyntheticBatch& sb, const DeviceBatch& db) {
   CudaRun run = cuda_plan(OpKind::index_topk, cfg(1), sb);
-  DeviceTensor topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
+  DeviceBuffer topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
   Status s =
       index_topk(run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
-                 run.workspace->get());
+                 run.workspace.workspace());
   int32_t flags = -1;
-  if (s.ok()) s = read_device_errors(run.plan, run.workspace->get(), {}, &flags);
+  if (s.ok()) s = read_device_errors(run.plan, run.workspace.workspace(), {}, &flags);
   EXPECT_TRUE(s.ok()) << s.to_string();
   return flags;
 }
@@ -293,7 +290,7 @@ TEST(GpuIndexerSmall, BadPageIdsAreReportedNotRead) {
   DeviceBatch db(sb);
   HostTensor table = db.block_table.download();
   table.data<int32_t>()[1] = 1 << 20; // request 0, block 1
-  db.block_table.upload(table);
+  M3SA_EXPECT_OK(db.block_table.upload(table));
   EXPECT_EQ(flags_after_index_topk(sb, db) & 1, 1);
 }
 
@@ -313,19 +310,21 @@ TEST(GpuIndexerSmall, ErrorFlagsAccumulateUntilReadAndUnpreparedWorkspacesAreRep
   DeviceBatch db(sb);
   db.decode_q_len = 1; // flagged on the device: bit 8
   CudaRun run = cuda_plan(OpKind::index_topk, cfg(1), sb);
-  DeviceTensor topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
+  DeviceBuffer topk(DType::i32, {1, sb.num_tokens(), 16}, 0x5a);
   const IndexTopkArgs args{db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()};
-  M3SA_ASSERT_OK(index_topk(run.plan, args, run.workspace->get()));
+  M3SA_ASSERT_OK(index_topk(run.plan, args, run.workspace.workspace()));
   db.decode_q_len = 2; // a clean run does not clear the earlier bit
-  M3SA_ASSERT_OK(index_topk(run.plan, args, run.workspace->get()));
+  M3SA_ASSERT_OK(index_topk(run.plan, args, run.workspace.workspace()));
   int32_t flags = 0;
-  M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace->get(), {}, &flags));
+  M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace.workspace(), {}, &flags));
   EXPECT_EQ(flags, 8);
-  M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace->get(), {}, &flags));
+  M3SA_ASSERT_OK(read_device_errors(run.plan, run.workspace.workspace(), {}, &flags));
   EXPECT_EQ(flags, 0); // reading cleared it
 
-  const DeviceWorkspace unprepared(run.plan, false);
-  const Status s = read_device_errors(run.plan, unprepared.get(), {}, &flags);
+  const DeviceBuffer unprepared = device_workspace(run.plan, false);
+
+  M3SA_EXPECT_OK(unprepared.status());
+  const Status s = read_device_errors(run.plan, unprepared.workspace(), {}, &flags);
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_NE(s.to_string().find("prepare_workspace"), std::string::npos) << s.to_string();
 }
@@ -341,7 +340,7 @@ TEST(GpuIndexerSmall, PlanLargerThanTheBatch) {
   request.capacities = {256, 8192, 8192};
   CudaRun run;
   M3SA_ASSERT_OK(make_plan(request, &run.plan));
-  run.workspace = std::make_unique<DeviceWorkspace>(run.plan);
+  run.workspace = device_workspace(run.plan);
   HostTensor want;
   M3SA_ASSERT_OK(run_index_topk(cfg(4), sb, {Backend::reference}, &want));
   for (int i = 0; i < 3; ++i)
@@ -386,10 +385,10 @@ TEST(GpuIndexerSmall, CapturedDecodeReplaysOnRewrittenInputs) {
   std::memcpy(cache_a.view().data, sa.index_k_cache.view().data, sa.index_k_cache.bytes());
   std::memcpy(cache_b.view().data, sb.index_k_cache.view().data, sb.index_k_cache.bytes());
   DeviceBatch db(sa);
-  DeviceTensor cache(cache_a);
+  DeviceBuffer cache(cache_a);
   const MsaConfig config = cfg(4);
   CudaRun run = cuda_plan(OpKind::index_topk, config, sa);
-  DeviceTensor topk(DType::i32, {4, sa.num_tokens(), 16}, 0x5a);
+  DeviceBuffer topk(DType::i32, {4, sa.num_tokens(), 16}, 0x5a);
   const IndexTopkArgs args{db.index_q.view(), cache.view(), db.batch(), topk.view()};
 
   cudaStream_t stream;
@@ -397,7 +396,7 @@ TEST(GpuIndexerSmall, CapturedDecodeReplaysOnRewrittenInputs) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const Status captured = index_topk(run.plan, args, run.workspace->get(), {0, stream});
+  const Status captured = index_topk(run.plan, args, run.workspace.workspace(), {0, stream});
   M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
   M3SA_ASSERT_OK(captured);
   M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
@@ -409,17 +408,17 @@ TEST(GpuIndexerSmall, CapturedDecodeReplaysOnRewrittenInputs) {
   M3SA_ASSERT_OK(run_index_topk(config, sa, {Backend::cpu}, &want_a));
   EXPECT_EQ(compare_topk(want_a.view(), topk.download().view(), TensorView{}).mismatched_rows, 0);
 
-  db.seq_lens.upload(sb.seq_lens);
-  db.block_table.upload(sb.block_table);
-  db.index_q.upload(sb.index_q);
-  cache.upload(cache_b);
-  topk.fill(0x5a);
+  M3SA_EXPECT_OK(db.seq_lens.upload(sb.seq_lens));
+  M3SA_EXPECT_OK(db.block_table.upload(sb.block_table));
+  M3SA_EXPECT_OK(db.index_q.upload(sb.index_q));
+  M3SA_EXPECT_OK(cache.upload(cache_b));
+  M3SA_EXPECT_OK(topk.fill(0x5a));
   M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
   M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
   const HostTensor replayed = topk.download();
-  topk.fill(0x5a);
+  M3SA_EXPECT_OK(topk.fill(0x5a));
   M3SA_ASSERT_OK(
-      index_topk(run.plan, args, run.workspace->get(), {0, stream})); // eager on the new data
+      index_topk(run.plan, args, run.workspace.workspace(), {0, stream})); // eager on the new data
   M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
   EXPECT_TRUE(same_bytes(replayed, topk.download()));
   HostTensor want_b, want_b_scores;

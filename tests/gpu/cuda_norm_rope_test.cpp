@@ -5,34 +5,30 @@
 
 #include <cstring>
 
-#include "gpu/device_tensor.h"
+#include "gpu/cuda_test_util.h"
 #include "support/test_util.h"
 #include "testing/norm_rope_batch.h"
 
 namespace m3sa::testing {
 namespace {
 
-bool same_bytes(const HostTensor& a, const HostTensor& b) {
-  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
-}
-
 // A NormRopeBatch mirrored on the device (outputs poisoned like the host copy).
 struct DeviceNormRope {
-  DeviceTensor q, k, v, index_q, index_k, positions, weights[4], cos_sin_cache, slot_mapping,
+  DeviceBuffer q, k, v, index_q, index_k, positions, weights[4], cos_sin_cache, slot_mapping,
       index_slot_mapping, q_out, k_cache, v_cache, index_q_out, index_k_cache;
   const NormRopeBatch& host;
   explicit DeviceNormRope(const NormRopeBatch& b)
       : q(b.q), k(b.k), v(b.v), index_q(b.index_q), index_k(b.index_k),
-        positions(b.positions), weights{DeviceTensor(b.weights[0]), DeviceTensor(b.weights[1]),
-                                        DeviceTensor(b.weights[2]), DeviceTensor(b.weights[3])},
+        positions(b.positions), weights{DeviceBuffer(b.weights[0]), DeviceBuffer(b.weights[1]),
+                                        DeviceBuffer(b.weights[2]), DeviceBuffer(b.weights[3])},
         slot_mapping(b.slot_mapping), index_slot_mapping(b.index_slot_mapping), q_out(b.q_out),
         k_cache(b.k_cache), v_cache(b.v_cache), index_q_out(b.index_q_out),
         index_k_cache(b.index_k_cache), host(b) {
-    if (b.cos_sin_cache.bytes()) cos_sin_cache = DeviceTensor(b.cos_sin_cache);
+    if (b.cos_sin_cache.bytes()) cos_sin_cache = DeviceBuffer(b.cos_sin_cache);
   }
   NormRopeInsertArgs args(bool in_place) const {
     NormRopeInsertArgs a = host.args(in_place); // scalars and shapes; pointers replaced below
-    const auto on_device = [](TensorView view, const DeviceTensor& d) {
+    const auto on_device = [](TensorView view, const DeviceBuffer& d) {
       view.data = d.view().data;
       view.device = d.view().device;
       return view;
@@ -109,7 +105,7 @@ TEST_P(GpuNormRope, BitIdenticalToTheCpuBackend) {
   M3SA_ASSERT_OK(run_norm_rope_insert(config, want, Backend::cpu, 0, c.in_place));
   const DeviceNormRope d(input);
   CudaRun run = plan_norm_rope(config, spec);
-  M3SA_ASSERT_OK(norm_rope_insert(run.plan, d.args(c.in_place), run.workspace->get()));
+  M3SA_ASSERT_OK(norm_rope_insert(run.plan, d.args(c.in_place), run.workspace.workspace()));
   M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(device_flags(run), 0);
   const HostTensor& want_q = c.in_place ? want.q : want.q_out;
@@ -134,7 +130,7 @@ TEST(GpuNormRopeSmall, DevicePositionsAndSlotsOutOfRangeAreFlaggedNotWritten) {
   b.slot_mapping.data<int64_t>()[5] = 4 * kBlockTokens; // token 5: its KV rows skipped
   const DeviceNormRope d(b);
   CudaRun run = plan_norm_rope(MsaConfig{}, spec);
-  M3SA_ASSERT_OK(norm_rope_insert(run.plan, d.args(false), run.workspace->get()));
+  M3SA_ASSERT_OK(norm_rope_insert(run.plan, d.args(false), run.workspace.workspace()));
   EXPECT_EQ(device_flags(run), 16 | 4);
   const HostTensor q_out = d.q_out.download();
   const uint8_t* row2 = q_out.data<uint8_t>() + 2 * spec.q_heads * kHeadDim * 2;
@@ -158,7 +154,7 @@ TEST(GpuNormRopeSmall, CapturedRunReplaysOnRewrittenPositionsAndSlots) {
   cudaGraphExec_t exec;
   M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   const Status captured =
-      norm_rope_insert(run.plan, d.args(false), run.workspace->get(), {0, stream});
+      norm_rope_insert(run.plan, d.args(false), run.workspace.workspace(), {0, stream});
   M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
   M3SA_ASSERT_OK(captured);
   M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
@@ -171,8 +167,8 @@ TEST(GpuNormRopeSmall, CapturedRunReplaysOnRewrittenPositionsAndSlots) {
                            {&d.positions, &second.positions},
                            {&d.slot_mapping, &second.slot_mapping},
                            {&d.index_slot_mapping, &second.index_slot_mapping}})
-    dev->upload(*host);
-  for (int i = 0; i < 4; ++i) d.weights[i].upload(second.weights[i]);
+    M3SA_EXPECT_OK(dev->upload(*host));
+  for (int i = 0; i < 4; ++i) M3SA_EXPECT_OK(d.weights[i].upload(second.weights[i]));
   M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
   M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
   M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, second, Backend::cpu));

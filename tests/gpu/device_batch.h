@@ -1,12 +1,12 @@
 #pragma once
 // The index branch of a SyntheticBatch on the device.
-#include "gpu/device_tensor.h"
+#include "gpu/cuda_test_util.h"
 #include "testing/synthetic_batch.h"
 
 namespace m3sa::testing {
 
 struct DeviceBatch {
-  DeviceTensor cu_q_lens, seq_lens, block_table, index_q, index_k_cache;
+  DeviceBuffer cu_q_lens, seq_lens, block_table, index_q, index_k_cache;
   int num_requests, num_decode, decode_q_len, num_tokens;
   explicit DeviceBatch(const SyntheticBatch& sb)
       : cu_q_lens(sb.cu_q_lens), seq_lens(sb.seq_lens), block_table(sb.block_table),

@@ -74,4 +74,10 @@ inline const auto kHostBackends = ::testing::Values(Backend::reference, Backend:
     ASSERT_TRUE(m3sa_test_status_.ok()) << m3sa_test_status_.to_string();                          \
   } while (0)
 
+#define M3SA_EXPECT_OK(expr)                                                                       \
+  do {                                                                                             \
+    const ::m3sa::Status m3sa_test_status_ = (expr);                                               \
+    EXPECT_TRUE(m3sa_test_status_.ok()) << m3sa_test_status_.to_string();                          \
+  } while (0)
+
 } // namespace m3sa::testing

@@ -19,10 +19,6 @@ std::vector<const HostTensor*> outputs(const NormRopeBatch& b) {
   return {&b.q_out, &b.k_cache, &b.v_cache, &b.index_q_out, &b.index_k_cache};
 }
 
-bool same_bytes(const HostTensor& a, const HostTensor& b) {
-  return a.bytes() == b.bytes() && std::memcmp(a.view().data, b.view().data, a.bytes()) == 0;
-}
-
 struct NormRopeCase {
   const char* name;
   NormRopeSpec spec;

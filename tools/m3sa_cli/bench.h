@@ -1,7 +1,16 @@
 #pragma once
 // `m3sa bench`: CUDA-event timings of the indexer ops on the visible GPU, each reported against a
 // ceiling measured in the same run (device-to-device copy bandwidth, cuBLAS bf16 GEMM rate).
+//   bench.cpp                    the driver: ceilings, then every case, then the output
+//   bench_ceilings.cpp           copy bandwidth and the cuBLAS / cuBLASLt GEMM ceilings
+//   bench_cases.cpp              the case table and the per-op runners
+//   bench_context_parallel.cpp   the context-parallel decode cases (one GPU, and NCCL over many)
+//   bench_timing.h               graph-capture and eager event timing, cold-L2 rotation (CUDA)
+//   bench_output.cpp             the text table and the JSON records (nlohmann-json)
+// This header is CUDA-free: the options, the records and the output.
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace m3sa::cli {
 
@@ -14,4 +23,49 @@ struct BenchOptions {
 // 0: ran; 1: a case failed to run; 2: no CUDA backend or device.
 int run_bench(const BenchOptions& options);
 
+namespace bench {
+
+struct Timing {
+  double median_us = 0, cv = 0;
+};
+
+struct Ceilings {
+  double copy_gbps = 0, bf16_gemm_tflops = 0, fp8_gemm_tflops = 0;
+};
+
+// One timed (case, op).
+struct Record {
+  Record(std::string case_name, std::string op, Timing timing)
+      : name(std::move(case_name)), mode(std::move(op)), t(timing) {}
+  std::string name, mode;
+  Timing t;
+  double bytes = 0, flops = 0, fraction = 0;
+  const char* ceiling = "";
+  std::string note; // derived figures (e.g. projected scaling), free text
+};
+
+// What the run measured on.
+struct RunInfo {
+  std::string device;
+  int sm_count = 0;
+  std::string commit, date;
+};
+
+// bench_output.cpp. Text to stdout: the header (device, commit, date, ceilings; a GEMM ceiling
+// that could not be measured says so) and, after the cases, the markdown table.
+void print_header(const RunInfo& run, const Ceilings& ceilings, bool have_bf16_gemm,
+                  bool have_fp8_gemm);
+void print_table(const std::vector<Record>& records);
+// A progress line on stderr as each record is measured (`with_op`: the op column too).
+void print_progress(const Record& record, bool with_op);
+// The JSON document (schema of bench/results/h200/*.json: top-level device, sm_count, commit,
+// date, ceilings, records[] with device, commit, case, op, median_us, cv, bytes, flops, gbps,
+// tflops, fraction_of_ceiling, ceiling, note), numbers rounded as the tables print them.
+std::string json_report(const RunInfo& run, const Ceilings& ceilings,
+                        const std::vector<Record>& records);
+// json_report into `path`; false where the file cannot be written.
+bool write_json(const std::string& path, const RunInfo& run, const Ceilings& ceilings,
+                const std::vector<Record>& records);
+
+} // namespace bench
 } // namespace m3sa::cli

@@ -1,0 +1,155 @@
+// Sparse attention cases of `m3sa bench` at MiniMax-M3 shapes (64/4 at TP1, 16/1 per TP4 rank), top_k
+// 16, with selections made by index_topk on random index data, as an engine makes them. Decode: B
+// single-token requests of S tokens replayed from a graph, rotating over block tables that draw pages
+// at random from a pool larger than L2 (cold L2, like the peer's rotations). Prefill: one 8K chunk at
+// the end of S. Bytes: K and V of every token's selected keys (what a token-major kernel reads);
+// prefill FLOPs: 4 x 128 per (query head, key).
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench_timing.h"
+#include "testing/host_tensor.h"
+
+namespace m3sa::cli::bench {
+
+using testing::HostTensor;
+using testing::Rng;
+
+std::vector<AttentionCase> attention_cases(const std::string& set) {
+  std::vector<AttentionCase> all;
+  const auto suffix = [](int s, int hq, int hkv) {
+    return " S=" + std::to_string(s / 1024) + "K Hq=" + std::to_string(hq) +
+           " Hkv=" + std::to_string(hkv);
+  };
+  for (DType d : {DType::bf16, DType::fp8_e4m3}) {
+    const std::string dn = d == DType::bf16 ? "bf16" : "fp8";
+    for (auto [hq, hkv] : {std::pair{64, 4}, std::pair{16, 1}})
+      for (int s : {8192, 32768, 131072}) {
+        if (set == "full" || d == DType::bf16 || s == 131072)
+          all.push_back({"attention prefill " + dn + " C=8K" + suffix(s, hq, hkv), false, 1, s,
+                         8192, hq, hkv, d});
+        for (int b : {1, 32, 128})
+          if (set == "full" || (b != 32 && s != 8192))
+            all.push_back({"attention decode " + dn + " B=" + std::to_string(b) +
+                               suffix(s, hq, hkv),
+                           true, b, s, 1, hq, hkv, d});
+      }
+  }
+  return all;
+}
+
+Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Ceilings& ceilings,
+                          std::vector<Record>* records) {
+  constexpr int kTopK = 16;
+  const int blocks = (c.context + 127) / 128;
+  const int64_t tokens = c.decode ? c.batch : c.chunk;
+  const size_t elem = dtype_size(c.kv_dtype);
+  double keys = 0; // visible selected keys over all tokens (per KV head)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t p = c.decode ? c.context - 1 : c.context - c.chunk + t;
+    keys += (std::min<int64_t>(kTopK, p / 128 + 1) - 1) * 128.0 + p % 128 + 1;
+  }
+  const double kv_bytes = keys * c.kv_heads * 2 * 128 * elem;
+  const double flops = keys * c.q_heads * 4 * 128;
+  // Decode rotates over block tables (cold L2); pages come from one pool per case.
+  const int sets = c.decode ? cold_l2_sets(static_cast<size_t>(kv_bytes)) : 1;
+  const int64_t page_bytes = int64_t{128} * c.kv_heads * 128 * static_cast<int64_t>(elem);
+  const int64_t pool = c.decode ? std::min<int64_t>(int64_t{c.batch} * blocks * sets,
+                                                    (int64_t{4} << 30) / page_bytes)
+                                : blocks;
+  const DeviceBuffer k_cache(pool * page_bytes), v_cache(pool * page_bytes),
+      index_cache(pool * 128 * 128 * 2), q(tokens * c.q_heads * 128 * 2),
+      index_q(tokens * c.kv_heads * 128 * 2), out(tokens * c.q_heads * 128 * 2);
+  M3SA_RETURN_IF_ERROR(k_cache.fill_random(c.kv_dtype, 41));
+  M3SA_RETURN_IF_ERROR(v_cache.fill_random(c.kv_dtype, 42));
+  M3SA_RETURN_IF_ERROR(index_cache.fill_random(DType::bf16, 43));
+  M3SA_RETURN_IF_ERROR(q.fill_random(DType::bf16, 44));
+  M3SA_RETURN_IF_ERROR(index_q.fill_random(DType::bf16, 45));
+  HostTensor host_cu(DType::i32, {c.batch + 1}), host_seq(DType::i32, {c.batch});
+  for (int r = 0; r <= c.batch; ++r) host_cu.data<int32_t>()[r] = c.decode ? r : (r ? c.chunk : 0);
+  for (int r = 0; r < c.batch; ++r) host_seq.data<int32_t>()[r] = c.context;
+  const DeviceBuffer cu(host_cu), seq(host_seq);
+  M3SA_RETURN_IF_ERROR(cu.status());
+  M3SA_RETURN_IF_ERROR(seq.status());
+  MsaConfig config;
+  config.num_index_heads = c.kv_heads;
+  config.top_k = kTopK;
+  const Capacities capacities{c.batch, tokens, blocks};
+  const ExecContext ctx{0, stream};
+  OpPlan index_plan;
+  M3SA_RETURN_IF_ERROR(make_plan(
+      {OpKind::index_topk, Backend::cuda, config, capacities, DType::bf16}, &index_plan));
+  const DeviceBuffer index_ws = testing::device_workspace(index_plan, true, ctx);
+  M3SA_RETURN_IF_ERROR(index_ws.status());
+  // Per set: a block table (random pool pages for decode) and the selections index_topk makes.
+  std::vector<DeviceBuffer> tables, selections;
+  Rng rng(17);
+  const auto batch_of = [&](int set) {
+    return BatchMetadata{cu.view(),
+                         seq.view(),
+                         tables[set].view(),
+                         c.batch,
+                         c.decode ? c.batch : 0,
+                         1,
+                         static_cast<int>(tokens)};
+  };
+  for (int set = 0; set < sets; ++set) {
+    HostTensor table(DType::i32, {c.batch, blocks});
+    for (int64_t i = 0; i < int64_t{c.batch} * blocks; ++i)
+      table.data<int32_t>()[i] = c.decode ? rng.uniform_int(0, static_cast<int>(pool - 1))
+                                          : static_cast<int32_t>(i);
+    tables.emplace_back(table);
+    selections.emplace_back(DType::i32, std::initializer_list<int64_t>{c.kv_heads, tokens, kTopK},
+                            uint8_t{0xff});
+    M3SA_RETURN_IF_ERROR(tables.back().status());
+    M3SA_RETURN_IF_ERROR(selections.back().status());
+    M3SA_RETURN_IF_ERROR(index_topk(index_plan,
+                                    {index_q.view(DType::bf16, {tokens, c.kv_heads, 128}),
+                                     index_cache.view(DType::bf16, {pool, 128, 128}),
+                                     batch_of(set), selections.back().view()},
+                                    index_ws.workspace(), ctx));
+  }
+  Timing t;
+  OpPlan plan;
+  M3SA_RETURN_IF_ERROR(make_plan(
+      {OpKind::sparse_attention, Backend::cuda, config, capacities, c.kv_dtype}, &plan));
+  const DeviceBuffer ws = testing::device_workspace(plan, true, ctx);
+  M3SA_RETURN_IF_ERROR(ws.status());
+  M3SA_RETURN_IF_ERROR(time_graph(
+      stream, sets, c.decode ? 20 : 5,
+      [&](int i) {
+        SparseAttentionArgs a;
+        a.q = q.view(DType::bf16, {tokens, c.q_heads, 128});
+        a.k_cache = k_cache.view(c.kv_dtype, {pool, 128, c.kv_heads, 128});
+        a.v_cache = v_cache.view(c.kv_dtype, {pool, 128, c.kv_heads, 128});
+        a.topk = selections[i % sets].view();
+        a.batch = batch_of(i % sets);
+        a.out = out.view(DType::bf16, {tokens, c.q_heads, 128});
+        return sparse_attention(plan, a, ws.workspace(), ctx);
+      },
+      &t));
+  int32_t flags = 0;
+  M3SA_RETURN_IF_ERROR(read_device_errors(plan, ws.workspace(), ctx, &flags));
+  if (flags != 0)
+    return Status(StatusCode::internal, "device error flags " + std::to_string(flags));
+  Record rec{c.name, to_string(OpKind::sparse_attention), t};
+  rec.bytes = kv_bytes, rec.flops = flops;
+  if (c.decode) {
+    rec.fraction = kv_bytes / (t.median_us * 1e3) / ceilings.copy_gbps;
+    rec.ceiling = "copy";
+  } else {
+    rec.fraction = ceilings.bf16_gemm_tflops > 0
+                       ? flops / (t.median_us * 1e6) / ceilings.bf16_gemm_tflops
+                       : 0;
+    rec.ceiling = "bf16 GEMM";
+    rec.note = "GB/s: K and V of every token's selected keys";
+  }
+  records->push_back(rec);
+  print_progress(rec, false);
+  return {};
+}
+
+} // namespace m3sa::cli::bench
