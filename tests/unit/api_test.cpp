@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "support/test_util.h"
@@ -96,13 +97,16 @@ TEST(Api, HostWorkspacesNeedNoPreparationAndReportNoDeviceErrors) {
     OpPlan plan;
     M3SA_ASSERT_OK(make_plan(small_request(OpKind::index_topk, backend), &plan));
     std::vector<std::byte> memory(plan.workspace_bytes + 64);
-    const Workspace ws{memory.data(), plan.workspace_bytes};
+    void* aligned = memory.data();
+    size_t space = memory.size();
+    ASSERT_NE(std::align(64, plan.workspace_bytes, aligned, space), nullptr);
+    const Workspace ws{aligned, plan.workspace_bytes};
     M3SA_ASSERT_OK(prepare_workspace(plan, ws));
     int32_t flags = -1;
     M3SA_ASSERT_OK(read_device_errors(plan, ws, {}, &flags));
     EXPECT_EQ(flags, 0);
     if (plan.workspace_bytes > 0) {
-      const Status s = prepare_workspace(plan, {memory.data(), plan.workspace_bytes - 1});
+      const Status s = prepare_workspace(plan, {aligned, plan.workspace_bytes - 1});
       EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
     }
     EXPECT_EQ(read_device_errors(plan, ws, {}, nullptr).code(), StatusCode::invalid_argument);
