@@ -70,7 +70,7 @@ struct ExecContext {
 // (two memsets; capturable). Host backends need no preparation: it only checks the workspace.
 Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecContext& ctx = {});
 
-// The fused per-token step before attention (docs/contract.md, "Fused norm, RoPE and insert"):
+// The fused per-token step before attention (docs/contract.md §7):
 // RMSNorm + partial RoPE on the main q / k and on index q / k, then q out, k / v into the paged KV
 // cache and index-K into the index cache. fp32 from the bf16 load to one final rounding per output.
 struct NormRopeInsertArgs {
@@ -148,7 +148,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
 Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& args, Workspace workspace,
                         const ExecContext& ctx = {});
 
-// Device-side validation (contract §8): CUDA kernels never read out of bounds; on bad metadata
+// Device-side validation (contract §9): CUDA kernels never read out of bounds; on bad metadata
 // (page id out of range, seq_len beyond the block table, slot beyond the cache) they skip the read
 // and set bits in a flag kept in the workspace. The bits accumulate over runs; this returns them
 // and clears the flag (it synchronises `ctx.stream`: not for use inside capture). A workspace

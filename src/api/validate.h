@@ -1,6 +1,6 @@
 #pragma once
 // Host-side validation shared by every op: shapes, dtypes, strides, devices, capacities and, where
-// the data is host-readable, the batch metadata itself (contract §8).
+// the data is host-readable, the batch metadata itself (contract §9).
 #include <cstdint>
 #include <initializer_list>
 

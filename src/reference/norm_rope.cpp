@@ -1,4 +1,4 @@
-// Reference norm_rope_insert (docs/contract.md, "Fused norm, RoPE and insert"): every row in
+// Reference norm_rope_insert (docs/contract.md §7): every row in
 // double, rounded once to its output dtype (through fp32, the contract's working precision).
 // cos/sin from libm in double, or the caller's table.
 #include <cmath>
