@@ -12,30 +12,55 @@
 
 namespace m3sa::detail {
 
-extern const Implementation kReferenceInsertIndexK, kReferenceScoreBlocks,
-    kReferenceSelectTopkBlocks, kReferenceIndexTopk, kReferenceSparseAttention,
-    kReferenceNormRopeInsert;
-extern const Implementation kCpuInsertIndexK, kCpuScoreBlocks, kCpuSelectTopkBlocks, kCpuIndexTopk,
-    kCpuSparseAttention, kCpuNormRopeInsert;
+// One declaration per implementation, each defined in its backend's file.
+extern const Implementation kReferenceInsertIndexK;
+extern const Implementation kReferenceScoreBlocks;
+extern const Implementation kReferenceSelectTopkBlocks;
+extern const Implementation kReferenceIndexTopk;
+extern const Implementation kReferenceSparseAttention;
+extern const Implementation kReferenceNormRopeInsert;
+extern const Implementation kCpuInsertIndexK;
+extern const Implementation kCpuScoreBlocks;
+extern const Implementation kCpuSelectTopkBlocks;
+extern const Implementation kCpuIndexTopk;
+extern const Implementation kCpuSparseAttention;
+extern const Implementation kCpuNormRopeInsert;
 #ifdef M3SA_HAVE_CUDA
-extern const Implementation kCudaInsertIndexK, kCudaScoreBlocksSm80, kCudaSelectTopkBlocks,
-    kCudaIndexTopkSm80, kCudaNormRopeInsert;
+extern const Implementation kCudaInsertIndexK;
+extern const Implementation kCudaScoreBlocksSm80;
+extern const Implementation kCudaSelectTopkBlocks;
+extern const Implementation kCudaIndexTopkSm80;
+extern const Implementation kCudaNormRopeInsert;
 #endif
 
 namespace {
 
 // Pointers, not copies: each entry is defined in its backend's translation unit, and copying it
 // here would depend on the order in which the translation units are initialised.
+// One line per implementation.
+// clang-format off
 const Implementation* const kImplementations[] = {
-    &kReferenceInsertIndexK, &kReferenceScoreBlocks,     &kReferenceSelectTopkBlocks,
-    &kReferenceIndexTopk,    &kReferenceSparseAttention, &kReferenceNormRopeInsert,
-    &kCpuInsertIndexK,       &kCpuScoreBlocks,           &kCpuSelectTopkBlocks,
-    &kCpuIndexTopk,          &kCpuSparseAttention,       &kCpuNormRopeInsert,
+    &kReferenceInsertIndexK,
+    &kReferenceScoreBlocks,
+    &kReferenceSelectTopkBlocks,
+    &kReferenceIndexTopk,
+    &kReferenceSparseAttention,
+    &kReferenceNormRopeInsert,
+    &kCpuInsertIndexK,
+    &kCpuScoreBlocks,
+    &kCpuSelectTopkBlocks,
+    &kCpuIndexTopk,
+    &kCpuSparseAttention,
+    &kCpuNormRopeInsert,
 #ifdef M3SA_HAVE_CUDA
-    &kCudaInsertIndexK,      &kCudaScoreBlocksSm80,      &kCudaSelectTopkBlocks,
-    &kCudaIndexTopkSm80,     &kCudaNormRopeInsert,
+    &kCudaInsertIndexK,
+    &kCudaScoreBlocksSm80,
+    &kCudaSelectTopkBlocks,
+    &kCudaIndexTopkSm80,
+    &kCudaNormRopeInsert,
 #endif
 };
+// clang-format on
 
 } // namespace
 
