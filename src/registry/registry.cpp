@@ -25,6 +25,7 @@ extern const Implementation kCpuSelectTopkBlocks;
 extern const Implementation kCpuIndexTopk;
 extern const Implementation kCpuSparseAttention;
 extern const Implementation kCpuNormRopeInsert;
+extern const Implementation kCpuSelectTopkBlocksDummy;
 #ifdef M3SA_HAVE_CUDA
 extern const Implementation kCudaInsertIndexK;
 extern const Implementation kCudaScoreBlocksSm80;
@@ -52,6 +53,7 @@ const Implementation* const kImplementations[] = {
     &kCpuIndexTopk,
     &kCpuSparseAttention,
     &kCpuNormRopeInsert,
+    &kCpuSelectTopkBlocksDummy,
 #ifdef M3SA_HAVE_CUDA
     &kCudaInsertIndexK,
     &kCudaScoreBlocksSm80,
