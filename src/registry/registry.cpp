@@ -25,7 +25,6 @@ extern const Implementation kCpuSelectTopkBlocks;
 extern const Implementation kCpuIndexTopk;
 extern const Implementation kCpuSparseAttention;
 extern const Implementation kCpuNormRopeInsert;
-extern const Implementation kCpuSelectTopkBlocksDummy;
 #ifdef M3SA_HAVE_CUDA
 extern const Implementation kCudaInsertIndexK;
 extern const Implementation kCudaScoreBlocksSm80;
@@ -53,7 +52,6 @@ const Implementation* const kImplementations[] = {
     &kCpuIndexTopk,
     &kCpuSparseAttention,
     &kCpuNormRopeInsert,
-    &kCpuSelectTopkBlocksDummy,
 #ifdef M3SA_HAVE_CUDA
     &kCudaInsertIndexK,
     &kCudaScoreBlocksSm80,
