@@ -34,7 +34,7 @@ struct PlanRequest {
   int num_threads = 0;             // CPU backend: 0 = OpenMP's default
   int device_ordinal = 0;          // CUDA backend
   // null or "": the best implementation of (backend, op) that can run here; else the one with
-  // this exact name (m3sa/registry.h lists them).
+  // this exact name, whose backend the plan then uses (m3sa/registry.h lists them).
   const char* implementation = nullptr;
 };
 

@@ -145,6 +145,47 @@ TEST(Api, ContextParallelIndexerIsCudaOnlyAndChecksItsShard) {
   EXPECT_NE(s.message().find("shard.rank"), std::string::npos) << s.to_string();
 }
 
+TEST(Api, PlansNameTheirImplementationAndCanAskForOne) {
+  OpPlan plan;
+  M3SA_ASSERT_OK(make_plan(small_request(OpKind::index_topk, Backend::cpu), &plan));
+  EXPECT_STREQ(implementation_name(plan), "cpu.index_topk");
+  EXPECT_EQ(plan.plan_info_version, 1u);
+  PlanRequest named = small_request(OpKind::index_topk, Backend::cpu);
+  named.implementation = "reference.index_topk";
+  M3SA_ASSERT_OK(make_plan(named, &plan));
+  EXPECT_STREQ(implementation_name(plan), "reference.index_topk");
+  EXPECT_EQ(plan.request.backend, Backend::reference);
+  named.implementation = "cpu.index_topk.nonexistent";
+  const Status s = make_plan(named, &plan);
+  EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+  EXPECT_NE(s.message().find("available: reference.index_topk, cpu.index_topk"), std::string::npos)
+      << s.message();
+  EXPECT_STREQ(implementation_name(OpPlan{}), "");
+  int listed = 0;
+  for (int i = 0; i < implementation_count(); ++i)
+    listed += std::string(implementation_info(i).name) == "cpu.index_topk";
+  EXPECT_EQ(listed, 1);
+}
+
+TEST(Api, UnplannedOrForeignPlansAreRejected) {
+  SyntheticBatch sb({{1}, {10}, 1, 1, 1});
+  MsaConfig config;
+  config.num_index_heads = 1;
+  PlannedOp planned(plan_request(OpKind::index_topk, config, sb, {}));
+  M3SA_ASSERT_OK(planned.status);
+  HostTensor topk(DType::i32, {1, 1, 16});
+  const IndexTopkArgs args{sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()};
+  OpPlan stale = planned.plan;
+  stale.plan_info_version = 99;
+  Status s = index_topk(stale, args, planned.workspace());
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find("plan_info version"), std::string::npos) << s.message();
+  OpPlan unplanned = planned.plan;
+  unplanned.implementation = -1;
+  s = index_topk(unplanned, args, planned.workspace());
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+}
+
 TEST(Api, VersionAndCommitAreReported) {
   EXPECT_STREQ(version_string(), "0.1.0");
   EXPECT_NE(std::string(build_commit()), "");
