@@ -1,6 +1,6 @@
 #pragma once
-// What each backend can run, answered from one table (src/common/supported_configs.h) that also
-// drives dispatch and test enumeration.
+// What each backend can run, answered from the registry of implementations (m3sa/registry.h)
+// that also drives make_plan and the tests.
 #include "m3sa/config.h"
 #include "m3sa/ops.h"
 #include "m3sa/status.h"
@@ -8,8 +8,8 @@
 
 namespace m3sa {
 
-// OK when `backend` is built, has a device where it needs one, and runs `op` with `config` and
-// `cache_dtype`; otherwise says which requirement is missing.
+// OK when one of `backend`'s implementations of `op` can run `config` and `cache_dtype` here
+// (built, device present and capable); otherwise says which requirement each one misses.
 Status supports(Backend backend, OpKind op, const MsaConfig& config,
                 DType cache_dtype = DType::bf16);
 // The same for every op of the MSA pipeline.

@@ -7,6 +7,7 @@
 #include "m3sa/context_parallel.h"
 #include "m3sa/numeric.h"
 #include "m3sa/ops.h"
+#include "m3sa/registry.h"
 #include "m3sa/status.h"
 #include "m3sa/tensor_view.h"
 #include "m3sa/types.h"

@@ -5,6 +5,7 @@
 //   synchronising.
 // The top-k buffer written by index_topk is the one sparse_attention reads (docs/contract.md §5).
 #include <cstddef>
+#include <cstdint>
 
 #include "m3sa/batch.h"
 #include "m3sa/config.h"
@@ -32,17 +33,25 @@ struct PlanRequest {
   DType cache_dtype = DType::bf16; // index-K cache (indexer ops) or KV cache (attention)
   int num_threads = 0;             // CPU backend: 0 = OpenMP's default
   int device_ordinal = 0;          // CUDA backend
+  // null or "": the best implementation of (backend, op) that can run here; else the one with
+  // this exact name, whose backend the plan then uses (m3sa/registry.h lists them).
+  const char* implementation = nullptr;
 };
 
 struct OpPlan {
-  PlanRequest request = {};
-  int num_threads = 1;        // resolved thread count the workspace is sized for
-  size_t workspace_bytes = 0; // caller allocates at least this much on the backend's device
-  int cuda_sm_count = 0;      // CUDA: the device's SMs, read at plan time
-  int cuda_block_splits = 1;  // CUDA: block ranges per row tile (the grid's y extent)
+  PlanRequest request = {};    // request.implementation: the chosen implementation's name
+  int32_t implementation = -1; // index in the registry (implementation_info); -1: not planned
+  int num_threads = 1;         // resolved thread count the workspace is sized for
+  size_t workspace_bytes = 0;  // caller allocates at least this much on the backend's device
+  // The implementation's plan-time choices (launch splits, SM count, ...): opaque and versioned,
+  // a flat array so that a plan crosses into other languages as a list of integers.
+  uint32_t plan_info_version = 0;
+  int64_t plan_info[16] = {};
 };
 
 Status make_plan(const PlanRequest& request, OpPlan* plan);
+// The name of the implementation a plan runs ("cpu.index_topk", ...), "" for an unplanned one.
+const char* implementation_name(const OpPlan& plan);
 
 struct Workspace {
   void* data = nullptr; // 64-byte aligned memory of at least plan.workspace_bytes
@@ -61,7 +70,7 @@ struct ExecContext {
 // (two memsets; capturable). Host backends need no preparation: it only checks the workspace.
 Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecContext& ctx = {});
 
-// The fused per-token step before attention (docs/contract.md, "Fused norm, RoPE and insert"):
+// The fused per-token step before attention (docs/contract.md §7):
 // RMSNorm + partial RoPE on the main q / k and on index q / k, then q out, k / v into the paged KV
 // cache and index-K into the index cache. fp32 from the bf16 load to one final rounding per output.
 struct NormRopeInsertArgs {
@@ -139,7 +148,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
 Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& args, Workspace workspace,
                         const ExecContext& ctx = {});
 
-// Device-side validation (contract §8): CUDA kernels never read out of bounds; on bad metadata
+// Device-side validation (contract §9): CUDA kernels never read out of bounds; on bad metadata
 // (page id out of range, seq_len beyond the block table, slot beyond the cache) they skip the read
 // and set bits in a flag kept in the workspace. The bits accumulate over runs; this returns them
 // and clears the flag (it synchronises `ctx.stream`: not for use inside capture). A workspace

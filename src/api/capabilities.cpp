@@ -1,41 +1,46 @@
 #include "m3sa/capabilities.h"
 
+#include <string>
+
 #include "common/check.h"
-#include "common/supported_configs.h"
+#include "registry/registry.h"
 #ifdef M3SA_HAVE_CUDA
-#include "cuda/backend.h"
+#include "cuda/control.h"
 #endif
 
 namespace m3sa {
 
 #ifdef M3SA_HAVE_CUDA
 int cuda_device_count() { return cuda::visible_device_count(); }
+bool cuda_backend_built() { return true; }
 #else
 int cuda_device_count() { return 0; }
+bool cuda_backend_built() { return false; }
 #endif
 
-bool cuda_backend_built() { return detail::kCudaBuilt; }
-
 Status supports(Backend backend, OpKind op, const MsaConfig& config, DType cache_dtype) {
-  const detail::BackendCapability& cap = detail::capability(backend);
+  PlanRequest request;
+  request.op = op;
+  request.backend = backend;
+  request.config = config;
+  request.cache_dtype = cache_dtype;
   const std::string what = detail::concat("backend ", to_string(backend), ", op ", to_string(op));
-  if (!cap.built)
+  if (backend == Backend::cuda && !cuda_backend_built())
     return Status::unsupported(
         what, "m3sa was built without it (configure with -DM3SA_ENABLE_CUDA=ON and nvcc on PATH)");
-  if (cap.needs_cuda_device && cuda_device_count() == 0)
-    return Status::unsupported(what, "no CUDA device is visible to this process");
-  if (!(cap.ops & detail::op_bit(op))) return Status::unsupported(what, cap.missing_ops_reason);
-  if (config.top_k < cap.min_top_k || config.top_k > cap.max_top_k)
-    return Status::unsupported(what, detail::concat("top_k ", config.top_k, " outside ",
-                                                    cap.min_top_k, "..", cap.max_top_k));
-  if (config.num_index_heads > cap.max_index_heads)
-    return Status::unsupported(what, detail::concat("num_index_heads ", config.num_index_heads,
-                                                    " > ", cap.max_index_heads));
-  if (cache_dtype == DType::fp8_e4m3 && !cap.fp8_cache)
-    return Status::unsupported(what, "fp8_e4m3 caches");
-  if (config.reduce_heads && !cap.reduce_heads)
-    return Status::unsupported(what, "reduce_heads mode");
-  return {};
+  const detail::DeviceCaps caps = detail::device_caps(request);
+  std::string reasons;
+  for (const detail::Implementation* impl : detail::implementations()) {
+    if (impl->backend != backend || impl->op != op) continue;
+    const Status s = detail::check_implementation(*impl, request, caps);
+    if (s.ok()) return s;
+    reasons += (reasons.empty() ? "" : "; ") + s.message();
+  }
+  if (reasons.empty())
+    return Status::unsupported(
+        what, detail::concat("no ", to_string(backend), " implementation of ", to_string(op),
+                             " is registered in this build; run it on Backend::cpu"));
+  return {StatusCode::unsupported, what + ": " + reasons};
 }
 
 Status supports(Backend backend, const MsaConfig& config, DType cache_dtype) {

@@ -7,7 +7,7 @@
 #include "api/validate.h"
 #include "common/check.h"
 #ifdef M3SA_HAVE_CUDA
-#include "cuda/backend.h"
+#include "cuda/context_parallel.h"
 #endif
 #include "m3sa/capabilities.h"
 
@@ -91,16 +91,6 @@ Status check_candidates(const ContextParallelPlan& plan, const TensorView& t, co
                               DeviceKind::cuda);
 }
 
-Status check_workspace(const ContextParallelPlan& plan, const Workspace& workspace) {
-  if (workspace.bytes < plan.workspace_bytes || workspace.data == nullptr ||
-      reinterpret_cast<uintptr_t>(workspace.data) % 64 != 0)
-    return Status::invalid_argument(
-        "workspace",
-        detail::concat(">= ", plan.workspace_bytes, " bytes at a 64-byte aligned address"),
-        detail::concat(workspace.bytes, " bytes at ", workspace.data));
-  return {};
-}
-
 } // namespace
 
 int64_t shard_span(const Capacities& capacities, const ContextShard& shard) {
@@ -135,8 +125,12 @@ Status make_context_parallel_plan(const PlanRequest& request, const ContextShard
   M3SA_RETURN_IF_ERROR(
       with_context(supports(Backend::cuda, OpKind::index_topk, decode.config, decode.cache_dtype)));
 #ifdef M3SA_HAVE_CUDA
+  decode.implementation = cuda::kContextParallelScoring;
   ContextParallelPlan result;
-  M3SA_RETURN_IF_ERROR(with_context(cuda::make_context_parallel_plan(decode, shard, &result)));
+  result.request = decode;
+  result.shard = shard;
+  M3SA_RETURN_IF_ERROR(with_context(make_plan(decode, &result.scoring)));
+  M3SA_RETURN_IF_ERROR(with_context(cuda::size_context_parallel_plan(&result)));
   *plan = result;
   return {};
 #else
@@ -146,13 +140,13 @@ Status make_context_parallel_plan(const PlanRequest& request, const ContextShard
 
 Status prepare_context_parallel_workspace(const ContextParallelPlan& plan, Workspace workspace,
                                           const ExecContext& ctx) {
-  M3SA_RETURN_IF_ERROR(with_context(check_workspace(plan, workspace)));
+  M3SA_RETURN_IF_ERROR(with_context(detail::check_workspace(workspace, plan.workspace_bytes)));
   M3SA_CONTEXT_PARALLEL_DISPATCH(prepare_context_parallel_workspace(plan, workspace, ctx.stream));
 }
 
 Status context_parallel_index_topk(const ContextParallelPlan& plan, const IndexTopkArgs& args,
                                    void* nccl_comm, Workspace workspace, const ExecContext& ctx) {
-  M3SA_RETURN_IF_ERROR(with_context(check_workspace(plan, workspace)));
+  M3SA_RETURN_IF_ERROR(with_context(detail::check_workspace(workspace, plan.workspace_bytes)));
   M3SA_RETURN_IF_ERROR(with_context(check_shard_args(plan, args, true)));
   (void)nccl_comm; // unused where m3sa was built without CUDA
   M3SA_CONTEXT_PARALLEL_DISPATCH(
@@ -162,7 +156,7 @@ Status context_parallel_index_topk(const ContextParallelPlan& plan, const IndexT
 Status score_shard_candidates(const ContextParallelPlan& plan, const IndexTopkArgs& args,
                               const TensorView& candidates, Workspace workspace,
                               const ExecContext& ctx) {
-  M3SA_RETURN_IF_ERROR(with_context(check_workspace(plan, workspace)));
+  M3SA_RETURN_IF_ERROR(with_context(detail::check_workspace(workspace, plan.workspace_bytes)));
   M3SA_RETURN_IF_ERROR(with_context(check_shard_args(plan, args, false)));
   M3SA_RETURN_IF_ERROR(with_context(check_candidates(plan, candidates, "candidates", false)));
   M3SA_CONTEXT_PARALLEL_DISPATCH(score_shard_candidates(

@@ -8,7 +8,6 @@
 
 #include "common/check.h"
 #include "common/host_batch.h"
-#include "common/supported_configs.h"
 
 namespace m3sa::detail {
 namespace {
@@ -45,62 +44,6 @@ bool is_non_overlapping(const TensorView& t) {
 }
 
 } // namespace
-
-// A bf16 / e4m3 tensor of 128-wide rows whose dtype must be the plan's cache dtype.
-Status check_cache_dtype_rows(const OpPlan& plan, const TensorView& t, const TensorRule& rule,
-                              const char* why, DeviceKind device) {
-  M3SA_RETURN_IF_ERROR(check_tensor(t, rule, device));
-  M3SA_RETURN_IF_ERROR(check_vector_rows(t, rule.name, device));
-  if (t.dtype != plan.request.cache_dtype)
-    return Status::invalid_argument(
-        rule.name, concat("dtype ", to_string(plan.request.cache_dtype), " (", why, ")"),
-        t.describe());
-  return {};
-}
-
-Status check_index_cache(const OpPlan& plan, const TensorView& cache, DeviceKind device) {
-  return check_cache_dtype_rows(plan, cache,
-                                {"index_k_cache",
-                                 {DType::bf16, DType::fp8_e4m3},
-                                 {kAtLeastOne, kBlockTokens, kHeadDim},
-                                 "[num_pages, 128, 128]"},
-                                "the plan's cache_dtype", device);
-}
-
-Status check_index_q(const OpPlan& plan, const TensorView& q, int64_t tokens, DeviceKind device) {
-  return check_cache_dtype_rows(plan, q,
-                                {"index_q",
-                                 {DType::bf16, DType::fp8_e4m3},
-                                 {tokens, plan.request.config.num_index_heads, kHeadDim},
-                                 "[num_tokens, num_index_heads, 128]"},
-                                "index-Q follows the index cache dtype", device);
-}
-
-// The inputs score_blocks and index_topk share: cache, batch (its pages bounded by the cache), q.
-Status check_scoring_inputs(const OpPlan& plan, const TensorView& q, const TensorView& cache,
-                            const BatchMetadata& batch, DeviceKind device) {
-  M3SA_RETURN_IF_ERROR(check_index_cache(plan, cache, device));
-  M3SA_RETURN_IF_ERROR(check_batch(plan, batch, device, cache.shape[0]));
-  return check_index_q(plan, q, batch.num_tokens, device);
-}
-
-Status check_disjoint_from_scoring_inputs(const TensorView& out, const char* name,
-                                          const TensorView& q, const TensorView& cache) {
-  M3SA_RETURN_IF_ERROR(check_disjoint(out, name, q, "index_q"));
-  return check_disjoint(out, name, cache, "index_k_cache");
-}
-
-Status check_topk_out(const OpPlan& plan, const TensorView& topk, int64_t tokens,
-                      DeviceKind device) {
-  return check_tensor(topk,
-                      {"topk",
-                       {DType::i32},
-                       {plan.request.config.num_index_heads, tokens, plan.request.config.top_k},
-                       "[num_index_heads, num_tokens, top_k]",
-                       false,
-                       true},
-                      device);
-}
 
 DeviceKind device_of(Backend backend) {
   return backend == Backend::cuda ? DeviceKind::cuda : DeviceKind::cpu;
@@ -212,17 +155,34 @@ Status check_run_common(const OpPlan& plan, OpKind op, const Workspace& workspac
   if (plan.request.op != op)
     return Status::invalid_argument("plan", detail::concat("a plan made for ", to_string(op)),
                                     detail::concat("a plan for ", to_string(plan.request.op)));
-  if (workspace.bytes < plan.workspace_bytes)
-    return Status::invalid_argument(
-        "workspace.bytes", detail::concat(">= plan.workspace_bytes (", plan.workspace_bytes, ")"),
-        std::to_string(workspace.bytes));
-  if (plan.workspace_bytes > 0 && workspace.data == nullptr)
+  M3SA_RETURN_IF_ERROR(check_workspace(workspace, plan.workspace_bytes));
+  if (ctx.num_threads < 0)
+    return Status::invalid_argument("ctx.num_threads", ">= 0", std::to_string(ctx.num_threads));
+  return {};
+}
+
+Status check_workspace(const Workspace& workspace, size_t required_bytes) {
+  if (workspace.bytes < required_bytes)
+    return Status::invalid_argument("workspace.bytes",
+                                    concat(">= the plan's workspace_bytes (", required_bytes, ")"),
+                                    std::to_string(workspace.bytes));
+  if (required_bytes > 0 && workspace.data == nullptr)
     return Status::invalid_argument("workspace.data", "a non-null pointer", "nullptr");
   if (reinterpret_cast<uintptr_t>(workspace.data) % 64 != 0)
     return Status::invalid_argument("workspace.data", "64-byte alignment",
-                                    detail::concat("address ", workspace.data));
-  if (ctx.num_threads < 0)
-    return Status::invalid_argument("ctx.num_threads", ">= 0", std::to_string(ctx.num_threads));
+                                    concat("address ", workspace.data));
+  return {};
+}
+
+// Slots of a [T] i64 mapping below pages x 128 (or negative: skipped).
+Status check_slots(const TensorView& slots, const char* name, int64_t pages) {
+  for (int64_t t = 0; t < slots.shape[0]; ++t) {
+    const int64_t slot = slots.ptr<const int64_t>()[t * slots.strides[0]];
+    if (slot >= pages * kBlockTokens)
+      return Status::invalid_argument(
+          name, concat("slots < num_pages x 128 = ", pages * kBlockTokens, ", or < 0 to skip"),
+          concat(slot, " at row ", t));
+  }
   return {};
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // Host-side validation shared by every op: shapes, dtypes, strides, devices, capacities and, where
-// the data is host-readable, the batch metadata itself (contract §8).
+// the data is host-readable, the batch metadata itself (contract §9).
 #include <cstdint>
 #include <initializer_list>
 
@@ -27,8 +27,20 @@ Status check_disjoint(const TensorView& a, const char* a_name, const TensorView&
 
 Status check_config(const MsaConfig& config);
 Status check_plan_request(const PlanRequest& request);
+// Plan op, workspace and context of a run.
 Status check_run_common(const OpPlan& plan, OpKind op, const Workspace& workspace,
                         const ExecContext& ctx);
+// The one workspace check of every entry point: at least `required_bytes`, non-null when any
+// are required, 64-byte aligned.
+Status check_workspace(const Workspace& workspace, size_t required_bytes);
+
+// Each op's arguments against its plan, one file per op family (validate_<family>.cpp).
+Status validate_args(const OpPlan& plan, const InsertIndexKArgs& args);
+Status validate_args(const OpPlan& plan, const ScoreBlocksArgs& args);
+Status validate_args(const OpPlan& plan, const SelectTopkBlocksArgs& args);
+Status validate_args(const OpPlan& plan, const IndexTopkArgs& args);
+Status validate_args(const OpPlan& plan, const SparseAttentionArgs& args);
+Status validate_args(const OpPlan& plan, const NormRopeInsertArgs& args);
 
 // Batch metadata against the plan's capacities; when host-readable, its contents too. `num_pages`
 // bounds the pages of `block_table` that will be read; -1 skips that check.
@@ -37,6 +49,9 @@ Status check_batch(const OpPlan& plan, const BatchMetadata& batch, DeviceKind de
 // Page ids of a (second) block table for the blocks each request's seq_len covers.
 Status check_block_table_pages(const BatchMetadata& batch, const TensorView& table,
                                const char* name, int64_t num_pages);
+
+// Slots of a [T] i64 slot mapping: below num_pages x 128, or negative (skipped).
+Status check_slots(const TensorView& slots, const char* name, int64_t num_pages);
 
 // CUDA kernels move 16-byte vectors: rows must start on 16-byte boundaries.
 Status check_vector_rows(const TensorView& t, const char* name, DeviceKind device);

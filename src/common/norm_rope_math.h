@@ -1,6 +1,6 @@
 #pragma once
 // The fp32 arithmetic of norm_rope_insert, shared by the CPU and CUDA backends so that the two
-// agree bit for bit (docs/contract.md, "Fused norm, RoPE and insert"): every operation is spelled
+// agree bit for bit (docs/contract.md §7): every operation is spelled
 // out with its rounding (no compiler contraction into FMAs), the sum of squares has one fixed order
 // (four quarters of a row, the four CUDA lanes that hold it), and computed cos/sin come from one
 // double-precision routine made of correctly rounded operations only (no libm, whose last bits

@@ -12,6 +12,7 @@
 #include "cpu/cpu.h"
 #include "cpu/simd.h"
 #include "m3sa/numeric.h"
+#include "registry/registry.h"
 
 namespace m3sa::cpu {
 namespace {
@@ -40,16 +41,18 @@ const char* row_address(const TensorView& t, std::initializer_list<int64_t> inde
   return static_cast<const char*>(t.data) + t.offset(index) * dtype_size(t.dtype);
 }
 
-} // namespace
-
-size_t attention_workspace_bytes(const PlanRequest& request, int num_threads) {
+Status plan(const PlanRequest& request, const detail::DeviceCaps&, OpPlan* plan) {
+  plan->num_threads = plan_threads(request);
   detail::WorkspaceCarver carver;
-  for (int i = 0; i < num_threads; ++i) carve_thread(carver, request.config.top_k);
-  return carver.bytes_used();
+  for (int i = 0; i < plan->num_threads; ++i) carve_thread(carver, request.config.top_k);
+  plan->workspace_bytes = carver.bytes_used();
+  return {};
 }
 
-void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& args,
-                      Workspace workspace, int num_threads) {
+Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Workspace workspace,
+                        const ExecContext& ctx) {
+  const PlanRequest& request = plan.request;
+  const int num_threads = detail::run_threads(plan, ctx);
   const detail::HostBatch batch(args.batch);
   const TensorView& kv_table =
       args.kv_block_table.present() ? args.kv_block_table : args.batch.block_table;
@@ -127,6 +130,15 @@ void sparse_attention(const PlanRequest& request, const SparseAttentionArgs& arg
       }
     }
   }
+  return {};
 }
 
+} // namespace
 } // namespace m3sa::cpu
+
+namespace m3sa::detail {
+extern const Implementation kCpuSparseAttention;
+const Implementation kCpuSparseAttention = host_implementation(
+    "cpu.sparse_attention", "OpenMP over (token, KV head), its GQA group at once, fp32",
+    Backend::cpu, OpKind::sparse_attention, cpu::plan, cpu::sparse_attention);
+} // namespace m3sa::detail

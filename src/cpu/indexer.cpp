@@ -15,6 +15,7 @@
 #include "cpu/cpu.h"
 #include "cpu/simd.h"
 #include "m3sa/numeric.h"
+#include "registry/registry.h"
 
 namespace m3sa::cpu {
 namespace {
@@ -188,29 +189,20 @@ void for_each_tile(const MsaConfig& config, const HostBatch& batch, Workspace wo
   }
 }
 
-} // namespace
-
-int default_num_threads() { return omp_get_max_threads(); }
-
-size_t workspace_bytes(const PlanRequest& request, int num_threads) {
+// Selection and scoring need per-thread scratch; insert_index_k none.
+Status plan(const PlanRequest& request, const detail::DeviceCaps&, OpPlan* plan) {
+  plan->num_threads = plan_threads(request);
   detail::WorkspaceCarver carver;
-  switch (request.op) {
-  case OpKind::score_blocks:
-  case OpKind::select_topk_blocks:
-  case OpKind::index_topk:
-    for (int i = 0; i < num_threads; ++i)
+  if (request.op != OpKind::insert_index_k)
+    for (int i = 0; i < plan->num_threads; ++i)
       carve_thread(carver, request.capacities.max_blocks_per_request, request.config.top_k);
-    break;
-  case OpKind::sparse_attention:
-    return attention_workspace_bytes(request, num_threads);
-  case OpKind::insert_index_k:
-  case OpKind::norm_rope_insert:
-    break;
-  }
-  return carver.bytes_used();
+  plan->workspace_bytes = carver.bytes_used();
+  return {};
 }
 
-void insert_index_k(const InsertIndexKArgs& args, int num_threads) {
+Status insert_index_k(const OpPlan& plan, const InsertIndexKArgs& args, Workspace,
+                      const ExecContext& ctx) {
+  const int num_threads = detail::run_threads(plan, ctx);
   const TensorView& k = args.index_k;
   const TensorView& cache = args.index_k_cache;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
@@ -228,10 +220,13 @@ void insert_index_k(const InsertIndexKArgs& args, int num_threads) {
         cache.ptr<uint8_t>()[dst + d] = float_to_e4m3_bits(row[d]);
     }
   }
+  return {};
 }
 
-void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args, Workspace workspace,
-                  int num_threads) {
+Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace,
+                    const ExecContext& ctx) {
+  const MsaConfig& config = plan.request.config;
+  const int num_threads = detail::run_threads(plan, ctx);
   const HostBatch batch(args.batch);
   const int64_t width = batch.block_table_width();
   const TensorView& out = args.scores;
@@ -247,10 +242,13 @@ void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args, Workspac
                         dst[b * out.strides[2]] = b < width ? row[b] : kNegInf;
                     }
                 });
+  return {};
 }
 
-void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace workspace,
-                int num_threads) {
+Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace,
+                  const ExecContext& ctx) {
+  const MsaConfig& config = plan.request.config;
+  const int num_threads = detail::run_threads(plan, ctx);
   const HostBatch batch(args.batch);
   const int64_t width = batch.block_table_width();
   const int heads = config.num_index_heads;
@@ -262,10 +260,13 @@ void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace wo
                     select_token(config, s.scores + (t - t0) * heads * width, width,
                                  p0 < 0 ? -1 : p0 + (t - t0), args.topk, t, s);
                 });
+  return {};
 }
 
-void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& args,
-                        Workspace workspace, int num_threads) {
+Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace,
+                          const ExecContext& ctx) {
+  const MsaConfig& config = plan.request.config;
+  const int num_threads = detail::run_threads(plan, ctx);
   const HostBatch batch(args.batch);
   const int64_t width = batch.block_table_width();
   const TensorView& in = args.scores;
@@ -281,6 +282,33 @@ void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& arg
                                  s);
                   }
                 });
+  return {};
+}
+
+} // namespace
+
+int plan_threads(const PlanRequest& request) {
+  return request.num_threads > 0 ? request.num_threads : omp_get_max_threads();
 }
 
 } // namespace m3sa::cpu
+
+namespace m3sa::detail {
+namespace {
+constexpr const char* kDescription = "OpenMP over row tiles, fp32, AVX2 clones";
+} // namespace
+
+extern const Implementation kCpuInsertIndexK, kCpuScoreBlocks, kCpuSelectTopkBlocks, kCpuIndexTopk;
+const Implementation kCpuInsertIndexK =
+    host_implementation("cpu.insert_index_k", kDescription, Backend::cpu, OpKind::insert_index_k,
+                        cpu::plan, cpu::insert_index_k);
+const Implementation kCpuScoreBlocks =
+    host_implementation("cpu.score_blocks", kDescription, Backend::cpu, OpKind::score_blocks,
+                        cpu::plan, cpu::score_blocks);
+const Implementation kCpuSelectTopkBlocks =
+    host_implementation("cpu.select_topk_blocks", kDescription, Backend::cpu,
+                        OpKind::select_topk_blocks, cpu::plan, cpu::select_topk_blocks);
+const Implementation kCpuIndexTopk = host_implementation(
+    "cpu.index_topk", kDescription, Backend::cpu, OpKind::index_topk, cpu::plan, cpu::index_topk);
+
+} // namespace m3sa::detail

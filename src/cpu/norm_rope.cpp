@@ -7,6 +7,7 @@
 #include "cpu/cpu.h"
 #include "cpu/simd.h"
 #include "m3sa/numeric.h"
+#include "registry/registry.h"
 
 namespace m3sa::cpu {
 namespace {
@@ -61,9 +62,16 @@ void store_row(const TensorView& out, int64_t offset, const float (&y)[kHeadDim]
   }
 }
 
-} // namespace
+Status plan(const PlanRequest& request, const detail::DeviceCaps&, OpPlan* plan) {
+  plan->num_threads = plan_threads(request);
+  plan->workspace_bytes = 0;
+  return {};
+}
 
-void norm_rope_insert(const MsaConfig& config, const NormRopeInsertArgs& a, int num_threads) {
+Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& a, Workspace,
+                        const ExecContext& ctx) {
+  const MsaConfig& config = plan.request.config;
+  const int num_threads = detail::run_threads(plan, ctx);
   const int64_t tokens = a.q.shape[0], q_heads = a.q.shape[1], kv_heads = a.k.shape[1];
   const int64_t index_heads = a.index_q.shape[1];
   const float offset = config.norm_weight_offset, eps = config.rms_norm_eps;
@@ -119,6 +127,15 @@ void norm_rope_insert(const MsaConfig& config, const NormRopeInsertArgs& a, int 
                 1.f);
     }
   }
+  return {};
 }
 
+} // namespace
 } // namespace m3sa::cpu
+
+namespace m3sa::detail {
+extern const Implementation kCpuNormRopeInsert;
+const Implementation kCpuNormRopeInsert = host_implementation(
+    "cpu.norm_rope_insert", "OpenMP over tokens, the fp32 order the CUDA kernel shares",
+    Backend::cpu, OpKind::norm_rope_insert, cpu::plan, cpu::norm_rope_insert);
+} // namespace m3sa::detail

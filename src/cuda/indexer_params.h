@@ -6,7 +6,7 @@
 
 namespace m3sa::cuda {
 
-// Bits of the device-side error flag (contract §8): a kernel that meets bad metadata skips the read
+// Bits of the device-side error flag (contract §9): a kernel that meets bad metadata skips the read
 // and ORs a bit in; read it with m3sa::read_device_errors().
 enum DeviceErrorBits : int32_t {
   kPageOutOfRange = 1,      // a block-table entry outside [0, num_pages)

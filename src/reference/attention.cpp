@@ -7,7 +7,7 @@
 #include "common/host_batch.h"
 #include "common/workspace.h"
 #include "m3sa/numeric.h"
-#include "reference/reference.h"
+#include "registry/registry.h"
 
 namespace m3sa::ref {
 namespace {
@@ -18,9 +18,26 @@ double load_cache(const TensorView& cache, int64_t page, int64_t offset, int64_t
   return e4m3_bits_to_float(cache.ptr<const uint8_t>()[i]);
 }
 
-} // namespace
+struct Scratch {
+  double* logits; // [K * 128] of one query row
+  int64_t* keys;  // [K * 128] absolute key positions
+};
 
-void sparse_attention(const SparseAttentionArgs& args, Workspace workspace) {
+// The one description of the workspace: sizes it at plan time, carves it at run time.
+Scratch carve(detail::WorkspaceCarver& carver, int64_t top_k) {
+  return {carver.take<double>(top_k * kBlockTokens), carver.take<int64_t>(top_k * kBlockTokens)};
+}
+
+Status plan(const PlanRequest& request, const detail::DeviceCaps&, OpPlan* plan) {
+  detail::WorkspaceCarver carver;
+  carve(carver, request.config.top_k);
+  plan->num_threads = 1;
+  plan->workspace_bytes = carver.bytes_used();
+  return {};
+}
+
+Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Workspace workspace,
+                        const ExecContext&) {
   const detail::HostBatch batch(args.batch);
   const TensorView& kv_table =
       args.kv_block_table.present() ? args.kv_block_table : args.batch.block_table;
@@ -31,8 +48,9 @@ void sparse_attention(const SparseAttentionArgs& args, Workspace workspace) {
   const double softmax_scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
 
   detail::WorkspaceCarver carver(workspace.data);
-  double* logits = carver.take<double>(top_k * kBlockTokens);
-  int64_t* keys = carver.take<int64_t>(top_k * kBlockTokens); // absolute key positions
+  const Scratch scratch = carve(carver, plan.request.config.top_k);
+  double* logits = scratch.logits;
+  int64_t* keys = scratch.keys;
 
   for (int r = 0; r < batch.num_requests(); ++r) {
     const int64_t q_len = batch.q_len(r), seq_len = batch.seq_len(r);
@@ -84,6 +102,15 @@ void sparse_attention(const SparseAttentionArgs& args, Workspace workspace) {
       }
     }
   }
+  return {};
 }
 
+} // namespace
 } // namespace m3sa::ref
+
+namespace m3sa::detail {
+extern const Implementation kReferenceSparseAttention;
+const Implementation kReferenceSparseAttention = host_implementation(
+    "reference.sparse_attention", "the oracle: exact softmax in double, one thread",
+    Backend::reference, OpKind::sparse_attention, ref::plan, ref::sparse_attention);
+} // namespace m3sa::detail

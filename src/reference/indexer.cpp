@@ -7,7 +7,7 @@
 #include "common/host_batch.h"
 #include "common/workspace.h"
 #include "m3sa/numeric.h"
-#include "reference/reference.h"
+#include "registry/registry.h"
 
 namespace m3sa::ref {
 namespace {
@@ -132,20 +132,17 @@ void select_token(const MsaConfig& config, const TensorView& topk, int64_t t, in
   }
 }
 
-} // namespace
-
-size_t workspace_bytes(const PlanRequest& request) {
+// score_blocks and insert_index_k need no workspace; the selecting ops one token's rows.
+Status plan(const PlanRequest& request, const detail::DeviceCaps&, OpPlan* plan) {
   detail::WorkspaceCarver carver;
   if (request.op == OpKind::index_topk || request.op == OpKind::select_topk_blocks)
     carve(carver, request.config.num_index_heads, request.capacities.max_blocks_per_request);
-  if (request.op == OpKind::sparse_attention) {
-    carver.take<double>(int64_t{request.config.top_k} * kBlockTokens);  // logits
-    carver.take<int64_t>(int64_t{request.config.top_k} * kBlockTokens); // key positions
-  }
-  return carver.bytes_used();
+  plan->num_threads = 1;
+  plan->workspace_bytes = carver.bytes_used();
+  return {};
 }
 
-void insert_index_k(const InsertIndexKArgs& args) {
+Status insert_index_k(const OpPlan&, const InsertIndexKArgs& args, Workspace, const ExecContext&) {
   const TensorView& k = args.index_k;
   const TensorView& cache = args.index_k_cache;
   for (int64_t t = 0; t < k.shape[0]; ++t) {
@@ -161,9 +158,12 @@ void insert_index_k(const InsertIndexKArgs& args) {
         cache.ptr<uint8_t>()[dst] = float_to_e4m3_bits(value);
     }
   }
+  return {};
 }
 
-void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args) {
+Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace,
+                    const ExecContext&) {
+  const MsaConfig& config = plan.request.config;
   const HostBatch batch(args.batch);
   const IndexTopkArgs as_index{args.index_q, args.index_k_cache, args.batch, {}};
   const TensorView& s = args.scores;
@@ -172,10 +172,12 @@ void score_blocks(const MsaConfig& config, const ScoreBlocksArgs& args) {
       score_row(config, batch, as_index, r, t, h, p, s.ptr<float>() + s.offset({h, t}),
                 s.strides[2], s.shape[2]);
   });
+  return {};
 }
 
-void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& args,
-                        Workspace workspace) {
+Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace,
+                          const ExecContext&) {
+  const MsaConfig& config = plan.request.config;
   const HostBatch batch(args.batch);
   const int64_t width = args.scores.shape[2];
   detail::WorkspaceCarver carver(workspace.data);
@@ -187,9 +189,12 @@ void select_topk_blocks(const MsaConfig& config, const SelectTopkBlocksArgs& arg
             args.scores.ptr<const float>()[args.scores.offset({h, t, b})];
     select_token(config, args.topk, t, p, ws, width, config.num_index_heads);
   });
+  return {};
 }
 
-void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace workspace) {
+Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace,
+                  const ExecContext&) {
+  const MsaConfig& config = plan.request.config;
   const HostBatch batch(args.batch);
   const int64_t width = batch.block_table_width();
   detail::WorkspaceCarver carver(workspace.data);
@@ -199,6 +204,31 @@ void index_topk(const MsaConfig& config, const IndexTopkArgs& args, Workspace wo
       score_row(config, batch, args, r, t, h, p, ws.head_scores + h * width, 1, width);
     select_token(config, args.topk, t, p, ws, width, config.num_index_heads);
   });
+  return {};
 }
 
+} // namespace
 } // namespace m3sa::ref
+
+namespace m3sa::detail {
+
+namespace {
+constexpr const char* kDescription = "the oracle: scalar, double accumulation, one thread";
+} // namespace
+
+extern const Implementation kReferenceInsertIndexK, kReferenceScoreBlocks,
+    kReferenceSelectTopkBlocks, kReferenceIndexTopk;
+const Implementation kReferenceInsertIndexK =
+    host_implementation("reference.insert_index_k", kDescription, Backend::reference,
+                        OpKind::insert_index_k, ref::plan, ref::insert_index_k);
+const Implementation kReferenceScoreBlocks =
+    host_implementation("reference.score_blocks", kDescription, Backend::reference,
+                        OpKind::score_blocks, ref::plan, ref::score_blocks);
+const Implementation kReferenceSelectTopkBlocks =
+    host_implementation("reference.select_topk_blocks", kDescription, Backend::reference,
+                        OpKind::select_topk_blocks, ref::plan, ref::select_topk_blocks);
+const Implementation kReferenceIndexTopk =
+    host_implementation("reference.index_topk", kDescription, Backend::reference,
+                        OpKind::index_topk, ref::plan, ref::index_topk);
+
+} // namespace m3sa::detail

@@ -1,11 +1,11 @@
-// Reference norm_rope_insert (docs/contract.md, "Fused norm, RoPE and insert"): every row in
+// Reference norm_rope_insert (docs/contract.md §7): every row in
 // double, rounded once to its output dtype (through fp32, the contract's working precision).
 // cos/sin from libm in double, or the caller's table.
 #include <cmath>
 #include <cstdint>
 
 #include "m3sa/numeric.h"
-#include "reference/reference.h"
+#include "registry/registry.h"
 
 namespace m3sa::ref {
 namespace {
@@ -64,9 +64,15 @@ void transform_row(const MsaConfig& config, const TensorView& in, int64_t row,
   }
 }
 
-} // namespace
+Status plan(const PlanRequest&, const detail::DeviceCaps&, OpPlan* plan) {
+  plan->num_threads = 1;
+  plan->workspace_bytes = 0;
+  return {};
+}
 
-void norm_rope_insert(const MsaConfig& config, const NormRopeInsertArgs& a) {
+Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& a, Workspace,
+                        const ExecContext&) {
+  const MsaConfig& config = plan.request.config;
   const int64_t tokens = a.q.shape[0], q_heads = a.q.shape[1], kv_heads = a.k.shape[1];
   const int64_t index_heads = a.index_q.shape[1];
   double y[kHeadDim];
@@ -102,6 +108,15 @@ void norm_rope_insert(const MsaConfig& config, const NormRopeInsertArgs& a) {
             a.index_k_cache.offset({index_slot / kBlockTokens, index_slot % kBlockTokens}), 1.0);
     }
   }
+  return {};
 }
 
+} // namespace
 } // namespace m3sa::ref
+
+namespace m3sa::detail {
+extern const Implementation kReferenceNormRopeInsert;
+const Implementation kReferenceNormRopeInsert = host_implementation(
+    "reference.norm_rope_insert", "the oracle: every row in double, rounded once",
+    Backend::reference, OpKind::norm_rope_insert, ref::plan, ref::norm_rope_insert);
+} // namespace m3sa::detail

@@ -67,7 +67,7 @@ std::vector<ShardCase> shard_cases() {
   k32.top_k = 32, k32.local_blocks = 2, k32.init_blocks = 1;
   return {{"MillionTokensH4", {1 << 20, 300000, 5000, 0}, 4, DType::bf16, config_with_heads(4)},
           {"MillionTokensFp8H1", {1 << 20, 70000}, 1, DType::fp8_e4m3, config_with_heads(1)},
-          {"K32Init1Local2", {200000, 3000, 129}, 2, DType::bf16, k32}};
+          {"SmallK32Init1Local2", {200000, 3000, 129}, 2, DType::bf16, k32}};
 }
 
 class GpuContextParallel : public ::testing::TestWithParam<ShardCase> {};
@@ -158,7 +158,7 @@ TEST(GpuContextParallelSmall, PrefillRowsAndOversizedTablesAreRejected) {
   EXPECT_NE(s.message().find("the rank's table"), std::string::npos) << s.to_string();
 }
 
-TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEagerAndInAGraph) {
+TEST(GpuContextParallelMultiGpu, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEagerAndInAGraph) {
   M3SA_SKIP_WITHOUT_CUDA();
 #ifndef M3SA_HAVE_NCCL
   GTEST_SKIP() << "built without NCCL headers: the NCCL exchange is compiled out";

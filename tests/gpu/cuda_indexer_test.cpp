@@ -111,8 +111,8 @@ std::vector<IndexerCase> indexer_cases() {
   prefill_long.seq_lens = {64 * 1024};
   prefill_long.index_heads = 1;
   return {
-      {"DecodeBoundaryLengthsH4", decode_spec({1, 127, 128, 129, 2049, 0}, 4, bf), cfg(4), true,
-       true},
+      {"SmallDecodeBoundaryLengthsH4", decode_spec({1, 127, 128, 129, 2049, 0}, 4, bf), cfg(4),
+       true, true},
       {"DecodeBoundaryLengthsFp8", decode_spec({1, 127, 128, 129, 2049, 0}, 4, f8), cfg(4), true,
        true},
       {"DecodeB64RandomLengthsH1", random_decode_spec(64, 40000, 1, bf, 7, 8), cfg(1), true, false},
@@ -121,7 +121,7 @@ std::vector<IndexerCase> indexer_cases() {
       {"DecodeB256H4", random_decode_spec(256, 9000, 4, bf, 9, 16), cfg(4), true, false},
       {"DecodeB256H4Fp8RandomData", random_decode_spec(256, 9000, 4, f8, 10, 16), cfg(4), false,
        false},
-      {"DecodeMtp4", decode_spec({5000, 300, 7000}, 4, bf, 4), cfg(4), true, true},
+      {"SmallDecodeMtp4", decode_spec({5000, 300, 7000}, 4, bf, 4), cfg(4), true, true},
       {"DecodeMtp16", decode_spec({5000, 16, 20000}, 2, bf, 16), cfg(2), true, false},
       // 16 x 16 rows per request: four 64-row tiles, each merged by its own last CTA.
       {"DecodeMtp16H16K32Init2", decode_spec({9000, 0, 300, 40000}, 16, bf, 16), cfg(16, 32, 1, 2),
@@ -131,7 +131,7 @@ std::vector<IndexerCase> indexer_cases() {
       {"MixedDecodePrefillH4", mixed_spec(4, bf), cfg(4), true, false},
       {"MixedDecodePrefillFp8RandomData", mixed_spec(4, f8), cfg(4), false, false},
       {"MixedK32Local2Init1", mixed_spec(3, bf), cfg(3, 32, 2, 1), true, false},
-      {"MixedK8NoLocal", mixed_spec(2, bf), cfg(2, 8, 0, 0), true, false},
+      {"SmallMixedK8NoLocal", mixed_spec(2, bf), cfg(2, 8, 0, 0), true, false},
       {"MixedK1", mixed_spec(1, bf), cfg(1, 1, 1, 0), true, false},
       {"MixedH16", mixed_spec(16, bf), cfg(16), true, false},
       {"Prefill4kAfter60k", prefill_long, cfg(1), true, false},
@@ -303,7 +303,7 @@ TEST(GpuIndexerSmall, DecodeQLenMismatchIsReported) {
   EXPECT_EQ(flags_after_index_topk(sb, db), 8);
 }
 
-TEST(GpuIndexerSmall, ErrorFlagsAccumulateUntilReadAndUnpreparedWorkspacesAreReported) {
+TEST(GpuIndexerRuns, ErrorFlagsAccumulateUntilReadAndUnpreparedWorkspacesAreReported) {
   M3SA_SKIP_WITHOUT_CUDA();
   SyntheticBatch sb(mixed_spec(1, DType::bf16));
   sb.fill_index_integers(4, -2, 2);
@@ -329,7 +329,7 @@ TEST(GpuIndexerSmall, ErrorFlagsAccumulateUntilReadAndUnpreparedWorkspacesAreRep
   EXPECT_NE(s.to_string().find("prepare_workspace"), std::string::npos) << s.to_string();
 }
 
-TEST(GpuIndexerSmall, PlanLargerThanTheBatch) {
+TEST(GpuIndexerRuns, PlanLargerThanTheBatch) {
   M3SA_SKIP_WITHOUT_CUDA();
   // Capacities of a serving engine (256 requests, 8K tokens, 1M-token rows) run on a small mixed
   // batch: the grid is the plan's, the idle CTAs leave outputs and the arrival counters alone.
@@ -347,7 +347,7 @@ TEST(GpuIndexerSmall, PlanLargerThanTheBatch) {
     EXPECT_TRUE(same_bytes(want, cuda_index_topk(cfg(4), sb, db, &run))) << "run " << i;
 }
 
-TEST(GpuIndexerSmall, TwentyRunsAreBitwiseIdentical) {
+TEST(GpuIndexerRuns, TwentyRunsAreBitwiseIdentical) {
   M3SA_SKIP_WITHOUT_CUDA();
   SyntheticBatch sb(mixed_spec(4, DType::bf16));
   sb.fill_index_random(test_seed());
@@ -361,7 +361,7 @@ TEST(GpuIndexerSmall, TwentyRunsAreBitwiseIdentical) {
   }
 }
 
-TEST(GpuIndexerSmall, CapturedDecodeReplaysOnRewrittenInputs) {
+TEST(GpuIndexerRuns, CapturedDecodeReplaysOnRewrittenInputs) {
   M3SA_SKIP_WITHOUT_CUDA();
   const uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));

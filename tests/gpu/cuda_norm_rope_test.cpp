@@ -89,7 +89,7 @@ std::vector<CudaNormRopeCase> cuda_cases() {
           {"M3InPlace", m3, true},
           {"Bf16TableFp8Index", table_bf16, false},
           {"F32TableF32Weights", table_f32, false},
-          {"OddHeads", small, false}};
+          {"SmallOddHeads", small, false}};
 }
 
 class GpuNormRope : public ::testing::TestWithParam<CudaNormRopeCase> {};

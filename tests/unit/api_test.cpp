@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "support/test_util.h"
@@ -96,13 +97,16 @@ TEST(Api, HostWorkspacesNeedNoPreparationAndReportNoDeviceErrors) {
     OpPlan plan;
     M3SA_ASSERT_OK(make_plan(small_request(OpKind::index_topk, backend), &plan));
     std::vector<std::byte> memory(plan.workspace_bytes + 64);
-    const Workspace ws{memory.data(), plan.workspace_bytes};
+    void* aligned = memory.data();
+    size_t space = memory.size();
+    ASSERT_NE(std::align(64, plan.workspace_bytes, aligned, space), nullptr);
+    const Workspace ws{aligned, plan.workspace_bytes};
     M3SA_ASSERT_OK(prepare_workspace(plan, ws));
     int32_t flags = -1;
     M3SA_ASSERT_OK(read_device_errors(plan, ws, {}, &flags));
     EXPECT_EQ(flags, 0);
     if (plan.workspace_bytes > 0) {
-      const Status s = prepare_workspace(plan, {memory.data(), plan.workspace_bytes - 1});
+      const Status s = prepare_workspace(plan, {aligned, plan.workspace_bytes - 1});
       EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
     }
     EXPECT_EQ(read_device_errors(plan, ws, {}, nullptr).code(), StatusCode::invalid_argument);
@@ -139,6 +143,47 @@ TEST(Api, ContextParallelIndexerIsCudaOnlyAndChecksItsShard) {
   s = make_context_parallel_plan(request, {2, 2, ShardMode::contiguous}, &plan);
   EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
   EXPECT_NE(s.message().find("shard.rank"), std::string::npos) << s.to_string();
+}
+
+TEST(Api, PlansNameTheirImplementationAndCanAskForOne) {
+  OpPlan plan;
+  M3SA_ASSERT_OK(make_plan(small_request(OpKind::index_topk, Backend::cpu), &plan));
+  EXPECT_STREQ(implementation_name(plan), "cpu.index_topk");
+  EXPECT_EQ(plan.plan_info_version, 1u);
+  PlanRequest named = small_request(OpKind::index_topk, Backend::cpu);
+  named.implementation = "reference.index_topk";
+  M3SA_ASSERT_OK(make_plan(named, &plan));
+  EXPECT_STREQ(implementation_name(plan), "reference.index_topk");
+  EXPECT_EQ(plan.request.backend, Backend::reference);
+  named.implementation = "cpu.index_topk.nonexistent";
+  const Status s = make_plan(named, &plan);
+  EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+  EXPECT_NE(s.message().find("available: reference.index_topk, cpu.index_topk"), std::string::npos)
+      << s.message();
+  EXPECT_STREQ(implementation_name(OpPlan{}), "");
+  int listed = 0;
+  for (int i = 0; i < implementation_count(); ++i)
+    listed += std::string(implementation_info(i).name) == "cpu.index_topk";
+  EXPECT_EQ(listed, 1);
+}
+
+TEST(Api, UnplannedOrForeignPlansAreRejected) {
+  SyntheticBatch sb({{1}, {10}, 1, 1, 1});
+  MsaConfig config;
+  config.num_index_heads = 1;
+  PlannedOp planned(plan_request(OpKind::index_topk, config, sb, {}));
+  M3SA_ASSERT_OK(planned.status);
+  HostTensor topk(DType::i32, {1, 1, 16});
+  const IndexTopkArgs args{sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()};
+  OpPlan stale = planned.plan;
+  stale.plan_info_version = 99;
+  Status s = index_topk(stale, args, planned.workspace());
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find("plan_info version"), std::string::npos) << s.message();
+  OpPlan unplanned = planned.plan;
+  unplanned.implementation = -1;
+  s = index_topk(unplanned, args, planned.workspace());
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
 }
 
 TEST(Api, VersionAndCommitAreReported) {

@@ -20,6 +20,18 @@ int print_info() {
     const m3sa::Status s = m3sa::supports(b, config);
     std::printf("  %-9s : %s\n", m3sa::to_string(b), s.ok() ? "supported" : s.message().c_str());
   }
+  // Every registered implementation, and whether it runs the default config here.
+  std::printf("implementations (default config, bf16 caches):\n");
+  for (int i = 0; i < m3sa::implementation_count(); ++i) {
+    const m3sa::ImplementationInfo info = m3sa::implementation_info(i);
+    m3sa::PlanRequest request;
+    request.op = info.op;
+    request.config = config;
+    const m3sa::Status s = m3sa::implementation_supports(i, request);
+    std::printf("  %-30s %-9s %-18s %s\n      %s\n", info.name, m3sa::to_string(info.backend),
+                m3sa::to_string(info.op), s.ok() ? "runs here" : s.message().c_str(),
+                info.description);
+  }
   return 0;
 }
 
@@ -74,7 +86,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--json", bench.json_path, "also write the records as JSON to this file");
   bench_cmd->add_option("--filter", bench.filter, "only cases whose name contains this text");
 
-  app.add_subcommand("info", "Show the build, the visible devices and what each backend supports");
+  app.add_subcommand("info",
+                     "Show the build, the visible devices and every registered implementation");
 
   try {
     app.parse(argc, argv);

@@ -11,6 +11,7 @@
 
 #include "cuda/indexer_params.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/indexer_traits.h"
 
 namespace m3sa::cuda {
 
@@ -20,12 +21,13 @@ inline constexpr bool kHaveFp8Mma = true;
 inline constexpr bool kHaveFp8Mma = false;
 #endif
 
-inline constexpr int kScoreThreads = 128;
-inline constexpr int kTileRows = 64;
 inline constexpr int kSmemStride =
     128 + 8; // bf16 elements per staged row: +16 B kills bank conflicts
 inline constexpr int kScoreSmemBytes =
     (kTileRows + 128) * kSmemStride * 2 + 4 * 16 * 4; // + partial row maxima
+// The plan's splits assume kScoringCtasPerSm resident CTAs: their shared memory fits the smallest
+// SM80+ budget (A100: 164 KB per SM).
+static_assert(kScoringCtasPerSm * kScoreSmemBytes <= 164 * 1024);
 
 // 16-byte chunks of a 128-element stored row: loaded raw, stored into a staged bf16 row.
 template <typename StoredT> struct Staging;

@@ -1,0 +1,197 @@
+// CUDA sparse_attention host side. Implementation: cuda.sparse_attention.sm80 (mma.sync, SM80+).
+// Decode rows run token-major (sparse_attention_decode.cuh): one token per CTA, its selection
+// split over CTAs when the decode rows alone cannot fill the GPU, merged by the last CTA to
+// arrive. Prefill rows run block-major (sparse_attention_prefill.cuh) in passes whose
+// per-(token, KV head, slot) partials fit the workspace. Grids depend on the plan only (the SM
+// count); live counts travel as values and lengths, selections and tables are read on the device.
+#include <algorithm>
+
+#include "common/check.h"
+#include "cuda/control.h"
+#include "cuda/launch.h"
+#include "cuda/launchers.h"
+#include "registry/registry.h"
+
+namespace m3sa::cuda {
+namespace {
+
+struct AttentionPlanInfo {
+  static constexpr uint32_t kVersion = 1;
+  int32_t sm_count;
+  int32_t pass_tokens; // prefill tokens per block-major pass
+};
+
+// (token, KV head) pairs that may split their selection: at most the resident CTAs, since a
+// split count > 1 is only chosen for fewer pairs than that.
+int64_t split_pairs(int sm_count) { return int64_t{kAttentionCtasPerSm} * sm_count; }
+
+// Prefill passes: their partials (8 KB per token, KV head and slot) stay within 1 GiB (2016
+// tokens at 4 KV heads and top_k 16).
+int32_t pass_tokens(const PlanRequest& request) {
+  const int64_t per_token = int64_t{request.config.num_index_heads} * request.config.top_k *
+                            kPartialFloats * int64_t{sizeof(float)};
+  return static_cast<int32_t>(std::clamp<int64_t>((int64_t{1} << 30) / per_token, 1,
+                                                  std::max<int64_t>(1, request.capacities.max_tokens)));
+}
+
+struct AttentionLayout {
+  ControlArea control;          // arrivals: [split pairs]
+  float* split_partials;        // [split pairs, kPartialFloats]
+  uint32_t* entry_keys;         // [pass entries] each: keys, values, sorted keys, sorted values
+  uint32_t* entry_values;
+  uint32_t* sorted_keys;
+  uint32_t* sorted_values;
+  void* sort_temp;
+  size_t sort_temp_bytes;
+  float* prefill_partials; // [pass tokens, Hkv, top_k, kPartialFloats]
+};
+
+AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanInfo& info,
+                                detail::WorkspaceCarver& carver) {
+  AttentionLayout l;
+  const int64_t pairs = split_pairs(info.sm_count);
+  l.control = take_control_area(carver, pairs);
+  l.split_partials = carver.take<float>(pairs * kPartialFloats);
+  const int64_t entries =
+      int64_t{info.pass_tokens} * request.config.num_index_heads * request.config.top_k;
+  l.entry_keys = carver.take<uint32_t>(entries);
+  l.entry_values = carver.take<uint32_t>(entries);
+  l.sorted_keys = carver.take<uint32_t>(entries);
+  l.sorted_values = carver.take<uint32_t>(entries);
+  l.sort_temp_bytes = selection_sort_temp_bytes(static_cast<int>(entries));
+  l.sort_temp = carver.take<unsigned char>(l.sort_temp_bytes);
+  l.prefill_partials = carver.take<float>(entries * kPartialFloats);
+  return l;
+}
+
+AttentionLayout run_layout(const OpPlan& plan, Workspace workspace) {
+  detail::WorkspaceCarver carver(workspace.data);
+  return carve_attention(plan.request, detail::load_plan_info<AttentionPlanInfo>(plan), carver);
+}
+
+Status plan_attention(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
+  const AttentionPlanInfo info{caps.sm_count, pass_tokens(request)};
+  plan->num_threads = 1;
+  detail::WorkspaceCarver carver;
+  carve_attention(request, info, carver);
+  plan->workspace_bytes = carver.bytes_used();
+  detail::store_plan_info(plan, info);
+  return {};
+}
+
+Status prepare_attention(const OpPlan& plan, Workspace workspace, void* stream) {
+  return initialise_control_area(run_layout(plan, workspace).control, stream);
+}
+
+// Selection ranges per (decode token, KV head): enough CTAs for every resident slot when the
+// decode rows are few (batch 1 reads its 16 blocks with 16 CTAs per KV head), one range when
+// they fill the GPU alone; never more ranges than the selection has slots.
+int decode_splits(const OpPlan& plan, const AttentionPlanInfo& info, int64_t decode_pairs) {
+  const int64_t resident = split_pairs(info.sm_count);
+  if (decode_pairs <= 0 || decode_pairs * 2 > resident) return 1;
+  return static_cast<int>(std::min<int64_t>(plan.request.config.top_k, resident / decode_pairs));
+}
+
+Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Workspace workspace,
+                        const ExecContext& ctx) {
+  const AttentionPlanInfo info = detail::load_plan_info<AttentionPlanInfo>(plan);
+  const AttentionLayout l = run_layout(plan, workspace);
+  const TensorView& table = a.kv_block_table.present() ? a.kv_block_table : a.batch.block_table;
+  SparseAttentionParams p{};
+  p.q = a.q.data, p.q_stride_token = a.q.strides[0], p.q_stride_head = a.q.strides[1];
+  p.k_cache = a.k_cache.data;
+  p.k_stride_page = a.k_cache.strides[0], p.k_stride_token = a.k_cache.strides[1];
+  p.k_stride_head = a.k_cache.strides[2];
+  p.v_cache = a.v_cache.data;
+  p.v_stride_page = a.v_cache.strides[0], p.v_stride_token = a.v_cache.strides[1];
+  p.v_stride_head = a.v_cache.strides[2];
+  p.num_pages = a.k_cache.shape[0];
+  p.k_scale = a.k_scale, p.v_scale = a.v_scale;
+  p.topk = a.topk.ptr<const int32_t>();
+  p.topk_stride_head = a.topk.strides[0], p.topk_stride_token = a.topk.strides[1];
+  p.topk_stride_k = a.topk.strides[2];
+  p.cu_q_lens = a.batch.cu_q_lens.ptr<const int32_t>();
+  p.seq_lens = a.batch.seq_lens.ptr<const int32_t>();
+  p.block_table = table.ptr<const int32_t>();
+  p.block_table_stride = table.strides[0];
+  p.block_table_width = static_cast<int32_t>(table.shape[1]);
+  p.num_requests = a.batch.num_requests;
+  p.kv_heads = static_cast<int32_t>(a.k_cache.shape[2]);
+  p.group = static_cast<int32_t>(a.q.shape[1] / a.k_cache.shape[2]);
+  p.top_k = plan.request.config.top_k;
+  p.out = a.out.data, p.out_stride_token = a.out.strides[0], p.out_stride_head = a.out.strides[1];
+  if (a.lse.present()) {
+    p.lse = a.lse.ptr<float>();
+    p.lse_stride_token = a.lse.strides[0], p.lse_stride_head = a.lse.strides[1];
+  }
+  p.partials = l.split_partials;
+  p.arrivals = l.control.arrivals;
+  p.error_flags = l.control.error_flags;
+  // Decode rows token-major with split selections, prefill rows block-major: any split of the
+  // tokens is correct (each kernel reads its tokens' requests on the device); this one gives the
+  // decode rows all the CTAs and the prefill rows the shared page reads.
+  const bool fp8 = a.k_cache.dtype == DType::fp8_e4m3;
+  const int tokens = a.batch.num_tokens;
+  const int decode_tokens = std::min(tokens, a.batch.num_decode_requests * a.batch.decode_q_len);
+  const cudaStream_t s = as_stream(ctx.stream);
+  if (decode_tokens > 0) {
+    p.token_begin = 0, p.token_end = decode_tokens;
+    p.splits = decode_splits(plan, info, int64_t{decode_tokens} * p.kv_heads);
+    M3SA_CUDA_RETURN_IF_ERROR(
+        (fp8 ? launch_sparse_attention_decode_fp8 : launch_sparse_attention_decode_bf16)(
+            p, static_cast<int>(split_pairs(info.sm_count)), s));
+  }
+  if (tokens == decode_tokens) return {};
+  // Keys (KV head, page) and the sentinel above them must fit the sort's 32 bits.
+  const uint64_t keys = static_cast<uint64_t>(p.kv_heads) * static_cast<uint64_t>(p.num_pages) + 1;
+  int key_bits = 1;
+  while (key_bits < 64 && (uint64_t{1} << key_bits) - 1 < keys) ++key_bits;
+  if (key_bits > 32)
+    return Status::unsupported(
+        "k_cache", detail::concat("num_kv_heads x num_pages below 2^32 - 1 for the prefill sort, "
+                                  "got ",
+                                  keys - 1));
+  p.entry_sentinel = static_cast<uint32_t>((uint64_t{1} << key_bits) - 1);
+  p.entry_keys = l.entry_keys, p.entry_values = l.entry_values;
+  p.sorted_keys = l.sorted_keys, p.sorted_values = l.sorted_values;
+  p.prefill_partials = l.prefill_partials;
+  p.splits = 1;
+  for (int begin = decode_tokens; begin < tokens; begin += info.pass_tokens) {
+    p.token_begin = begin;
+    p.token_end = static_cast<int>(std::min<int64_t>(tokens, int64_t{begin} + info.pass_tokens));
+    p.entry_count = (p.token_end - p.token_begin) * p.kv_heads * p.top_k;
+    const int gather_grid =
+        static_cast<int>(std::min<int64_t>((p.entry_count + 255) / 256, 8 * info.sm_count));
+    M3SA_CUDA_RETURN_IF_ERROR(launch_gather_selection_entries(p, gather_grid, s));
+    M3SA_CUDA_RETURN_IF_ERROR(sort_selection_entries(p, l.sorted_keys, l.sorted_values, key_bits,
+                                                     l.sort_temp, l.sort_temp_bytes, s));
+    M3SA_CUDA_RETURN_IF_ERROR(
+        (fp8 ? launch_attend_block_members_fp8 : launch_attend_block_members_bf16)(
+            p, info.sm_count, s));
+    M3SA_CUDA_RETURN_IF_ERROR(launch_merge_token_partials(p, 4 * info.sm_count, s));
+  }
+  return {};
+}
+
+} // namespace
+} // namespace m3sa::cuda
+
+namespace m3sa::detail {
+
+extern const Implementation kCudaSparseAttentionSm80;
+
+const Implementation kCudaSparseAttentionSm80 = {
+    "cuda.sparse_attention.sm80",
+    "mma.sync, GQA group = 16 MMA rows; decode token-major with split selections, prefill "
+    "block-major (each page read once for all tokens that selected it)",
+    Backend::cuda,
+    OpKind::sparse_attention,
+    0,
+    cuda::can_run_sm80,
+    cuda::plan_attention,
+    cuda::sparse_attention,
+    cuda::prepare_attention,
+    cuda::read_control_errors,
+    cuda::AttentionPlanInfo::kVersion};
+
+} // namespace m3sa::detail

@@ -1,0 +1,312 @@
+// CUDA indexer host side: plans (splits from the SM count, the workspace layout), and run
+// functions that only fill parameter structs and launch: no allocation, no synchronisation, no
+// host reads of device data, so every run can be captured in a CUDA graph.
+// Implementations: cuda.score_blocks.sm80, cuda.select_topk_blocks, cuda.index_topk.sm80.
+#include "cuda/indexer.h"
+
+#include <algorithm>
+
+#include "cuda/kernels/indexer_traits.h"
+#include "cuda/launch.h"
+#include "cuda/launchers.h"
+#include "registry/registry.h"
+
+namespace m3sa::cuda {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Decode row tiles per request at most (the decode kernel's grid.x is this x max_requests).
+int64_t decode_tiles_per_request(const PlanRequest& request) {
+  const int64_t q_len = std::min<int64_t>(kMaxDecodeQLen, request.capacities.max_tokens);
+  return ceil_div(q_len, tile_tokens(request.config.num_index_heads));
+}
+
+int splits_of(const OpPlan& plan) {
+  return detail::load_plan_info<ScoringPlanInfo>(plan).block_splits;
+}
+
+IndexerLayout run_layout(const OpPlan& plan, Workspace workspace) {
+  detail::WorkspaceCarver carver(workspace.data);
+  return carve_indexer(plan.request, splits_of(plan), carver, false);
+}
+
+// index_topk leaves decode requests to the decode kernel; score_blocks schedules every request.
+int first_scheduled_request(const OpPlan& plan, const BatchMetadata& batch) {
+  return plan.request.op == OpKind::index_topk ? batch.num_decode_requests : 0;
+}
+
+ScheduleParams schedule_params(const OpPlan& plan, const BatchMetadata& batch,
+                               const IndexerLayout& l) {
+  ScheduleParams s{};
+  s.cu_q_lens = batch.cu_q_lens.ptr<const int32_t>();
+  s.seq_lens = batch.seq_lens.ptr<const int32_t>();
+  s.first_request = first_scheduled_request(plan, batch);
+  s.num_requests = batch.num_requests;
+  s.tile_tokens = tile_tokens(plan.request.config.num_index_heads);
+  s.tile_capacity = static_cast<int32_t>(l.tile_capacity);
+  s.tiles = l.tiles;
+  s.num_tiles = l.num_tiles;
+  return s;
+}
+
+ScoreBlocksParams scoring_params(const OpPlan& plan, int splits, const TensorView& q,
+                                 const TensorView& cache, const BatchMetadata& batch,
+                                 const IndexerLayout& l) {
+  ScoreBlocksParams p{};
+  p.index_q = q.data;
+  p.q_stride_token = q.strides[0];
+  p.q_stride_head = q.strides[1];
+  p.index_k_cache = cache.data;
+  p.cache_stride_page = cache.strides[0];
+  p.cache_stride_token = cache.strides[1];
+  p.num_pages = static_cast<int32_t>(cache.shape[0]);
+  p.cu_q_lens = batch.cu_q_lens.ptr<const int32_t>();
+  p.seq_lens = batch.seq_lens.ptr<const int32_t>();
+  p.block_table = batch.block_table.ptr<const int32_t>();
+  p.block_table_stride = batch.block_table.strides[0];
+  p.block_table_width = static_cast<int32_t>(batch.block_table.shape[1]);
+  p.tiles = l.tiles;
+  p.num_tiles = l.num_tiles;
+  p.heads = plan.request.config.num_index_heads;
+  p.tile_tokens = tile_tokens(p.heads);
+  p.splits = splits;
+  p.scale = plan.request.config.score_scale;
+  p.error_flags = l.control.error_flags;
+  p.shard_count = 1; // unsharded: round-robin over one rank is the identity
+  return p;
+}
+
+// Scores of the scheduled requests into `scores` with strides (head, token, block) and width;
+// fill_tail for exported scores.
+Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView& cache,
+                      const BatchMetadata& batch, const IndexerLayout& l, float* scores,
+                      const int64_t (&strides)[3], int64_t width, bool fill_tail,
+                      cudaStream_t stream) {
+  M3SA_CUDA_RETURN_IF_ERROR(launch_schedule_tiles(schedule_params(plan, batch, l), stream));
+  ScoreBlocksParams p = scoring_params(plan, splits_of(plan), q, cache, batch, l);
+  p.scores = scores;
+  p.score_stride_head = strides[0];
+  p.score_stride_token = strides[1];
+  p.score_stride_block = strides[2];
+  p.score_width = static_cast<int32_t>(width);
+  p.fill_tail = fill_tail ? 1 : 0;
+  const dim3 grid(static_cast<unsigned>(l.tile_capacity), static_cast<unsigned>(p.splits));
+  if (cache.dtype == DType::fp8_e4m3)
+    M3SA_CUDA_RETURN_IF_ERROR(launch_score_blocks_fp8(p, grid, stream));
+  else
+    M3SA_CUDA_RETURN_IF_ERROR(launch_score_blocks_bf16(p, grid, stream));
+  return {};
+}
+
+Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const float* scores,
+                        const int64_t (&strides)[3], int64_t width, const TensorView& topk,
+                        int32_t* error_flags, cudaStream_t stream) {
+  SelectTopkParams p{};
+  p.score_width = static_cast<int32_t>(width);
+  p.error_flags = error_flags;
+  p.scores = scores;
+  p.score_stride_head = strides[0];
+  p.score_stride_token = strides[1];
+  p.score_stride_block = strides[2];
+  p.rows = selection_rows(plan, batch, topk);
+  p.first_request = first_scheduled_request(plan, batch);
+  M3SA_CUDA_RETURN_IF_ERROR(launch_select_topk(p, stream));
+  return {};
+}
+
+Status plan_indexer(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
+  const ScoringPlanInfo info = plan_scoring(request, caps.sm_count);
+  plan->num_threads = 1;
+  detail::WorkspaceCarver carver;
+  carve_indexer(request, info.block_splits, carver, false);
+  plan->workspace_bytes = carver.bytes_used();
+  detail::store_plan_info(plan, info);
+  return {};
+}
+
+Status prepare_indexer(const OpPlan& plan, Workspace workspace, void* stream) {
+  return initialise_control_area(run_layout(plan, workspace).control, stream);
+}
+
+Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace workspace,
+                    const ExecContext& ctx) {
+  const IndexerLayout l = run_layout(plan, workspace);
+  const TensorView& s = args.scores;
+  const int64_t strides[3] = {s.strides[0], s.strides[1], s.strides[2]};
+  return launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l, s.ptr<float>(),
+                        strides, s.shape[2], true, as_stream(ctx.stream));
+}
+
+Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, Workspace workspace,
+                          const ExecContext& ctx) {
+  const IndexerLayout l = run_layout(plan, workspace);
+  const TensorView& s = args.scores;
+  const int64_t strides[3] = {s.strides[0], s.strides[1], s.strides[2]};
+  return launch_selection(plan, args.batch, s.ptr<const float>(), strides, s.shape[2], args.topk,
+                          l.control.error_flags, as_stream(ctx.stream));
+}
+
+Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace workspace,
+                  const ExecContext& ctx) {
+  const IndexerLayout l = run_layout(plan, workspace);
+  const cudaStream_t stream = as_stream(ctx.stream);
+  if (args.batch.num_decode_requests > 0)
+    M3SA_RETURN_IF_ERROR(launch_decode_topk(plan, decode_params(plan, splits_of(plan), args, l),
+                                            args.index_k_cache.dtype, stream));
+  if (args.batch.num_requests == args.batch.num_decode_requests) return {};
+  const Capacities& cap = plan.request.capacities;
+  const int64_t strides[3] = {cap.max_tokens * cap.max_blocks_per_request,
+                              cap.max_blocks_per_request, 1};
+  M3SA_RETURN_IF_ERROR(launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l,
+                                      l.scores, strides, cap.max_blocks_per_request, false,
+                                      stream));
+  return launch_selection(plan, args.batch, l.scores, strides, cap.max_blocks_per_request,
+                          args.topk, l.control.error_flags, stream);
+}
+
+} // namespace
+
+ScoringPlanInfo plan_scoring(const PlanRequest& request, int sm_count) {
+  // Enough block ranges per row tile that a batch of max_requests single-tile requests fills the
+  // CTAs every SM holds, in one wave: each CTA keeps one key block in flight, so resident CTAs
+  // are the memory parallelism (decode at batch 1 must fill the GPU; at 16-64 long requests two
+  // per SM left a third of the bandwidth unused). No cap below that: batch 1 at 1M tokens capped
+  // at 256 ranges ran 113 us of scoring, with 396 ranges 80 us (bench/NOTES.md, session 3).
+  ScoringPlanInfo info{};
+  info.sm_count = sm_count;
+  info.block_splits = static_cast<int32_t>(std::max<int64_t>(
+      1, int64_t{kScoringCtasPerSm} * sm_count / request.capacities.max_requests));
+  return info;
+}
+
+int ranked_slots(const MsaConfig& config) {
+  return config.top_k - config.init_blocks - config.local_blocks;
+}
+
+int64_t decode_tile_capacity(const PlanRequest& request) {
+  return request.capacities.max_requests * decode_tiles_per_request(request);
+}
+
+IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::WorkspaceCarver& carver,
+                            bool decode_only) {
+  IndexerLayout l;
+  const bool topk = request.op == OpKind::index_topk;
+  const int64_t arrivals = topk ? decode_tile_capacity(request) : 0;
+  l.control = take_control_area(carver, arrivals);
+  const Capacities& cap = request.capacities;
+  const int heads = request.config.num_index_heads;
+  if (topk)
+    l.partial_lists = carver.take<uint64_t>(arrivals * splits * kTileRows *
+                                            std::max(1, ranked_slots(request.config)));
+  if (decode_only) return l;
+  l.num_tiles = carver.take<int32_t>(1);
+  l.tile_capacity = ceil_div(cap.max_tokens, tile_tokens(heads)) + cap.max_requests;
+  if (request.op == OpKind::score_blocks || topk) l.tiles = carver.take<RowTile>(l.tile_capacity);
+  if (topk)
+    l.scores = carver.take<float>(int64_t{heads} * cap.max_tokens * cap.max_blocks_per_request);
+  return l;
+}
+
+SelectionRows selection_rows(const OpPlan& plan, const BatchMetadata& batch,
+                             const TensorView& topk) {
+  const MsaConfig& config = plan.request.config;
+  SelectionRows rows{};
+  rows.cu_q_lens = batch.cu_q_lens.ptr<const int32_t>();
+  rows.seq_lens = batch.seq_lens.ptr<const int32_t>();
+  rows.num_requests = batch.num_requests;
+  rows.num_tokens = batch.num_tokens;
+  rows.token_capacity = static_cast<int32_t>(plan.request.capacities.max_tokens);
+  rows.topk = topk.ptr<int32_t>();
+  rows.topk_stride_head = topk.strides[0];
+  rows.topk_stride_token = topk.strides[1];
+  rows.topk_stride_k = topk.strides[2];
+  rows.heads = config.num_index_heads;
+  rows.top_k = config.top_k;
+  rows.local_blocks = config.local_blocks;
+  rows.init_blocks = config.init_blocks;
+  return rows;
+}
+
+DecodeTopkParams decode_params(const OpPlan& plan, int splits, const IndexTopkArgs& args,
+                               const IndexerLayout& l) {
+  DecodeTopkParams p{};
+  p.scoring = scoring_params(plan, splits, args.index_q, args.index_k_cache, args.batch, l);
+  p.num_decode_requests = args.batch.num_decode_requests;
+  p.decode_q_len = args.batch.decode_q_len;
+  p.tiles_per_request = static_cast<int32_t>(ceil_div(p.decode_q_len, p.scoring.tile_tokens));
+  const MsaConfig& config = plan.request.config;
+  p.top_k = config.top_k;
+  p.init_blocks = config.init_blocks;
+  p.local_blocks = config.local_blocks;
+  p.partial_lists = l.partial_lists;
+  p.arrivals = l.control.arrivals;
+  if (args.topk.present()) {
+    p.topk = args.topk.ptr<int32_t>();
+    p.topk_stride_head = args.topk.strides[0];
+    p.topk_stride_token = args.topk.strides[1];
+    p.topk_stride_k = args.topk.strides[2];
+  }
+  return p;
+}
+
+// Decode rows: one launch scores and selects (no score matrix).
+Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, DType cache_dtype,
+                          cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
+                  static_cast<unsigned>(p.scoring.splits));
+  const bool fp8 = cache_dtype == DType::fp8_e4m3;
+  const bool short_lists = ranked_slots(plan.request.config) <= 16;
+  const auto launch =
+      fp8 ? (short_lists ? launch_decode_topk_fp8_k16 : launch_decode_topk_fp8_k32)
+          : (short_lists ? launch_decode_topk_bf16_k16 : launch_decode_topk_bf16_k32);
+  M3SA_CUDA_RETURN_IF_ERROR(launch(p, grid, stream));
+  return {};
+}
+
+} // namespace m3sa::cuda
+
+namespace m3sa::detail {
+
+extern const Implementation kCudaScoreBlocksSm80, kCudaSelectTopkBlocks, kCudaIndexTopkSm80;
+
+const Implementation kCudaScoreBlocksSm80 = {
+    "cuda.score_blocks.sm80",
+    "mma.sync tensor-core block maxima (bf16; e4m3 MMA on SM89+), row tiles x block ranges",
+    Backend::cuda,
+    OpKind::score_blocks,
+    0,
+    cuda::can_run_sm80,
+    cuda::plan_indexer,
+    cuda::score_blocks,
+    cuda::prepare_control_area,
+    cuda::read_control_errors,
+    cuda::ScoringPlanInfo::kVersion};
+
+const Implementation kCudaSelectTopkBlocks = {
+    "cuda.select_topk_blocks",
+    "one warp per row: 64-bit (score rank, block id) keys, forced blocks, ascending ids",
+    Backend::cuda,
+    OpKind::select_topk_blocks,
+    0,
+    cuda::can_run_sm80,
+    cuda::plan_indexer,
+    cuda::select_topk_blocks,
+    cuda::prepare_control_area,
+    cuda::read_control_errors,
+    cuda::ScoringPlanInfo::kVersion};
+
+const Implementation kCudaIndexTopkSm80 = {
+    "cuda.index_topk.sm80",
+    "decode: score + select in one split-K launch; prefill: score_blocks then select_topk_blocks",
+    Backend::cuda,
+    OpKind::index_topk,
+    0,
+    cuda::can_run_sm80,
+    cuda::plan_indexer,
+    cuda::index_topk,
+    cuda::prepare_indexer,
+    cuda::read_control_errors,
+    cuda::ScoringPlanInfo::kVersion};
+
+} // namespace m3sa::detail

@@ -1,0 +1,51 @@
+#pragma once
+// Host side of the CUDA indexer (score_blocks, select_topk_blocks, index_topk) shared by its
+// implementations (cuda/indexer.cu) and the context-parallel indexer (cuda/context_parallel.cu).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/workspace.h"
+#include "cuda/control.h"
+#include "cuda/indexer_params.h"
+#include "m3sa/ops.h"
+
+namespace m3sa::cuda {
+
+// Plan info of the scoring implementations (cuda.score_blocks.sm80, cuda.index_topk.sm80).
+struct ScoringPlanInfo {
+  static constexpr uint32_t kVersion = 1;
+  int32_t sm_count;     // the device's SMs, read at plan time
+  int32_t block_splits; // block ranges per row tile: the scoring and decode grids' y extent
+};
+
+// The splits of a request on a device of `sm_count` SMs.
+ScoringPlanInfo plan_scoring(const PlanRequest& request, int sm_count);
+
+// The indexer workspace: control area, then what the op needs.
+struct IndexerLayout {
+  ControlArea control;               // arrival counters: [decode tiles] (index_topk)
+  int32_t* num_tiles = nullptr;      // [1]
+  RowTile* tiles = nullptr;          // [tile_capacity]
+  float* scores = nullptr;           // [H, max_tokens, max_blocks] (index_topk: prefill rows)
+  uint64_t* partial_lists = nullptr; // [decode tiles, splits, 64, ranked slots] (index_topk)
+  int64_t tile_capacity = 0;
+};
+
+// The one description of the workspace: sizes it at plan time (carver without base), carves it
+// at run time. decode_only: the context-parallel indexer's scoring (no prefill tiles or scores).
+IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::WorkspaceCarver& carver,
+                            bool decode_only);
+
+int ranked_slots(const MsaConfig& config);
+int64_t decode_tile_capacity(const PlanRequest& request);
+
+DecodeTopkParams decode_params(const OpPlan& plan, int splits, const IndexTopkArgs& args,
+                               const IndexerLayout& l);
+Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, DType cache_dtype,
+                          cudaStream_t stream);
+// Rows of `batch`, written to `topk`, with the plan's K, init and local blocks.
+SelectionRows selection_rows(const OpPlan& plan, const BatchMetadata& batch,
+                             const TensorView& topk);
+
+} // namespace m3sa::cuda
