@@ -140,13 +140,13 @@ BatchSpec spec(std::vector<int32_t> q_lens, std::vector<int32_t> seq_lens, int n
 }
 
 const AttentionCase kCases[] = {
-    {"DecodeTp1", spec({1, 1, 1, 1}, {1000, 5000, 77, 20000}, 4, 1, 64, 4), 16, 1, 1, true},
+    {"SmallDecodeTp1", spec({1, 1, 1, 1}, {1000, 5000, 77, 20000}, 4, 1, 64, 4), 16, 1, 1, true},
     {"DecodeTp4Batch1", spec({1}, {33000}, 1, 1, 16, 1), 16},
     {"DecodeMtp4", spec({4, 4, 4}, {4000, 700, 9000}, 3, 4, 64, 4), 16},
     {"DecodeMtp16K32", spec({16, 16}, {6000, 2100}, 2, 16, 16, 1), 32},
     {"DecodeK1", spec({1, 1}, {3000, 500}, 2, 1, 64, 4), 1, 1, 1, true},
-    {"DecodeK8Group8", spec({1, 1, 1}, {3000, 900, 40}, 3, 1, 32, 4), 8, 1, 1, true},
-    {"DecodeShortContextsPadded", spec({1, 1, 1, 1}, {1, 129, 640, 0}, 4, 1, 64, 4), 16, 1, 1,
+    {"SmallDecodeK8Group8", spec({1, 1, 1}, {3000, 900, 40}, 3, 1, 32, 4), 8, 1, 1, true},
+    {"SmallDecodeShortContextsPadded", spec({1, 1, 1, 1}, {1, 129, 640, 0}, 4, 1, 64, 4), 16, 1, 1,
      true},
     {"DecodeFp8Scales", spec({1, 1, 1}, {4000, 20000, 300}, 3, 1, 64, 4, DType::fp8_e4m3), 16,
      0.5f, 2.f, true},
@@ -155,7 +155,7 @@ const AttentionCase kCases[] = {
     {"PrefillUnalignedPrefix", spec({300}, {2333}, 0, 1, 64, 4), 16},
     {"PrefillChunkAfterPrefixK32", spec({1000}, {9000}, 0, 1, 16, 1), 32},
     {"PrefillFp8", spec({513}, {5000}, 0, 1, 64, 4, DType::fp8_e4m3), 16, 0.25f, 4.f},
-    {"PrefillShortRequests", spec({3, 5, 1, 2, 7}, {3, 130, 1, 300, 7}, 0, 1, 16, 1), 16, 1, 1,
+    {"SmallPrefillShortRequests", spec({3, 5, 1, 2, 7}, {3, 130, 1, 300, 7}, 0, 1, 16, 1), 16, 1, 1,
      true},
     {"MixedBatchWithPadding",
      spec({1, 1, 1, 260, 17, 0}, {5000, 0, 300, 2000, 17, 0}, 3, 1, 64, 4), 16, 1, 1, true},
@@ -217,7 +217,7 @@ TEST(CudaAttentionLayouts, CombinedKvCacheViews) {
 }
 
 // Rows whose selection is empty attend to nothing: zeros and lse -inf, never NaN.
-TEST(CudaAttentionLayouts, EmptySelectionsGiveZerosAndMinusInfinity) {
+TEST(CudaAttentionSmall, EmptySelectionsGiveZerosAndMinusInfinity) {
   M3SA_SKIP_WITHOUT_CUDA();
   Fixture f(spec({1, 1, 40}, {2000, 300, 900}, 2, 1, 16, 1), 16, test_seed());
   for (int64_t t : {int64_t{0}, int64_t{5}})
@@ -305,7 +305,7 @@ TEST(CudaAttentionLayouts, GraphReplayOnRewrittenInputsMatchesEager) {
 
 // A page id out of range in the KV block table is flagged and never read (compute-sanitizer runs
 // this case); the other rows are still right.
-TEST(CudaAttentionLayouts, BadPageIdsAreFlaggedNotRead) {
+TEST(CudaAttentionSmall, BadPageIdsAreFlaggedNotRead) {
   M3SA_SKIP_WITHOUT_CUDA();
   Fixture f(spec({1, 1}, {2000, 700}, 2, 1, 16, 1), 16, test_seed());
   DeviceAttention d(f.sb, f.topk);

@@ -156,10 +156,15 @@ int run_demo(const DemoOptions& o) {
   HostTensor out(DType::bf16, {tokens, o.q_heads, kHeadDim}), lse(DType::f32, {tokens, o.q_heads});
   topk.fill_bytes(0x5a), out.fill_bytes(0xff), lse.fill_bytes(0xff); // poisoned
   Status status;
+  // On a GPU the whole layer runs there, the attention reading the selections in device memory.
+  const bool attention_on_gpu = indexer_backend == Backend::cuda && backend == Backend::cuda;
   if (indexer_backend == Backend::cuda) {
 #ifdef M3SA_HAVE_CUDA
-    progress("norm_rope_insert + index_topk on the GPU");
-    status = run_indexer_on_cuda(config, sb, step_args, topk, &norm_rope_ms, &topk_ms);
+    progress(attention_on_gpu ? "norm_rope_insert + index_topk + sparse_attention on the GPU"
+                              : "norm_rope_insert + index_topk on the GPU");
+    const GpuAttention gpu_attention{&out, &lse, &attention_ms};
+    status = run_layer_on_cuda(config, sb, step_args, topk, &norm_rope_ms, &topk_ms,
+                               attention_on_gpu ? &gpu_attention : nullptr);
 #endif
   } else {
     const testing::RunOptions indexer_options{indexer_backend, o.threads};
@@ -179,7 +184,7 @@ int run_demo(const DemoOptions& o) {
                 });
     }
   }
-  if (status.ok()) {
+  if (status.ok() && !attention_on_gpu) {
     progress("sparse_attention");
     status =
         timed(request_for(OpKind::sparse_attention, run_options), &attention_ms,

@@ -23,6 +23,7 @@ Status timed_on_gpu(const PlanRequest& request, cudaStream_t stream, double* ms,
   const ExecContext ctx{0, stream};
   const DeviceBuffer ws = testing::device_workspace(plan, true, ctx);
   M3SA_RETURN_IF_ERROR(ws.status());
+  M3SA_RETURN_IF_ERROR(body(plan, ws.workspace(), ctx)); // loads the kernels' modules
   cudaEvent_t start, stop;
   M3SA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
   M3SA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
@@ -45,9 +46,9 @@ Status timed_on_gpu(const PlanRequest& request, cudaStream_t stream, double* ms,
 
 } // namespace
 
-Status run_indexer_on_cuda(const MsaConfig& config, const testing::SyntheticBatch& sb,
-                           const NormRopeInsertArgs& step, testing::HostTensor& topk,
-                           double* norm_rope_ms, double* topk_ms) {
+Status run_layer_on_cuda(const MsaConfig& config, const testing::SyntheticBatch& sb,
+                         const NormRopeInsertArgs& step, testing::HostTensor& topk,
+                         double* norm_rope_ms, double* topk_ms, const GpuAttention* attention) {
   // Host views -> device copies (views carry shape and strides; the copy swaps the pointer).
   std::vector<std::unique_ptr<DeviceBuffer>> mirrors;
   const auto mirror = [&](const TensorView& host) {
@@ -101,6 +102,23 @@ Status run_indexer_on_cuda(const MsaConfig& config, const testing::SyntheticBatc
         request, stream, topk_ms, [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
           return index_topk(plan, {d.index_q_out, d.index_k_cache, batch, d_topk->view()}, ws, ctx);
         });
+  if (s.ok() && attention) {
+    const DeviceBuffer *kv_table = mirror(sb.kv_block_table.view()),
+                       *out = mirror(attention->out->view()), *lse = mirror(attention->lse->view());
+    for (const DeviceBuffer* m : {kv_table, out, lse}) M3SA_RETURN_IF_ERROR(m->status());
+    request = {OpKind::sparse_attention, Backend::cuda, config, sb.capacities(),
+               sb.spec().kv_dtype};
+    SparseAttentionArgs args;
+    args.q = d.q_out, args.k_cache = d.k_cache, args.v_cache = d.v_cache;
+    args.topk = d_topk->view(), args.batch = batch, args.kv_block_table = kv_table->view();
+    args.out = out->view(), args.lse = lse->view();
+    s = timed_on_gpu(request, stream, attention->ms,
+                     [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
+                       return sparse_attention(plan, args, ws, ctx);
+                     });
+    if (s.ok()) s = out->download(attention->out->view());
+    if (s.ok()) s = lse->download(attention->lse->view());
+  }
   for (const auto& [m, host] : outputs)
     if (s.ok()) s = m->download(host);
   if (s.ok()) s = d_topk->download(topk.view());
