@@ -25,11 +25,11 @@ struct AttentionPlanInfo {
 // split count > 1 is only chosen for fewer pairs than that.
 int64_t split_pairs(int sm_count) { return int64_t{kAttentionCtasPerSm} * sm_count; }
 
-// Prefill passes: their partials (8 KB per token, KV head and slot) stay within 1 GiB (2016
-// tokens at 4 KV heads and top_k 16).
+// Prefill passes: their compact partials (4.2 KB per token, KV head and slot) stay within 1 GiB
+// (3912 tokens at 4 KV heads and top_k 16).
 int32_t pass_tokens(const PlanRequest& request) {
-  const int64_t per_token = int64_t{request.config.num_index_heads} * request.config.top_k *
-                            kPartialFloats * int64_t{sizeof(float)};
+  const int64_t per_token =
+      int64_t{request.config.num_index_heads} * request.config.top_k * kCompactPartialBytes;
   return static_cast<int32_t>(std::clamp<int64_t>((int64_t{1} << 30) / per_token, 1,
                                                   std::max<int64_t>(1, request.capacities.max_tokens)));
 }
@@ -43,7 +43,7 @@ struct AttentionLayout {
   uint32_t* sorted_values;
   void* sort_temp;
   size_t sort_temp_bytes;
-  float* prefill_partials; // [pass tokens, Hkv, top_k, kPartialFloats]
+  unsigned char* prefill_partials; // [pass tokens, Hkv, top_k] compact partials
 };
 
 AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanInfo& info,
@@ -60,7 +60,7 @@ AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanI
   l.sorted_values = carver.take<uint32_t>(entries);
   l.sort_temp_bytes = selection_sort_temp_bytes(static_cast<int>(entries));
   l.sort_temp = carver.take<unsigned char>(l.sort_temp_bytes);
-  l.prefill_partials = carver.take<float>(entries * kPartialFloats);
+  l.prefill_partials = carver.take<unsigned char>(entries * kCompactPartialBytes);
   return l;
 }
 

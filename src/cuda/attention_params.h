@@ -11,6 +11,9 @@ namespace m3sa::cuda {
 // the running max m (log2 domain, scaled logits), the denominator l and the unnormalised output.
 inline constexpr int kAttentionRows = 16; // query heads of one GQA group per MMA tile (padded)
 inline constexpr int kPartialFloats = 2 * kAttentionRows + kAttentionRows * 128; // m, l, O
+// The prefill's partials, one per (token, KV head, selected block): m, l and a per-row power-of-two
+// scale in fp32, O / scale in fp16 (attention_common.cuh, CompactPartialView).
+inline constexpr int kCompactPartialBytes = 3 * kAttentionRows * 4 + kAttentionRows * 128 * 2;
 // Resident CTAs per SM (the kernel's launch bounds; its shared memory allows two): the persistent
 // grid and the plan's split and workspace sizes follow from it.
 inline constexpr int kAttentionCtasPerSm = 2;
@@ -51,7 +54,7 @@ struct SparseAttentionParams {
   const uint32_t* sorted_values; // [entry_count]
   int32_t entry_count;           // (token_end - token_begin) * Hkv * top_k
   uint32_t entry_sentinel;       // 2^key_bits - 1, above every key
-  float* prefill_partials;       // [token_end - token_begin, Hkv, top_k, kPartialFloats]
+  unsigned char* prefill_partials; // [token_end - token_begin, Hkv, top_k] compact partials
 };
 
 } // namespace m3sa::cuda

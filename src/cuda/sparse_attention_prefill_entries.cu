@@ -38,9 +38,10 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
     } else {
       p.entry_keys[index] = p.entry_sentinel; // sorts last; its partial holds no key
       p.entry_values[index] = 0;
-      float* partial = prefill_partial(p, token, g, slot); // every row -inf: merged unread
+      // Every row's max -inf: the merge skips this slot unread.
+      const CompactPartialView partial(prefill_partial(p, token, g, slot));
 #pragma unroll
-      for (int r = 0; r < kAttentionRows; ++r) partial[r] = -INFINITY;
+      for (int r = 0; r < kAttentionRows; ++r) partial.m[r] = -INFINITY;
     }
   }
 }
@@ -51,8 +52,10 @@ __global__ void __launch_bounds__(128) merge_token_partials_kernel(const SparseA
   const int64_t pairs = int64_t{pass_tokens} * p.kv_heads;
   for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     const int g = static_cast<int>(pair % p.kv_heads), token = static_cast<int>(pair / p.kv_heads);
-    merge_partials<false>(p, prefill_partial(p, token, g, 0), kPartialFloats, p.top_k,
-                          p.token_begin + token, g, nullptr, threadIdx.x);
+    store_output_row(p,
+                     merge_rows<true, false>(prefill_partial(p, token, g, 0),
+                                             kCompactPartialBytes, p.top_k, threadIdx.x),
+                     p.token_begin + token, g, threadIdx.x);
   }
 }
 

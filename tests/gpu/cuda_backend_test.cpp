@@ -9,11 +9,15 @@ namespace {
 
 TEST(GpuCudaBackend, CapabilityQueryMatchesTheDeviceAndBuild) {
   M3SA_SKIP_WITHOUT_CUDA();
-  // With a device present, the answer comes from the capability table.
+  // With a device present, every op of the pipeline has a CUDA implementation; reduce_heads
+  // (HuggingFace parity) has none.
   for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
-                    OpKind::index_topk})
+                    OpKind::index_topk, OpKind::sparse_attention, OpKind::norm_rope_insert})
     EXPECT_TRUE(supports(Backend::cuda, op, MsaConfig{}).ok()) << to_string(op);
-  const Status s = supports(Backend::cuda, OpKind::sparse_attention, MsaConfig{});
+  EXPECT_TRUE(supports(Backend::cuda, MsaConfig{}, DType::fp8_e4m3).ok());
+  MsaConfig reduce;
+  reduce.reduce_heads = true;
+  const Status s = supports(Backend::cuda, OpKind::index_topk, reduce);
   EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
 }
 

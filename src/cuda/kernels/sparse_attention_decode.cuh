@@ -86,10 +86,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     const int64_t pair = item / p.splits; // (token, KV head)
     const int g = static_cast<int>(pair % p.kv_heads);
     const int t = p.token_begin + static_cast<int>(pair / p.kv_heads);
+    uint32_t q[8][4];
+    load_query(p, t, g, true, q); // in flight during the selection's loads (unused without keys)
     select_blocks(p, t, g, sel);
     const int position = sel.position;
-    uint32_t q[8][4];
-    load_query(p, t, g, position >= 0, q);
     RowState st;
     st.reset();
 
@@ -127,11 +127,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     float* partials = reinterpret_cast<float*>(smem);
     store_partial(st, partials + warp * kPartialFloats);
     __syncthreads();
+    constexpr int64_t kStride = kPartialFloats * sizeof(float);
+    const MergedRow warps = merge_rows<false, false>(partials, kStride, 4, threadIdx.x);
     if (p.splits == 1) {
-      merge_partials<false>(p, partials, kPartialFloats, 4, t, g, nullptr, threadIdx.x);
+      store_output_row(p, warps, t, g, threadIdx.x);
     } else {
-      float* mine = p.partials + (pair * p.splits + split) * kPartialFloats;
-      merge_partials<false>(p, partials, kPartialFloats, 4, t, g, mine, threadIdx.x);
+      store_merged_partial(warps, p.partials + (pair * p.splits + split) * kPartialFloats,
+                           threadIdx.x);
       __threadfence();
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -142,8 +144,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
       __syncthreads();
       if (sel.last_arrival) {
         __threadfence();
-        merge_partials<true>(p, p.partials + pair * p.splits * kPartialFloats, kPartialFloats,
-                             p.splits, t, g, nullptr, threadIdx.x);
+        store_output_row(p,
+                         merge_rows<false, true>(p.partials + pair * p.splits * kPartialFloats,
+                                                 kStride, p.splits, threadIdx.x),
+                         t, g, threadIdx.x);
       }
     }
     __syncthreads(); // the selection and the buffers are reused by the next item
