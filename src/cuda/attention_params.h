@@ -12,7 +12,7 @@ namespace m3sa::cuda {
 inline constexpr int kAttentionRows = 16; // query heads of one GQA group per MMA tile (padded)
 inline constexpr int kPartialFloats = 2 * kAttentionRows + kAttentionRows * 128; // m, l, O
 // The prefill's partials, one per (token, KV head, selected block): m, l and a per-row power-of-two
-// scale in fp32, O / scale in fp16 (attention_common.cuh, CompactPartialView).
+// scale in fp32, O / scale in 16-bit fixed point (attention_common.cuh, CompactPartialView).
 inline constexpr int kCompactPartialBytes = 3 * kAttentionRows * 4 + kAttentionRows * 128 * 2;
 // Resident CTAs per SM (the kernel's launch bounds; its shared memory allows two): the persistent
 // grid and the plan's split and workspace sizes follow from it.

@@ -65,7 +65,6 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   __shared__ int32_t run_begin[kRunEntries + 1];
   __shared__ int32_t run_visible[kRunEntries];
   __shared__ int32_t run_count;
-  __shared__ float warp_max[kPrefillWarps];
   const int warp = threadIdx.x >> 5;
   const float logit_scale = logit_scale_log2(p.k_scale);
   const int64_t items = (int64_t{p.entry_count} + kRunEntries - 1) / kRunEntries;
@@ -116,19 +115,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
       cp_async_wait<0>();
       __syncthreads(); // page r landed; the other buffer (page r - 1) is free
       issue(r + 1);
-      unsigned char* k_tile = smem + (r % 2) * kBufferBytes;
-      // V in fp16 for the single-MMA P·V (attention_common.cuh): e4m3 widened unscaled, bf16
-      // scaled in place by a power of two that the page's partials undo.
-      float v_page_scale = 1.f;
+      const unsigned char* k_tile = smem + (r % 2) * kBufferBytes;
       if constexpr (kFp8) {
-        widen_rows(k_tile, widened, 128, threadIdx.x, kPrefillThreads);
-        widen_rows<true>(k_tile + 128 * 128, widened + 128 * kRowBytes, 128, threadIdx.x,
-                         kPrefillThreads);
+        widen_rows(k_tile, widened, 256, threadIdx.x, kPrefillThreads);
         __syncthreads();
         k_tile = widened;
-      } else {
-        v_page_scale = bf16_rows_to_scaled_fp16(k_tile + 128 * kRowBytes, run_rows(r), warp_max,
-                                                kPrefillThreads);
       }
       const unsigned char* v_tile = k_tile + 128 * kRowBytes;
       const int g = static_cast<int>(keys[run_begin[r]] / p.num_pages);
@@ -149,13 +140,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
         st.reset();
         for (int c = slice * keys_per_warp; c < (slice + 1) * keys_per_warp && c < visible;
              c += 16)
-          attend_keys<PvPrecision::kFp16>(st, q, k_tile, v_tile, c, visible - 1, logit_scale);
+          attend_keys(st, q, k_tile, v_tile, c, visible - 1, logit_scale);
         if (warps_per_member == 1) {
           if (live)
-            store_compact_partial(st, prefill_partial(p, token, g, entry_slot(value)),
-                                  v_page_scale);
+            store_compact_partial(st, prefill_partial(p, token, g, entry_slot(value)));
         } else {
-          store_partial(st, warp_partials + warp * kPartialFloats, v_page_scale);
+          store_partial(st, warp_partials + warp * kPartialFloats);
           __syncthreads();
           // 128 threads per member merge its warps' partials.
           for (int m = threadIdx.x / 128; m < groups && round * groups + m < members;
