@@ -71,6 +71,9 @@ struct InvalidCase {
   std::function<void(ValidSetup&)> mutate;
   const char* message_part; // must appear in the Status message
   StatusCode code = StatusCode::invalid_argument;
+  // The message starts "m3sa::<op>: " (contract: errors). make_plan(nullptr) has no plan to
+  // name the op from and reports "plan: ..." bare.
+  bool op_prefix = true;
 };
 
 Status run_case(ValidSetup& s, OpKind op) {
@@ -137,7 +140,7 @@ const std::vector<InvalidCase>& cases() {
       {"NegativeThreads", O::index_topk, [](ValidSetup& s) { s.request.num_threads = -3; },
        "num_threads"},
       {"NullPlanPointer", O::index_topk, [](ValidSetup& s) { s.null_plan = true; },
-       "plan: expected a non-null OpPlan*"},
+       "plan: expected a non-null OpPlan*", StatusCode::invalid_argument, false},
       {"CudaBackendWithoutAttentionKernel", O::sparse_attention,
        [](ValidSetup& s) { s.request.backend = Backend::cuda; }, "backend cuda",
        StatusCode::unsupported},
@@ -335,6 +338,11 @@ TEST_P(InvalidInputs, RejectedWithANamedArgument) {
   EXPECT_EQ(status.code(), c.code) << status.to_string();
   EXPECT_NE(status.message().find(c.message_part), std::string::npos)
       << "message: " << status.message() << "\nexpected to contain: " << c.message_part;
+  if (c.op_prefix) {
+    const std::string prefix = std::string("m3sa::") + to_string(c.op) + ": ";
+    EXPECT_EQ(status.message().rfind(prefix, 0), 0u)
+        << "message: " << status.message() << "\nexpected to start with: " << prefix;
+  }
 }
 
 TEST(InvalidInputs, TheValidSetupIsAccepted) {
