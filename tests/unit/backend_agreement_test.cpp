@@ -1,5 +1,5 @@
-// The CPU backend against the reference on fresh random data (seed printed on failure), and the CPU
-// backend against itself across thread counts.
+// The CPU backend against the reference on fresh random data (seed printed), and the CPU backend
+// against itself across thread counts (and that shared result against the reference).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -172,6 +172,19 @@ TEST(CpuThreads, ResultsAreIdenticalFor1And2And8Threads) {
     EXPECT_EQ(std::memcmp(lse[0].data<float>(), lse[i].data<float>(), lse[0].bytes()), 0)
         << threads[i];
   }
+  // The shared result is also the reference's (up to near-ties and fp32 rounding): invariance of
+  // a wrong answer would pass the checks above.
+  HostTensor ref_topk, ref_scores, ref_out, ref_lse;
+  M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::reference}, &ref_topk));
+  M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::reference}, &ref_scores));
+  M3SA_ASSERT_OK(
+      run_sparse_attention(config, sb, topk[0], {Backend::reference}, &ref_out, &ref_lse));
+  const TopkComparison selections = compare_topk(ref_topk.view(), topk[0].view(),
+                                                 ref_scores.view(), selection_rules(config, sb));
+  EXPECT_TRUE(selections.ok()) << describe(selections);
+  const AttentionComparison attention =
+      compare_attention(ref_out.view(), out[0].view(), ref_lse.view(), lse[0].view());
+  EXPECT_TRUE(attention.ok()) << describe(attention);
 }
 
 TEST(CpuThreads, RunUsesNoMoreThreadsThanPlanned) {
@@ -187,7 +200,9 @@ TEST(CpuThreads, RunUsesNoMoreThreadsThanPlanned) {
                             planned.workspace(), ExecContext{8, nullptr}));
   HostTensor ref;
   M3SA_ASSERT_OK(run_index_topk(config_for(1), sb, {Backend::reference}, &ref));
-  EXPECT_EQ(compare_topk(ref.view(), topk.view(), TensorView{}).mismatched_rows, 0);
+  const TopkComparison cmp =
+      compare_topk(ref.view(), topk.view(), TensorView{}, selection_rules(config_for(1), sb));
+  EXPECT_EQ(cmp.identical_rows, cmp.rows) << describe(cmp);
 }
 
 } // namespace
