@@ -92,6 +92,14 @@ TEST_P(GpuContextParallel, ShardedSelectionsEqualTheSingleGpuOnes) {
   sb.fill_index_random(seed);
   const DeviceBatch db(sb);
   const HostTensor want = single_gpu_topk(c.config, sb, db);
+  // The single-GPU result shares the decode kernels under test: hold it to the CPU backend (kept
+  // to the reference by the cpu suite) first, near-ties allowed on this random data.
+  HostTensor cpu_topk, cpu_scores;
+  M3SA_ASSERT_OK(run_index_topk(c.config, sb, {Backend::cpu}, &cpu_topk));
+  M3SA_ASSERT_OK(run_score_blocks(c.config, sb, {Backend::cpu}, &cpu_scores));
+  const TopkComparison oracle = compare_topk(cpu_topk.view(), want.view(), cpu_scores.view(),
+                                             selection_rules(c.config, sb));
+  EXPECT_TRUE(oracle.ok()) << describe(oracle);
   const PlanRequest request = plan_request(OpKind::index_topk, c.config, sb, {Backend::cuda});
 
   for (ShardMode mode : {ShardMode::contiguous, ShardMode::round_robin})
