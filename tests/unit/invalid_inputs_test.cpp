@@ -327,14 +327,29 @@ const std::vector<InvalidCase>& cases() {
   return all;
 }
 
+// Every buffer a call could write, as bytes: a rejected call leaves them all as they were
+// (contract: validation before touching memory).
+std::vector<std::vector<uint8_t>> writable_bytes(const ValidSetup& s) {
+  const NormRopeBatch& n = s.norm_rope_batch;
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const HostTensor* t : {&s.topk, &s.scores, &s.out, &s.lse, &s.sb.index_k_cache, &n.q,
+                              &n.index_q, &n.q_out, &n.k_cache, &n.v_cache, &n.index_q_out,
+                              &n.index_k_cache})
+    bytes.emplace_back(t->data<uint8_t>(), t->data<uint8_t>() + t->bytes());
+  return bytes;
+}
+
 class InvalidInputs : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(InvalidInputs, RejectedWithANamedArgument) {
   const InvalidCase& c = cases()[GetParam()];
   ValidSetup setup(c.op);
+  setup.scores.fill_bytes(0x5a); // defined bytes to compare
   c.mutate(setup);
+  const auto before = writable_bytes(setup);
   const Status status = run_case(setup, c.op);
   ASSERT_FALSE(status.ok()) << c.name << " was accepted";
+  EXPECT_TRUE(writable_bytes(setup) == before) << c.name << ": a rejected call wrote memory";
   EXPECT_EQ(status.code(), c.code) << status.to_string();
   EXPECT_NE(status.message().find(c.message_part), std::string::npos)
       << "message: " << status.message() << "\nexpected to contain: " << c.message_part;

@@ -402,6 +402,42 @@ TEST_P(Selection, MinusZeroTiesPlusZeroSoTheLowerIdWins) {
   }
 }
 
+TEST_P(Selection, TokenMajorTopkViewHoldsTheSameSelectionsForIndexerAndAttention) {
+  // Strides are free (contract §5): a [T, H, K] buffer seen as [H, T, K] by swapping strides.
+  BatchSpec spec{{1, 1, 40}, {3000, 129, 2600}, 2, 1, 2, DType::bf16, 4, 2, DType::bf16};
+  SyntheticBatch sb(spec);
+  sb.fill_index_integers(test_seed(), -3, 3);
+  sb.fill_attention_random(test_seed() + 1);
+  const MsaConfig config = config_with(8, 1, 0, 2);
+  HostTensor head_major;
+  M3SA_ASSERT_OK(run_index_topk(config, sb, {backend()}, &head_major));
+  HostTensor token_major(DType::i32, {sb.num_tokens(), 2, 8});
+  token_major.fill_bytes(0x5a);
+  TensorView view = token_major.view();
+  std::swap(view.shape[0], view.shape[1]);
+  std::swap(view.strides[0], view.strides[1]);
+  PlannedOp indexer(plan_request(OpKind::index_topk, config, sb, {backend()}));
+  M3SA_ASSERT_OK(indexer.status);
+  M3SA_ASSERT_OK(index_topk(indexer.plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(),
+                                           view}, indexer.workspace()));
+  for (int h = 0; h < 2; ++h)
+    for (int64_t t = 0; t < sb.num_tokens(); ++t)
+      for (int k = 0; k < 8; ++k)
+        ASSERT_EQ(view.ptr<int32_t>()[view.offset({h, t, k})], topk_row(head_major, h, t)[k])
+            << "head " << h << " token " << t << " slot " << k;
+  // sparse_attention reads the token-major view as it reads the head-major buffer.
+  HostTensor want_out, want_lse, out(DType::bf16, {sb.num_tokens(), 4, kHeadDim}),
+      lse(DType::f32, {sb.num_tokens(), 4});
+  M3SA_ASSERT_OK(run_sparse_attention(config, sb, head_major, {backend()}, &want_out, &want_lse));
+  PlannedOp attention(plan_request(OpKind::sparse_attention, config, sb, {backend()}));
+  M3SA_ASSERT_OK(attention.status);
+  SparseAttentionArgs args = attention_args(sb, head_major, out, lse, true);
+  args.topk = view;
+  M3SA_ASSERT_OK(sparse_attention(attention.plan, args, attention.workspace()));
+  EXPECT_EQ(std::memcmp(want_out.view().data, out.view().data, out.bytes()), 0);
+  EXPECT_EQ(std::memcmp(want_lse.view().data, lse.view().data, lse.bytes()), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Selection, kHostBackends, backend_name);
 
 } // namespace
