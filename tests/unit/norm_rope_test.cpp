@@ -49,7 +49,10 @@ std::vector<NormRopeCase> cases() {
   m3.q_heads = 64, m3.kv_heads = 4, m3.index_heads = 4, m3.tokens = 48;
   NormRopeSpec f32_weights = spec_with(bf, bf);
   f32_weights.weight_dtype = DType::f32, f32_weights.shared_slots = true;
+  NormRopeSpec far = spec_with(bf, f8); // computed cos/sin up to the last valid position
+  far.max_position = int64_t{1} << 24;
   return {{"Bf16KvBf16Index", spec_with(bf, bf)},
+          {"ComputedCosSinPositionsUpTo2To24", far},
           {"Bf16KvFp8Index", spec_with(bf, f8)},
           {"Fp8KvFp8IndexScaled", spec_with(f8, f8)},
           {"Bf16TableBf16Index", spec_with(bf, bf, 4096)},
