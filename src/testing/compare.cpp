@@ -58,7 +58,9 @@ std::string selection_row_error(const std::vector<int32_t>& row, int64_t positio
   if (valid > 0 && row[valid - 1] >= n)
     return detail::concat("block ", row[valid - 1], " beyond the ", n, " causal blocks");
   if (n <= k) return ""; // then the row is 0..n-1, implied by the checks above
-  const auto present = [&](int64_t b) { return std::binary_search(row.begin(), row.begin() + valid, b); };
+  const auto present = [&](int64_t b) {
+    return std::binary_search(row.begin(), row.begin() + valid, b);
+  };
   for (int64_t b = 0; b < rules.init_blocks; ++b)
     if (!present(b)) return detail::concat("forced init block ", b, " missing");
   for (int64_t b = n - rules.local_blocks; b < n; ++b)

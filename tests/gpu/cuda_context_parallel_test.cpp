@@ -256,6 +256,11 @@ TEST(GpuContextParallelSmall, NcclExchangeAcrossGpusEqualsTheSingleGpuResultEage
           errors[rank] = s.ok() ? "no graph" : s.to_string();
         }
         if (graph) cudaGraphDestroy(graph);
+        int32_t flags = -1; // after the eager step and both replays
+        const Status read = read_device_errors(plan.scoring, ws.get(), {}, &flags);
+        if (errors[rank].empty() && (!read.ok() || flags != 0))
+          errors[rank] =
+              "device error flags " + std::to_string(flags) + " (" + read.to_string() + ")";
         cudaStreamDestroy(stream);
         destroy(comm);
       });

@@ -78,7 +78,8 @@ TEST_P(CpuMatchesReference, IndexTopkAndScores) {
     EXPECT_EQ(std::memcmp(ref_scores.data<float>(), cpu_scores.data<float>(), ref_scores.bytes()),
               0);
   } else {
-    const TopkComparison cmp = compare_topk(ref_topk.view(), cpu_topk.view(), ref_scores.view(), rules);
+    const TopkComparison cmp =
+        compare_topk(ref_topk.view(), cpu_topk.view(), ref_scores.view(), rules);
     EXPECT_TRUE(cmp.ok()) << describe(cmp);
     std::printf("[ %s ] seed %llu: %s\n", c.name, static_cast<unsigned long long>(seed),
                 describe(cmp).c_str());

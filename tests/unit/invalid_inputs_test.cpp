@@ -26,6 +26,7 @@ struct ValidSetup {
   NormRopeBatch norm_rope_batch{NormRopeSpec{}};
   NormRopeInsertArgs norm_rope;
   HostTensor workspace_buffer;
+  HostTensor spare; // memory a case lays its own views over
   Workspace workspace;
   bool null_plan = false;
   int64_t workspace_offset = 0;
@@ -309,7 +310,14 @@ const std::vector<InvalidCase>& cases() {
        "q_out: expected memory disjoint from"},
       {"NormRopeQOutShiftedOverQ", O::norm_rope_insert,
        [](ValidSetup& s) {
-         s.norm_rope.q_out.data = s.norm_rope.q.ptr<uint16_t>() + 128; // not in place, overlapping
+         // q and q_out one row apart in one buffer of their own: they overlap each other only
+         // (shifting q_out within q's allocation would run past its end into whichever buffer
+         // the allocator placed next, and the check would name that one).
+         const int64_t elements = s.norm_rope.q.shape[0] * s.norm_rope.q.strides[0];
+         s.spare.reset(DType::bf16, {elements + kHeadDim});
+         s.spare.fill_bytes(0);
+         s.norm_rope.q.data = s.spare.data<uint16_t>();
+         s.norm_rope.q_out.data = s.spare.data<uint16_t>() + kHeadDim; // not in place
        },
        "q_out: expected memory disjoint from q"},
       {"NormRopeThetaNotAboveOne", O::norm_rope_insert,

@@ -76,7 +76,8 @@ void expect_near_reference(const MsaConfig& config, const NormRopeBatch& got, co
     std::printf("[ %s ] %-13s vs reference: %s\n", name, kOutputNames[i], c.to_string().c_str());
     EXPECT_EQ(c.outside, 0) << kOutputNames[i] << ": " << c.to_string();
     if (outputs(got)[i]->view().dtype == DType::fp8_e4m3) {
-      EXPECT_EQ(c.differing, 0) << kOutputNames[i] << " (e4m3 outputs are exact): " << c.to_string();
+      EXPECT_EQ(c.differing, 0) << kOutputNames[i]
+                                << " (e4m3 outputs are exact): " << c.to_string();
     } else {
       EXPECT_LE(c.differing, bf16_one_ulp_allowance(c.elements))
           << kOutputNames[i] << ": " << c.to_string();
