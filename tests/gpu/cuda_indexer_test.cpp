@@ -55,6 +55,7 @@ HostTensor cuda_select(const MsaConfig& config, const SyntheticBatch& sb, const 
                                       run.workspace.workspace());
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(device_flags(run), 0);
   return topk.download();
 }
 
@@ -126,6 +127,8 @@ std::vector<IndexerCase> indexer_cases() {
       // 16 x 16 rows per request: four 64-row tiles, each merged by its own last CTA.
       {"DecodeMtp16H16K32Init2", decode_spec({9000, 0, 300, 40000}, 16, bf, 16), cfg(16, 32, 1, 2),
        true, false},
+      // The fp8 K = 32 decode instantiation (decode_topk_fp8_k32.cu).
+      {"DecodeFp8K32H2", decode_spec({9000, 300, 40000, 0}, 2, f8), cfg(2, 32), true, false},
       {"DecodeMtp3H4Fp8RandomData", decode_spec({7000, 129, 33000}, 4, f8, 3), cfg(4), false,
        false},
       {"MixedDecodePrefillH4", mixed_spec(4, bf), cfg(4), true, false},
@@ -162,8 +165,9 @@ TEST_P(GpuIndexer, MatchesHostBackend) {
   const DeviceBatch db(sb);
   const HostTensor got_topk = cuda_index_topk(c.config, sb, db);
   const HostTensor got_scores = cuda_score_blocks(c.config, sb, db);
-  const TopkComparison cmp = compare_topk(want_topk.view(), got_topk.view(),
-                                          c.integers ? TensorView{} : want_scores.view());
+  const TopkComparison cmp =
+      compare_topk(want_topk.view(), got_topk.view(),
+                   c.integers ? TensorView{} : want_scores.view(), selection_rules(c.config, sb));
   std::printf("[ %s ] %s: %s\n", c.name, to_string(oracle.backend), describe(cmp).c_str());
   EXPECT_TRUE(cmp.ok()) << describe(cmp);
   if (c.integers) {
@@ -267,6 +271,9 @@ TEST(GpuIndexerSmall, InsertIndexKIsBitExactAndSkipsPadding) {
       M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
       EXPECT_TRUE(same_bytes(want, d_cache.download()))
           << to_string(dtype) << " from " << to_string(row_dtype);
+      int32_t flags = -1;
+      M3SA_ASSERT_OK(read_device_errors(plan, ws.workspace(), {}, &flags));
+      EXPECT_EQ(flags, 0) << to_string(dtype) << " from " << to_string(row_dtype);
     }
 }
 
@@ -404,9 +411,13 @@ TEST(GpuIndexerRuns, CapturedDecodeReplaysOnRewrittenInputs) {
   // Replay on data set A, then rewrite seq_lens, block table, index-Q and the cache in place.
   M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
   M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
-  HostTensor want_a;
+  HostTensor want_a, want_a_scores;
   M3SA_ASSERT_OK(run_index_topk(config, sa, {Backend::cpu}, &want_a));
-  EXPECT_EQ(compare_topk(want_a.view(), topk.download().view(), TensorView{}).mismatched_rows, 0);
+  M3SA_ASSERT_OK(run_score_blocks(config, sa, {Backend::cpu}, &want_a_scores));
+  const TopkComparison cmp_a = compare_topk(want_a.view(), topk.download().view(),
+                                            want_a_scores.view(), selection_rules(config, sa));
+  EXPECT_TRUE(cmp_a.ok()) << describe(cmp_a);
+  EXPECT_EQ(device_flags(run), 0);
 
   M3SA_EXPECT_OK(db.seq_lens.upload(sb.seq_lens));
   M3SA_EXPECT_OK(db.block_table.upload(sb.block_table));
@@ -424,8 +435,10 @@ TEST(GpuIndexerRuns, CapturedDecodeReplaysOnRewrittenInputs) {
   HostTensor want_b, want_b_scores;
   M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::cpu}, &want_b));
   M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::cpu}, &want_b_scores));
-  const TopkComparison cmp = compare_topk(want_b.view(), replayed.view(), want_b_scores.view());
+  const TopkComparison cmp = compare_topk(want_b.view(), replayed.view(), want_b_scores.view(),
+                                          selection_rules(config, sb));
   EXPECT_TRUE(cmp.ok()) << describe(cmp);
+  EXPECT_EQ(device_flags(run), 0);
 
   for (int i = 0; i < 1000; ++i) {
     M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));

@@ -174,6 +174,11 @@ TEST(GpuNormRopeSmall, CapturedRunReplaysOnRewrittenPositionsAndSlots) {
   M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, second, Backend::cpu));
   EXPECT_TRUE(same_bytes(second.q_out, d.q_out.download()));
   EXPECT_TRUE(same_bytes(second.index_q_out, d.index_q_out.download()));
+  // The caches too, whole: written at the second batch's slots, the rest still the sentinel that
+  // both the device copy of `first` and `second`'s host caches start from.
+  EXPECT_TRUE(same_bytes(second.k_cache, d.k_cache.download()));
+  EXPECT_TRUE(same_bytes(second.v_cache, d.v_cache.download()));
+  EXPECT_TRUE(same_bytes(second.index_k_cache, d.index_k_cache.download()));
   EXPECT_EQ(device_flags(run), 0);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

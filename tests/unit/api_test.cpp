@@ -134,15 +134,38 @@ TEST(Api, ShardsCoverEveryBlockOnceInGlobalOrder) {
       }
 }
 
+TEST(Api, ShardFormulasAreContiguousSpansAndRoundRobin) {
+  // 1000 blocks over 3 ranks: contiguous spans of ceil(1000 / 3) = 334 blocks, or b % 3.
+  const Capacities cap{4, 64, 1000};
+  const auto shard = [](int rank, ShardMode mode) { return ContextShard{rank, 3, mode}; };
+  const ShardMode contiguous = ShardMode::contiguous, round_robin = ShardMode::round_robin;
+  EXPECT_EQ(shard_span(cap, shard(0, contiguous)), 334);
+  EXPECT_EQ(shard_global_block(cap, shard(0, contiguous), 5), 5);
+  EXPECT_EQ(shard_global_block(cap, shard(1, contiguous), 0), 334);
+  EXPECT_EQ(shard_global_block(cap, shard(2, contiguous), 331), 999);
+  EXPECT_EQ(shard_local_blocks(cap, shard(0, contiguous), 500), 334);
+  EXPECT_EQ(shard_local_blocks(cap, shard(1, contiguous), 500), 166);
+  EXPECT_EQ(shard_local_blocks(cap, shard(2, contiguous), 500), 0);
+  EXPECT_EQ(shard_local_blocks(cap, shard(2, contiguous), 1000), 332);
+  EXPECT_EQ(shard_global_block(cap, shard(1, round_robin), 0), 1);
+  EXPECT_EQ(shard_global_block(cap, shard(2, round_robin), 5), 17);
+  EXPECT_EQ(shard_local_blocks(cap, shard(0, round_robin), 1000), 334);
+  EXPECT_EQ(shard_local_blocks(cap, shard(2, round_robin), 500), 166);
+  EXPECT_EQ(shard_local_blocks(cap, shard(2, round_robin), 2), 0);
+}
+
 TEST(Api, ContextParallelIndexerIsCudaOnlyAndChecksItsShard) {
   PlanRequest request = small_request(OpKind::index_topk, Backend::cpu);
   ContextParallelPlan plan;
   Status s = make_context_parallel_plan(request, {0, 2, ShardMode::contiguous}, &plan);
   EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+  EXPECT_EQ(s.message().rfind("m3sa::context_parallel_index_topk: ", 0), 0u) << s.message();
   request.backend = Backend::cuda;
   s = make_context_parallel_plan(request, {2, 2, ShardMode::contiguous}, &plan);
   EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
   EXPECT_NE(s.message().find("shard.rank"), std::string::npos) << s.to_string();
+  EXPECT_EQ(s.message().rfind("m3sa::context_parallel_index_topk: shard.rank: expected", 0), 0u)
+      << s.message();
 }
 
 TEST(Api, PlansNameTheirImplementationAndCanAskForOne) {

@@ -1,5 +1,5 @@
-// The CPU backend against the reference on fresh random data (seed printed on failure), and the CPU
-// backend against itself across thread counts.
+// The CPU backend against the reference on fresh random data (seed printed), and the CPU backend
+// against itself across thread counts (and that shared result against the reference).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,11 +24,13 @@ BatchSpec mixed_spec(DType index_dtype, int heads, uint64_t seed) {
   return spec;
 }
 
-MsaConfig config_for(int heads, int k = 16, bool reduce = false) {
+MsaConfig config_for(int heads, int k = 16, bool reduce = false, int local = 1, int init = 0) {
   MsaConfig c;
   c.num_index_heads = heads;
   c.top_k = k;
   c.reduce_heads = reduce;
+  c.local_blocks = local;
+  c.init_blocks = init;
   return c;
 }
 
@@ -39,6 +41,7 @@ struct Case {
   int k;
   bool integers;
   bool reduce;
+  int local = 1, init = 0;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -54,26 +57,32 @@ TEST_P(CpuMatchesReference, IndexTopkAndScores) {
     sb.fill_index_integers(seed, -3, 3);
   else
     sb.fill_index_random(seed);
-  const MsaConfig config = config_for(c.heads, c.k, c.reduce);
+  const MsaConfig config = config_for(c.heads, c.k, c.reduce, c.local, c.init);
+  const SelectionRules rules = selection_rules(config, sb);
   HostTensor ref_topk, cpu_topk, ref_scores, cpu_scores;
   M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::reference}, &ref_topk));
   M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::cpu}, &cpu_topk));
   M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::reference}, &ref_scores));
   M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::cpu}, &cpu_scores));
 
-  const TensorView no_scores;
-  if (c.integers || c.reduce) {
+  // Every CPU row is a valid contract row on its own (ascending, unique, padded, forced blocks),
+  // whatever the comparison with the reference decides.
+  for (int h = 0; h < c.heads; ++h)
+    for (int64_t t = 0; t < sb.num_tokens(); ++t)
+      ASSERT_EQ(selection_row_error(topk_row(cpu_topk, h, t), sb.position(t), rules), "")
+          << "head " << h << " token " << t;
+  if (c.integers) {
     // Integer data: every partial sum is exact, so selections and scores are identical.
-    const TopkComparison cmp =
-        compare_topk(ref_topk.view(), cpu_topk.view(), c.integers ? no_scores : ref_scores.view());
-    EXPECT_EQ(cmp.identical_rows + (c.integers ? 0 : cmp.near_tie_rows), cmp.rows) << describe(cmp);
-    if (c.integers) {
-      EXPECT_EQ(std::memcmp(ref_scores.data<float>(), cpu_scores.data<float>(), ref_scores.bytes()),
-                0);
-    }
+    const TopkComparison cmp = compare_topk(ref_topk.view(), cpu_topk.view(), TensorView{}, rules);
+    EXPECT_EQ(cmp.identical_rows, cmp.rows) << describe(cmp);
+    EXPECT_EQ(std::memcmp(ref_scores.data<float>(), cpu_scores.data<float>(), ref_scores.bytes()),
+              0);
   } else {
-    const TopkComparison cmp = compare_topk(ref_topk.view(), cpu_topk.view(), ref_scores.view());
+    const TopkComparison cmp =
+        compare_topk(ref_topk.view(), cpu_topk.view(), ref_scores.view(), rules);
     EXPECT_TRUE(cmp.ok()) << describe(cmp);
+    std::printf("[ %s ] seed %llu: %s\n", c.name, static_cast<unsigned long long>(seed),
+                describe(cmp).c_str());
     RecordProperty("near_tie_rows", static_cast<int>(cmp.near_tie_rows));
     double worst = 0;
     for (int64_t i = 0; i < ref_scores.view().numel(); ++i) {
@@ -85,7 +94,10 @@ TEST_P(CpuMatchesReference, IndexTopkAndScores) {
       worst = std::max(worst, std::abs(static_cast<double>(a) - b) /
                                   std::max(1.0, std::abs(static_cast<double>(a))));
     }
-    EXPECT_LE(worst, 1e-5);
+    std::printf("[ %s ] largest score error relative to max(|score|, 1): %.3g\n", c.name, worst);
+    // Observed at most 1.45e-6 over 12 seeds; kNearTieRelative assumes two scores drift apart by
+    // less than itself.
+    EXPECT_LE(worst, kNearTieRelative / 2);
   }
   // The two-step path (score_blocks then select_topk_blocks) equals index_topk on each backend.
   for (Backend backend : {Backend::reference, Backend::cpu}) {
@@ -106,7 +118,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"fp8_random_h1", DType::fp8_e4m3, 1, 16, false, false},
                       Case{"bf16_random_h2_k32", DType::bf16, 2, 32, false, false},
                       Case{"bf16_integers_h4_k8", DType::bf16, 4, 8, true, false},
-                      Case{"bf16_integers_reduce_heads", DType::bf16, 4, 16, true, true}),
+                      Case{"bf16_integers_reduce_heads", DType::bf16, 4, 16, true, true},
+                      Case{"bf16_integers_init2_local2", DType::bf16, 2, 16, true, false, 2, 2},
+                      Case{"fp8_random_init1_local3", DType::fp8_e4m3, 2, 8, false, false, 3, 1}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       return std::string(param_info.param.name);
     });
@@ -128,7 +142,9 @@ TEST(CpuMatchesReferenceAttention, RandomMixedBatch) {
     M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk, {Backend::cpu}, &cpu_out, &cpu_lse));
     const AttentionComparison c =
         compare_attention(ref_out.view(), cpu_out.view(), ref_lse.view(), cpu_lse.view());
-    EXPECT_TRUE(c.ok(1e-3)) << to_string(kv) << ": " << describe(c);
+    std::printf("[ attention %s ] seed %llu: %s\n", to_string(kv),
+                static_cast<unsigned long long>(seed), describe(c).c_str());
+    EXPECT_TRUE(c.ok()) << to_string(kv) << ": " << describe(c);
   }
 }
 
@@ -157,6 +173,19 @@ TEST(CpuThreads, ResultsAreIdenticalFor1And2And8Threads) {
     EXPECT_EQ(std::memcmp(lse[0].data<float>(), lse[i].data<float>(), lse[0].bytes()), 0)
         << threads[i];
   }
+  // The shared result is also the reference's (up to near-ties and fp32 rounding): invariance of
+  // a wrong answer would pass the checks above.
+  HostTensor ref_topk, ref_scores, ref_out, ref_lse;
+  M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::reference}, &ref_topk));
+  M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::reference}, &ref_scores));
+  M3SA_ASSERT_OK(
+      run_sparse_attention(config, sb, topk[0], {Backend::reference}, &ref_out, &ref_lse));
+  const TopkComparison selections = compare_topk(ref_topk.view(), topk[0].view(),
+                                                 ref_scores.view(), selection_rules(config, sb));
+  EXPECT_TRUE(selections.ok()) << describe(selections);
+  const AttentionComparison attention =
+      compare_attention(ref_out.view(), out[0].view(), ref_lse.view(), lse[0].view());
+  EXPECT_TRUE(attention.ok()) << describe(attention);
 }
 
 TEST(CpuThreads, RunUsesNoMoreThreadsThanPlanned) {
@@ -172,7 +201,9 @@ TEST(CpuThreads, RunUsesNoMoreThreadsThanPlanned) {
                             planned.workspace(), ExecContext{8, nullptr}));
   HostTensor ref;
   M3SA_ASSERT_OK(run_index_topk(config_for(1), sb, {Backend::reference}, &ref));
-  EXPECT_EQ(compare_topk(ref.view(), topk.view(), TensorView{}).mismatched_rows, 0);
+  const TopkComparison cmp =
+      compare_topk(ref.view(), topk.view(), TensorView{}, selection_rules(config_for(1), sb));
+  EXPECT_EQ(cmp.identical_rows, cmp.rows) << describe(cmp);
 }
 
 } // namespace

@@ -26,6 +26,7 @@ struct ValidSetup {
   NormRopeBatch norm_rope_batch{NormRopeSpec{}};
   NormRopeInsertArgs norm_rope;
   HostTensor workspace_buffer;
+  HostTensor spare; // memory a case lays its own views over
   Workspace workspace;
   bool null_plan = false;
   int64_t workspace_offset = 0;
@@ -71,6 +72,9 @@ struct InvalidCase {
   std::function<void(ValidSetup&)> mutate;
   const char* message_part; // must appear in the Status message
   StatusCode code = StatusCode::invalid_argument;
+  // The message starts "m3sa::<op>: " (contract: errors). make_plan(nullptr) has no plan to
+  // name the op from and reports "plan: ..." bare.
+  bool op_prefix = true;
 };
 
 Status run_case(ValidSetup& s, OpKind op) {
@@ -137,7 +141,7 @@ const std::vector<InvalidCase>& cases() {
       {"NegativeThreads", O::index_topk, [](ValidSetup& s) { s.request.num_threads = -3; },
        "num_threads"},
       {"NullPlanPointer", O::index_topk, [](ValidSetup& s) { s.null_plan = true; },
-       "plan: expected a non-null OpPlan*"},
+       "plan: expected a non-null OpPlan*", StatusCode::invalid_argument, false},
       {"CudaBackendWithoutAttentionKernel", O::sparse_attention,
        [](ValidSetup& s) { s.request.backend = Backend::cuda; }, "backend cuda",
        StatusCode::unsupported},
@@ -306,7 +310,14 @@ const std::vector<InvalidCase>& cases() {
        "q_out: expected memory disjoint from"},
       {"NormRopeQOutShiftedOverQ", O::norm_rope_insert,
        [](ValidSetup& s) {
-         s.norm_rope.q_out.data = s.norm_rope.q.ptr<uint16_t>() + 128; // not in place, overlapping
+         // q and q_out one row apart in one buffer of their own: they overlap each other only
+         // (shifting q_out within q's allocation would run past its end into whichever buffer
+         // the allocator placed next, and the check would name that one).
+         const int64_t elements = s.norm_rope.q.shape[0] * s.norm_rope.q.strides[0];
+         s.spare.reset(DType::bf16, {elements + kHeadDim});
+         s.spare.fill_bytes(0);
+         s.norm_rope.q.data = s.spare.data<uint16_t>();
+         s.norm_rope.q_out.data = s.spare.data<uint16_t>() + kHeadDim; // not in place
        },
        "q_out: expected memory disjoint from q"},
       {"NormRopeThetaNotAboveOne", O::norm_rope_insert,
@@ -324,17 +335,37 @@ const std::vector<InvalidCase>& cases() {
   return all;
 }
 
+// Every buffer a call could write, as bytes: a rejected call leaves them all as they were
+// (contract: validation before touching memory).
+std::vector<std::vector<uint8_t>> writable_bytes(const ValidSetup& s) {
+  const NormRopeBatch& n = s.norm_rope_batch;
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const HostTensor* t : {&s.topk, &s.scores, &s.out, &s.lse, &s.sb.index_k_cache, &n.q,
+                              &n.index_q, &n.q_out, &n.k_cache, &n.v_cache, &n.index_q_out,
+                              &n.index_k_cache})
+    bytes.emplace_back(t->data<uint8_t>(), t->data<uint8_t>() + t->bytes());
+  return bytes;
+}
+
 class InvalidInputs : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(InvalidInputs, RejectedWithANamedArgument) {
   const InvalidCase& c = cases()[GetParam()];
   ValidSetup setup(c.op);
+  setup.scores.fill_bytes(0x5a); // defined bytes to compare
   c.mutate(setup);
+  const auto before = writable_bytes(setup);
   const Status status = run_case(setup, c.op);
   ASSERT_FALSE(status.ok()) << c.name << " was accepted";
+  EXPECT_TRUE(writable_bytes(setup) == before) << c.name << ": a rejected call wrote memory";
   EXPECT_EQ(status.code(), c.code) << status.to_string();
   EXPECT_NE(status.message().find(c.message_part), std::string::npos)
       << "message: " << status.message() << "\nexpected to contain: " << c.message_part;
+  if (c.op_prefix) {
+    const std::string prefix = std::string("m3sa::") + to_string(c.op) + ": ";
+    EXPECT_EQ(status.message().rfind(prefix, 0), 0u)
+        << "message: " << status.message() << "\nexpected to start with: " << prefix;
+  }
 }
 
 TEST(InvalidInputs, TheValidSetupIsAccepted) {

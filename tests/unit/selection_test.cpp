@@ -28,6 +28,18 @@ protected:
     return topk;
   }
 
+  Status insert_rows(const HostTensor& rows, const HostTensor& slots, const HostTensor& cache) {
+    PlanRequest request;
+    request.op = OpKind::insert_index_k;
+    request.backend = backend();
+    request.cache_dtype = cache.view().dtype;
+    request.capacities = {1, rows.view().shape[0], 1};
+    PlannedOp planned(request);
+    if (!planned.status.ok()) return planned.status;
+    return insert_index_k(planned.plan, {rows.view(), slots.view(), cache.view()},
+                          planned.workspace());
+  }
+
   // select_topk_blocks for one decode token at `position` whose head h scores scores[h][b].
   HostTensor select_from_scores(int64_t position, const MsaConfig& config,
                                 const std::vector<std::vector<float>>& scores) {
@@ -101,18 +113,22 @@ TEST_P(Selection, PaddingRowsSelectNothingAndScoreMinusInfinity) {
 }
 
 TEST_P(Selection, ShuffledBlockTablesDoNotChangeSelections) {
-  HostTensor results[2];
-  for (int shuffled = 0; shuffled < 2; ++shuffled) {
+  const auto run = [](bool shuffled, Backend backend, HostTensor* topk) {
     BatchSpec spec{{1, 1, 5}, {5000, 9000, 7005}, 2, 1, 4};
-    spec.shuffle_pages = shuffled == 1;
+    spec.shuffle_pages = shuffled;
     spec.extra_columns = 3;
     SyntheticBatch sb(spec);
     sb.fill_index_integers(test_seed(), -4, 4);
-    M3SA_ASSERT_OK(run_index_topk(config_with(16, 1, 0, 4), sb, {backend()}, &results[shuffled]));
-  }
-  EXPECT_EQ(std::memcmp(results[0].data<int32_t>(), results[1].data<int32_t>(), results[0].bytes()),
-            0)
-      << "seed " << test_seed();
+    return run_index_topk(config_with(16, 1, 0, 4), sb, {backend}, topk);
+  };
+  HostTensor results[2], reference;
+  for (int shuffled = 0; shuffled < 2; ++shuffled)
+    M3SA_ASSERT_OK(run(shuffled == 1, backend(), &results[shuffled]));
+  // Integer data, exact scores: the reference on the unshuffled table is the oracle for both.
+  M3SA_ASSERT_OK(run(false, Backend::reference, &reference));
+  for (const HostTensor& result : results)
+    EXPECT_EQ(std::memcmp(reference.data<int32_t>(), result.data<int32_t>(), reference.bytes()), 0)
+        << "seed " << test_seed();
 }
 
 TEST_P(Selection, CausalMaskInsideTheOwnBlock) {
@@ -296,15 +312,7 @@ TEST_P(Selection, InsertIndexKRoundsOnceAndSkipsPaddingSlots) {
     HostTensor slots(DType::i64, {3});
     slots.data<int64_t>()[0] = 2 * 128 + 5, slots.data<int64_t>()[1] = -1,
     slots.data<int64_t>()[2] = 7;
-    PlanRequest request;
-    request.op = OpKind::insert_index_k;
-    request.backend = backend();
-    request.cache_dtype = dtype;
-    request.capacities = {1, 3, 1};
-    PlannedOp planned(request);
-    M3SA_ASSERT_OK(planned.status);
-    M3SA_ASSERT_OK(insert_index_k(planned.plan, {rows.view(), slots.view(), cache.view()},
-                                  planned.workspace()));
+    M3SA_ASSERT_OK(insert_rows(rows, slots, cache));
     const size_t elem = dtype_size(dtype);
     const auto* bytes = cache.data<uint8_t>();
     for (int64_t i = 0; i < cache.view().numel(); ++i) {
@@ -325,6 +333,109 @@ TEST_P(Selection, InsertIndexKRoundsOnceAndSkipsPaddingSlots) {
       EXPECT_EQ(cache.data<uint8_t>()[(2 * 128 + 5) * kHeadDim + 5], 0x7e); // 1e6 saturates
     }
   }
+}
+
+TEST_P(Selection, InsertIndexKWritesEveryLiveTokenUpToTheLast) {
+  // 1 token (the last is the first) and 130 tokens over two pages, slots in reverse order.
+  for (int64_t tokens : {1, 130}) {
+    HostTensor cache(DType::bf16, {2, kBlockTokens, kHeadDim});
+    cache.fill_bytes(0x11);
+    HostTensor rows(DType::f32, {tokens, kHeadDim}), slots(DType::i64, {tokens});
+    for (int64_t i = 0; i < tokens * kHeadDim; ++i)
+      rows.data<float>()[i] = static_cast<float>(i % 251) * 0.25f - 30.f;
+    for (int64_t t = 0; t < tokens; ++t) slots.data<int64_t>()[t] = 2 * kBlockTokens - 1 - t;
+    M3SA_ASSERT_OK(insert_rows(rows, slots, cache));
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int d = 0; d < kHeadDim; ++d)
+        ASSERT_EQ(cache.data<uint16_t>()[(2 * kBlockTokens - 1 - t) * kHeadDim + d],
+                  float_to_bf16_bits(rows.data<float>()[t * kHeadDim + d]))
+            << tokens << " tokens: token " << t << " dim " << d;
+  }
+}
+
+TEST_P(Selection, NanKeysMakeTheirBlockScoreNanOnceVisible) {
+  // Two tokens at positions 510 and 511 over 4 blocks of keys scoring 128 each. A NaN key as the
+  // first of block 1 and the last of block 2 (both orders against a finite max) poisons those
+  // blocks; the NaN key 511 in block 3 is visible to the second token only.
+  BatchSpec spec{{2}, {4 * kBlockTokens}, 0, 1, 1};
+  SyntheticBatch sb(spec);
+  const auto nan_key = [](int64_t j) { return j == 128 || j == 2 * 128 + 127 || j == 511; };
+  sb.fill_index(
+      [&](int, int64_t j, int d) { return d == 3 && nan_key(j) ? kNan : 1.f; },
+      [](int64_t, int, int) { return 1.f; });
+  HostTensor scores;
+  M3SA_ASSERT_OK(run_score_blocks(config_with(16, 1, 0), sb, {backend()}, &scores));
+  const int w = sb.width();
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_EQ(scores.data<float>()[t * w + 0], 128.f) << "token " << t;
+    EXPECT_TRUE(std::isnan(scores.data<float>()[t * w + 1])) << "token " << t;
+    EXPECT_TRUE(std::isnan(scores.data<float>()[t * w + 2])) << "token " << t;
+  }
+  EXPECT_EQ(scores.data<float>()[0 * w + 3], 128.f);
+  EXPECT_TRUE(std::isnan(scores.data<float>()[1 * w + 3]));
+  // index_topk on the same data ranks the NaN blocks last: K = 2, local 1 leaves one slot.
+  HostTensor topk;
+  M3SA_ASSERT_OK(run_index_topk(config_with(2, 1, 0), sb, {backend()}, &topk));
+  EXPECT_EQ(topk_row(topk, 0, 1), (std::vector<int32_t>{0, 3}));
+}
+
+TEST_P(Selection, ReduceHeadsNanLosesToANumberAndStaysNanOnlyWhenEveryHeadIsNan) {
+  // 20 blocks, K = 5, local 1: four ranked slots. Block 11 is NaN on head 0 and 100 on head 1;
+  // block 0 is NaN on both heads and so ranks below the -inf blocks 1 and 3.
+  std::vector<float> h0(20, -kInf), h1(20, -kInf);
+  h0[2] = 10, h0[11] = kNan, h1[11] = 100, h0[0] = kNan, h1[0] = kNan;
+  MsaConfig config = config_with(5, 1, 0, 2);
+  config.reduce_heads = true;
+  const HostTensor reduced = select_from_scores(19 * 128, config, {h0, h1});
+  for (int h = 0; h < 2; ++h)
+    EXPECT_EQ(topk_row(reduced, h, 0), (std::vector<int32_t>{1, 2, 3, 11, 19})) << "head " << h;
+}
+
+TEST_P(Selection, MinusZeroTiesPlusZeroSoTheLowerIdWins) {
+  // 10 blocks, K = 2, local 1: one ranked slot, contested by a -0 and a +0 block in both orders.
+  for (const bool minus_first : {true, false}) {
+    std::vector<float> s(10, -1.f);
+    s[3] = minus_first ? -0.f : 0.f;
+    s[6] = minus_first ? 0.f : -0.f;
+    const HostTensor topk = select_from_scores(9 * 128, config_with(2, 1, 0), {s});
+    EXPECT_EQ(topk_row(topk, 0, 0), (std::vector<int32_t>{3, 9})) << "-0 first: " << minus_first;
+  }
+}
+
+TEST_P(Selection, TokenMajorTopkViewHoldsTheSameSelectionsForIndexerAndAttention) {
+  // Strides are free (contract §5): a [T, H, K] buffer seen as [H, T, K] by swapping strides.
+  BatchSpec spec{{1, 1, 40}, {3000, 129, 2600}, 2, 1, 2, DType::bf16, 4, 2, DType::bf16};
+  SyntheticBatch sb(spec);
+  sb.fill_index_integers(test_seed(), -3, 3);
+  sb.fill_attention_random(test_seed() + 1);
+  const MsaConfig config = config_with(8, 1, 0, 2);
+  HostTensor head_major;
+  M3SA_ASSERT_OK(run_index_topk(config, sb, {backend()}, &head_major));
+  HostTensor token_major(DType::i32, {sb.num_tokens(), 2, 8});
+  token_major.fill_bytes(0x5a);
+  TensorView view = token_major.view();
+  std::swap(view.shape[0], view.shape[1]);
+  std::swap(view.strides[0], view.strides[1]);
+  PlannedOp indexer(plan_request(OpKind::index_topk, config, sb, {backend()}));
+  M3SA_ASSERT_OK(indexer.status);
+  M3SA_ASSERT_OK(index_topk(indexer.plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(),
+                                           view}, indexer.workspace()));
+  for (int h = 0; h < 2; ++h)
+    for (int64_t t = 0; t < sb.num_tokens(); ++t)
+      for (int k = 0; k < 8; ++k)
+        ASSERT_EQ(view.ptr<int32_t>()[view.offset({h, t, k})], topk_row(head_major, h, t)[k])
+            << "head " << h << " token " << t << " slot " << k;
+  // sparse_attention reads the token-major view as it reads the head-major buffer.
+  HostTensor want_out, want_lse, out(DType::bf16, {sb.num_tokens(), 4, kHeadDim}),
+      lse(DType::f32, {sb.num_tokens(), 4});
+  M3SA_ASSERT_OK(run_sparse_attention(config, sb, head_major, {backend()}, &want_out, &want_lse));
+  PlannedOp attention(plan_request(OpKind::sparse_attention, config, sb, {backend()}));
+  M3SA_ASSERT_OK(attention.status);
+  SparseAttentionArgs args = attention_args(sb, head_major, out, lse, true);
+  args.topk = view;
+  M3SA_ASSERT_OK(sparse_attention(attention.plan, args, attention.workspace()));
+  EXPECT_EQ(std::memcmp(want_out.view().data, out.view().data, out.bytes()), 0);
+  EXPECT_EQ(std::memcmp(want_lse.view().data, lse.view().data, lse.bytes()), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Selection, kHostBackends, backend_name);

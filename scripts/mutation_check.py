@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Mutation check of the CPU suite (issue 16).
+
+Applies each small source mutation below to the CPU backend, the reference backend or the host
+API, one at a time; rebuilds m3sa_cpu_tests in the cpu-only preset; runs it with a fixed seed and
+records which tests fail; restores the file with `git checkout --`. A mutation no test catches is
+a survivor. Usage, from the repository root after configuring the cpu-only preset:
+
+    scripts/mutation_check.py [name-substring ...]
+
+Prints one Markdown table row per mutation (the table in docs/testing.md comes from it) and exits
+1 if a mutation survived or could not be applied.
+"""
+import os
+import re
+import subprocess
+import sys
+
+# (name, file, exact text, replacement): the text must occur exactly once in the file. Mutants
+# keep every parameter used ((void)x, x * 0.f) so that -Werror builds still compile them.
+MUTATIONS = [
+    ("ref: block score ignores NaN", "src/reference/indexer.cpp",
+     "if (dot > best || std::isnan(dot)) best = std::isnan(best) ? best : dot;",
+     "if (dot > best) best = dot;"),
+    ("cpu: block score ignores NaN", "src/cpu/indexer.cpp",
+     "if (dot > best || std::isnan(dot)) best = std::isnan(best) ? best : dot;",
+     "if (dot > best) best = dot;"),
+    ("ref: reduce_heads NaN beats a number", "src/reference/indexer.cpp",
+     "  if (std::isnan(a)) return b;\n  if (std::isnan(b)) return a;",
+     "  if (std::isnan(a) || std::isnan(b)) return a + b;"),
+    ("cpu: reduce_heads NaN beats a number", "src/cpu/indexer.cpp",
+     "  if (std::isnan(a)) return b;\n  if (std::isnan(b)) return a;",
+     "  if (std::isnan(a) || std::isnan(b)) return a + b;"),
+    ("cpu: -0 ranked below +0", "src/cpu/indexer.cpp",
+     "std::bit_cast<uint32_t>(score == 0.f ? 0.f : score)", "std::bit_cast<uint32_t>(score)"),
+    ("ref: -0 ranked below +0", "src/reference/indexer.cpp",
+     "if (!nan_a && sa != sb) return sa > sb;",
+     "if (!nan_a && (sa != sb || std::signbit(sa) != std::signbit(sb)))\n"
+     "    return sa > sb || std::signbit(sb);"),
+    ("cpu/cuda: RMSNorm eps = 0", "src/common/norm_rope_math.h",
+     "add(mul(sum_of_squares, 1.f / 128.f), eps)",
+     "add(mul(sum_of_squares, 1.f / 128.f), eps * 0.f)"),
+    ("cpu/cuda: RMSNorm eps = 1e-2", "src/common/norm_rope_math.h",
+     "add(mul(sum_of_squares, 1.f / 128.f), eps)",
+     "add(mul(sum_of_squares, 1.f / 128.f), eps * 0.f + 1e-2f)"),
+    ("ref: RMSNorm eps = 0", "src/reference/norm_rope.cpp",
+     "sum / kHeadDim + config.rms_norm_eps", "sum / kHeadDim + 0.0"),
+    ("ref: RMSNorm eps = 1e-2", "src/reference/norm_rope.cpp",
+     "sum / kHeadDim + config.rms_norm_eps", "sum / kHeadDim + 1e-2"),
+    ("api: contiguous shard is round-robin", "src/api/context_parallel.cpp",
+     "return shard.mode == ShardMode::contiguous ? shard.rank * shard_span(capacities, shard) + j\n"
+     "                                             : j * shard.num_ranks + shard.rank;",
+     "return (void)capacities, j * shard.num_ranks + shard.rank;"),
+    ("api: m3sa::<op>: prefix dropped", "src/api/ops.cpp",
+     'return {status.code(), std::string("m3sa::") + to_string(op) + ": " + status.message()};',
+     "return (void)op, status;"),
+    ("api: context-parallel prefix dropped", "src/api/context_parallel.cpp",
+     'return {status.code(), "m3sa::context_parallel_index_topk: " + status.message()};',
+     "return status;"),
+    ("cpu: init blocks not written", "src/cpu/indexer.cpp",
+     "for (int32_t b = 0; b < config.init_blocks; ++b) out[(slot++) * out_stride] = b;", ""),
+    ("ref: init blocks not written", "src/reference/indexer.cpp",
+     "for (int32_t b = 0; b < config.init_blocks; ++b) out[(count++) * out_stride] = b;", ""),
+    ("cpu: insert skips the last token", "src/cpu/indexer.cpp",
+     "for (int64_t t = 0; t < k.shape[0]; ++t) {", "for (int64_t t = 0; t < k.shape[0] - 1; ++t) {"),
+    ("ref: insert skips the last token", "src/reference/indexer.cpp",
+     "for (int64_t t = 0; t < k.shape[0]; ++t) {", "for (int64_t t = 0; t < k.shape[0] - 1; ++t) {"),
+    ("cpu: ids left unsorted", "src/cpu/indexer.cpp", "std::sort(s.ids, s.ids + fill);", ""),
+    ("ref: ids left unsorted", "src/reference/indexer.cpp", "std::sort(order, order + fill);", ""),
+    ("cpu: ties to the higher id", "src/cpu/indexer.cpp",
+     "if (kept == fill && key <= s.keys[fill - 1]) continue;",
+     "if (kept == fill && key < s.keys[fill - 1]) continue;"),
+    ("cpu: NaN ranks above every number", "src/cpu/indexer.cpp",
+     "if (std::isnan(score)) return 0;", "if (std::isnan(score)) return 0xffffffffu;"),
+    ("ref: NaN ranks above every number", "src/reference/indexer.cpp",
+     "if (nan_a != nan_b) return nan_b;", "if (nan_a != nan_b) return nan_a;"),
+    ("cpu: causal limit one block too far", "src/cpu/indexer.cpp",
+     "int64_t causal_blocks(int64_t position) { return position < 0 ? 0 : position / kBlockTokens + 1; }",
+     "int64_t causal_blocks(int64_t position) { return position < 0 ? 0 : position / kBlockTokens + 2; }"),
+    ("cpu: attention softmax scale 1/sqrt(64)", "src/cpu/attention.cpp",
+     "1.f / std::sqrt(static_cast<float>(kHeadDim))", "1.f / std::sqrt(64.f)"),
+    ("cpu: attention lse without the max", "src/cpu/attention.cpp",
+     ": max_logit[h] + std::log(denominator[h]);", ": std::log(denominator[h]);"),
+]
+
+BUILD = ["cmake", "--build", "--preset", "cpu-only", "--target", "m3sa_cpu_tests", "-j2"]
+TESTS = ["build-cpu/tests/m3sa_cpu_tests", "--gtest_brief=1"]
+
+
+def failing_tests():
+    env = dict(os.environ, M3SA_TEST_SEED=os.environ.get("M3SA_TEST_SEED", "1"))
+    run = subprocess.run(TESTS, capture_output=True, text=True, env=env)
+    names = sorted(set(re.findall(r"^\[  FAILED  \] ([^ ,\n]+)", run.stdout, re.M)))
+    return names if names or run.returncode == 0 else [f"(exit {run.returncode})"]
+
+
+def main():
+    wanted = sys.argv[1:]
+    survivors = 0
+    print("| mutation | file | failing tests |\n|---|---|---|")
+    for name, path, text, replacement in MUTATIONS:
+        if wanted and not any(w in name for w in wanted):
+            continue
+        source = open(path).read()
+        if source.count(text) != 1:
+            print(f"| {name} | {path} | NOT APPLIED: text found {source.count(text)} times |")
+            survivors += 1
+            continue
+        try:
+            open(path, "w").write(source.replace(text, replacement))
+            build = subprocess.run(BUILD, capture_output=True, text=True)
+            failed = failing_tests() if build.returncode == 0 else ["(does not compile)"]
+        finally:
+            subprocess.run(["git", "checkout", "--", path], check=True)
+        survivors += not failed
+        shown = ", ".join(failed[:6]) + (f" (+{len(failed) - 6} more)" if len(failed) > 6 else "")
+        print(f"| {name} | {path} | {shown or 'SURVIVED'} |", flush=True)
+    subprocess.run(BUILD, capture_output=True)  # leave the build matching the sources
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
