@@ -2,8 +2,10 @@
 // 16, with selections made by index_topk on random index data, as an engine makes them. Decode: B
 // single-token requests of S tokens replayed from a graph, rotating over block tables that draw pages
 // at random from a pool larger than L2 (cold L2, like the peer's rotations). Prefill: one 8K chunk at
-// the end of S. Bytes: K and V of every token's selected keys (what a token-major kernel reads);
-// prefill FLOPs: 4 x 128 per (query head, key).
+// the end of S. The KV cache is laid out as vLLM keeps it, [pages, Hkv, 128, 2 x 128] (K and V of
+// a token side by side), and passed as two strided views, as an engine would. Bytes: K and V of
+// every token's selected keys (what a token-major kernel reads); prefill FLOPs: 4 x 128 per
+// (query head, key).
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -60,11 +62,18 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
   const int64_t pool = c.decode ? std::min<int64_t>(int64_t{c.batch} * blocks * sets,
                                                     (int64_t{4} << 30) / page_bytes)
                                 : blocks;
-  const DeviceBuffer k_cache(pool * page_bytes), v_cache(pool * page_bytes),
-      index_cache(pool * 128 * 128 * 2), q(tokens * c.q_heads * 128 * 2),
+  const DeviceBuffer kv_cache(2 * pool * page_bytes), index_cache(pool * 128 * 128 * 2),
+      q(tokens * c.q_heads * 128 * 2),
       index_q(tokens * c.kv_heads * 128 * 2), out(tokens * c.q_heads * 128 * 2);
-  M3SA_RETURN_IF_ERROR(k_cache.fill_random(c.kv_dtype, 41));
-  M3SA_RETURN_IF_ERROR(v_cache.fill_random(c.kv_dtype, 42));
+  M3SA_RETURN_IF_ERROR(kv_cache.fill_random(c.kv_dtype, 41));
+  // K (half 0) or V (half 1) of the combined cache as [pages, 128, Hkv, 128].
+  const auto kv_view = [&](int half) {
+    TensorView v = kv_cache.view(c.kv_dtype, {pool, 128, c.kv_heads, 128});
+    v.strides[0] = int64_t{c.kv_heads} * 128 * 256, v.strides[1] = 256;
+    v.strides[2] = 128 * 256, v.strides[3] = 1;
+    v.data = static_cast<char*>(v.data) + half * 128 * elem;
+    return v;
+  };
   M3SA_RETURN_IF_ERROR(index_cache.fill_random(DType::bf16, 43));
   M3SA_RETURN_IF_ERROR(q.fill_random(DType::bf16, 44));
   M3SA_RETURN_IF_ERROR(index_q.fill_random(DType::bf16, 45));
@@ -123,8 +132,8 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
       [&](int i) {
         SparseAttentionArgs a;
         a.q = q.view(DType::bf16, {tokens, c.q_heads, 128});
-        a.k_cache = k_cache.view(c.kv_dtype, {pool, 128, c.kv_heads, 128});
-        a.v_cache = v_cache.view(c.kv_dtype, {pool, 128, c.kv_heads, 128});
+        a.k_cache = kv_view(0);
+        a.v_cache = kv_view(1);
         a.topk = selections[i % sets].view();
         a.batch = batch_of(i % sets);
         a.out = out.view(DType::bf16, {tokens, c.q_heads, 128});
