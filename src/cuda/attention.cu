@@ -116,6 +116,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
   p.block_table_stride = table.strides[0];
   p.block_table_width = static_cast<int32_t>(table.shape[1]);
   p.num_requests = a.batch.num_requests;
+  p.decode_q_len = a.batch.decode_q_len;
   p.kv_heads = static_cast<int32_t>(a.k_cache.shape[2]);
   p.group = static_cast<int32_t>(a.q.shape[1] / a.k_cache.shape[2]);
   p.top_k = plan.request.config.top_k;

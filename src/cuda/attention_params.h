@@ -36,6 +36,7 @@ struct SparseAttentionParams {
   int64_t block_table_stride;
   int32_t block_table_width;
   int32_t num_requests;
+  int32_t decode_q_len;           // decode rows: token t belongs to request t / decode_q_len
   int32_t token_begin, token_end; // packed tokens this launch serves
   int32_t kv_heads, group, top_k;
   int32_t splits; // selection ranges per (token, KV head); > 1 merges through `partials`

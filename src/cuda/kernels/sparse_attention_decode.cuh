@@ -46,16 +46,19 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
                                               DecodeSelection& sel) {
   const int lane = threadIdx.x & 31;
   if (threadIdx.x < 32) { // one warp: ballot-compact the slots that hold a visible block
-    const int request = request_of_token(p.cu_q_lens, p.num_requests, t);
+    // Every load that does not depend on another is issued at once: the selection slot, and the
+    // request's bounds and length under the decode layout's guess (request t / decode_q_len),
+    // which a binary search replaces only where the metadata does not follow that layout.
+    const int32_t block =
+        lane < p.top_k ? p.topk[g * p.topk_stride_head + int64_t{t} * p.topk_stride_token +
+                                lane * p.topk_stride_k]
+                       : -1;
+    int request = min(t / max(1, p.decode_q_len), p.num_requests - 1);
+    if (!(p.cu_q_lens[request] <= t && t < p.cu_q_lens[request + 1]))
+      request = request_of_token(p.cu_q_lens, p.num_requests, t);
     const int position = lane == 0 ? token_position(p, request, t) : 0;
     const int pos = __shfl_sync(0xffffffffu, position, 0);
-    int64_t page = -1;
-    int32_t block = -1;
-    if (lane < p.top_k) {
-      block = p.topk[g * p.topk_stride_head + int64_t{t} * p.topk_stride_token +
-                     lane * p.topk_stride_k];
-      page = selected_page(p, request, pos, block);
-    }
+    const int64_t page = lane < p.top_k ? selected_page(p, request, pos, block) : -1;
     const unsigned valid = __ballot_sync(0xffffffffu, page >= 0);
     if (page >= 0) {
       const int slot = __popc(valid & ((1u << lane) - 1));
@@ -128,7 +131,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     store_partial(st, partials + warp * kPartialFloats);
     __syncthreads();
     constexpr int64_t kStride = kPartialFloats * sizeof(float);
-    const MergedRow warps = merge_rows<false, false>(partials, kStride, 4, threadIdx.x);
+    const MergedRow warps = merge_rows<false, false, 4>(partials, kStride, 4, threadIdx.x);
     if (p.splits == 1) {
       store_output_row(p, warps, t, g, threadIdx.x);
     } else {
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
       if (sel.last_arrival) {
         __threadfence();
         store_output_row(p,
-                         merge_rows<false, true>(p.partials + pair * p.splits * kPartialFloats,
+                         merge_rows<false, true, kMaxSelection>(p.partials + pair * p.splits * kPartialFloats,
                                                  kStride, p.splits, threadIdx.x),
                          t, g, threadIdx.x);
       }
