@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(128) merge_token_partials_kernel(const SparseA
   for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     const int g = static_cast<int>(pair % p.kv_heads), token = static_cast<int>(pair / p.kv_heads);
     store_output_row(p,
-                     merge_rows<true, false, kMaxSelection>(prefill_partial(p, token, g, 0),
+                     merge_rows<true, false>(prefill_partial(p, token, g, 0),
                                              kCompactPartialBytes, p.top_k, threadIdx.x),
                      p.token_begin + token, g, threadIdx.x);
   }

@@ -326,38 +326,27 @@ template <bool kCoherent> __device__ __forceinline__ float4 load_partial4(const 
 
 // Merges `count` partials (`stride` bytes apart; fp32 form, or compact with kCompact) by
 // log-sum-exp. Partials whose row max is -inf hold no key for that row and are skipped unread.
-template <bool kCompact, bool kCoherent, int kMaxPartials>
+template <bool kCompact, bool kCoherent>
 __device__ __forceinline__ MergedRow merge_rows(const void* first, int64_t stride, int count,
                                                 int thread) {
   const int row = thread >> 3, d0 = (thread & 7) * 16;
   const auto partial = [&](int i) {
     return reinterpret_cast<const float*>(static_cast<const unsigned char*>(first) + i * stride);
   };
-  // Each partial's row max, denominator and scale in one round of loads (count <= kMaxPartials),
-  // then the output rows with every loop unrolled: the merge is a serial tail (the last CTA of a
-  // split decode row), so loads stay in flight together rather than one partial after another.
-  float m_i[kMaxPartials], l_i[kMaxPartials], a_i[kMaxPartials];
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kMaxPartials; ++i) {
-    m_i[i] = i < count ? load_partial<kCoherent>(partial(i) + row) : -INFINITY;
-    l_i[i] = i < count ? load_partial<kCoherent>(partial(i) + kAttentionRows + row) : 0.f;
-    a_i[i] = kCompact && i < count
-                 ? load_partial<kCoherent>(partial(i) + 2 * kAttentionRows + row) / kFixedOne
-                 : 1.f;
-  }
-#pragma unroll
-  for (int i = 0; i < kMaxPartials; ++i) m = fmaxf(m, m_i[i]);
-  const float m_use = m == -INFINITY ? 0.f : m;
-  MergedRow merged{m, 0.f, {}};
-#pragma unroll
-  for (int i = 0; i < kMaxPartials; ++i) {
-    if (i >= count || m_i[i] == -INFINITY) continue; // no key for this row: O is not read
+  MergedRow merged{-INFINITY, 0.f, {}};
+#pragma unroll 8
+  for (int i = 0; i < count; ++i)
+    merged.m = fmaxf(merged.m, load_partial<kCoherent>(partial(i) + row));
+  const float m_use = merged.m == -INFINITY ? 0.f : merged.m;
+#pragma unroll 4
+  for (int i = 0; i < count; ++i) {
     const float* part = partial(i);
-    const float w = exp2f(m_i[i] - m_use);
-    merged.l += w * l_i[i];
+    const float m_i = load_partial<kCoherent>(part + row);
+    if (m_i == -INFINITY) continue; // no key for this row: O is not read
+    const float w = exp2f(m_i - m_use);
+    merged.l += w * load_partial<kCoherent>(part + kAttentionRows + row);
     if constexpr (kCompact) {
-      const float wa = w * a_i[i];
+      const float wa = w * load_partial<kCoherent>(part + 2 * kAttentionRows + row) / kFixedOne;
       const uint4* po =
           reinterpret_cast<const uint4*>(part + 3 * kAttentionRows) + (row * 128 + d0) / 8;
 #pragma unroll

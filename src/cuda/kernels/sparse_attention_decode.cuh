@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     store_partial(st, partials + warp * kPartialFloats);
     __syncthreads();
     constexpr int64_t kStride = kPartialFloats * sizeof(float);
-    const MergedRow warps = merge_rows<false, false, 4>(partials, kStride, 4, threadIdx.x);
+    const MergedRow warps = merge_rows<false, false>(partials, kStride, 4, threadIdx.x);
     if (p.splits == 1) {
       store_output_row(p, warps, t, g, threadIdx.x);
     } else {
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
       if (sel.last_arrival) {
         __threadfence();
         store_output_row(p,
-                         merge_rows<false, true, kMaxSelection>(p.partials + pair * p.splits * kPartialFloats,
+                         merge_rows<false, true>(p.partials + pair * p.splits * kPartialFloats,
                                                  kStride, p.splits, threadIdx.x),
                          t, g, threadIdx.x);
       }
