@@ -255,8 +255,8 @@ TEST(CudaAttentionLayouts, TwentyRunsBitwiseIdentical) {
   EXPECT_EQ(device_flags(run), 0);
 }
 
-// Captured once, replayed after q, the selections and the caches were rewritten in place: the
-// replay equals an eager run on the new data.
+// Captured once, replayed after q, the selections, the lengths, the block tables and the caches
+// were rewritten in place: the replay equals an eager run on the new data.
 TEST(CudaAttentionLayouts, GraphReplayOnRewrittenInputsMatchesEager) {
   M3SA_SKIP_WITHOUT_CUDA();
   const uint64_t seed = test_seed();
@@ -273,7 +273,11 @@ TEST(CudaAttentionLayouts, GraphReplayOnRewrittenInputsMatchesEager) {
   M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-  // Same shapes (the same spec), new values: the page shuffle of seed + 100 differs too.
+  // Same shapes (the same spec), new values: the page shuffle of seed + 100 differs too, and
+  // request 1 is 999 tokens shorter (its selection recomputed for the new position).
+  g.sb.seq_lens.data<int32_t>()[1] -= 999;
+  M3SA_ASSERT_OK(run_index_topk(g.config, g.sb, {Backend::cpu}, &g.topk));
+  M3SA_ASSERT_OK(d.seq_lens.upload(g.sb.seq_lens));
   M3SA_ASSERT_OK(d.q.upload(g.sb.q));
   M3SA_ASSERT_OK(d.k_cache.upload(g.sb.k_cache));
   M3SA_ASSERT_OK(d.v_cache.upload(g.sb.v_cache));
