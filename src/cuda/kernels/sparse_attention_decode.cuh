@@ -3,7 +3,7 @@
 // work item, so each item reads its own selected blocks once.
 //
 // Work item = (token, KV head, split): the token's selection is cut into `splits` ranges of
-// slots (the plan gives batch 1 one CTA per selected block, and a full batch one range), CTAs
+// slots (batch 1 gets two selected blocks per CTA, a full batch one range), CTAs
 // are persistent (as many as are resident) and stride over the items. A CTA's 4 warps share the
 // 16 query rows of the GQA group and take 16 keys each of every 64-key stage; K and V of a stage
 // arrive by cp.async, kStages - 1 stages ahead of the MMAs (bf16 3 stages, e4m3 4: its stages

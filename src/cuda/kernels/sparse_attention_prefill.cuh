@@ -16,9 +16,10 @@
 //      128 keys between fewer members and merge in shared memory;
 //   4. merge_token_partials: one 128-thread group per (token, KV head) merges its (up to top_k)
 //      partials by log-sum-exp and writes the bf16 output and lse.
-// A page read once serves all its members: on random selections at long context that is still
-// one member per page (the partials then cost 16 KB per (token, block) against 64 KB of K and V),
-// and where tokens share blocks the bytes drop with the sharing.
+// A page read once serves all its members (with an 8K chunk, hundreds per pass at 8K tokens of
+// context, tens at 128K, on random selections); what a (token, block) costs instead is its
+// compact partial, 4.2 KB written and read once against 64 KB of K and V read by a token-major
+// kernel, plus its MMAs (bench/NOTES.md: those two now bound it).
 // Keys past the largest visible key of a page's members are zero-filled, never read.
 #include "cuda/kernels/attention_common.cuh"
 
