@@ -151,6 +151,8 @@ Workspace to_workspace(const OpPlan& plan, const std::optional<OutputArray>& buf
       throw nb::value_error("workspace: expected a contiguous buffer");
     expected_stride *= static_cast<int64_t>(b.shape(d));
   }
+  // An empty buffer is no memory: its pointer (numpy's, or DLPack's of size 0) says nothing.
+  if (b.nbytes() == 0) return {};
   return Workspace{b.data(), b.nbytes()};
 }
 
