@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything (every .cu included where nvcc exists), checks that a consumer project builds
-# against the installed package and that the CUDA-free configuration builds, then runs all tests.
+# against the installed package and that the CUDA-free configuration builds, then runs all tests
+# (the Python package's through scripts/run_python_tests.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -21,6 +22,9 @@ if command -v nvcc >/dev/null 2>&1; then
   { cmake --preset cpu-only -DM3SA_WERROR=ON && cmake --build --preset cpu-only --target m3sa m3sa_cli -j "$M3SA_JOBS"; } \
       > build/cpu-only.log 2>&1 || { cat build/cpu-only.log; exit 1; }
 fi
+
+echo "[m3sa] Python package: CPU-only wheel, installed into virtual environments, pytest" >&2
+bash scripts/run_python_tests.sh
 
 echo "[m3sa] tests: $(ctest --test-dir build -N -L cpu | tail -1 | sed 's/Total Tests: //') labelled cpu, $(ctest --test-dir build -N -L gpu | tail -1 | sed 's/Total Tests: //') labelled gpu" >&2
 ctest --test-dir build --output-on-failure -j "$M3SA_JOBS"
