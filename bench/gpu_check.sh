@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One GPU round on the device machine (binaries built on the build machine, carried in .gpu/):
-# the gpu suite, compute-sanitizer on its small cases (label `small`), the demo, and the benchmark.
-# QUICK=1 leaves out the sanitizer and the demo; BENCH_SET / BENCH_FILTER pick the bench cases.
+# the gpu suite, compute-sanitizer on its small cases (label `small`), the demo, the benchmark and,
+# where ../shared/peer was copied into .peer/ (and carried), vLLM's Triton kernels in the same call
+# with the side-by-side table. QUICK=1 leaves out the sanitizer and the demo; BENCH_SET /
+# BENCH_FILTER pick the bench cases, PEER_ARGS the peer's (e.g. "--dtypes bf16"). The logs end up
+# in one logs.tgz, so that what comes back stays within the device tool's eight files.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 # NVLink multicast off on the lent machines (device README)
 out="${OUT:-/tmp/m3sa_out}"; mkdir -p "$out"
@@ -22,3 +25,10 @@ grep -E "indexer on|insert_index_k  |index_topk  |sparse_attention  |^\[" "$out/
 fi
 ./.gpu/m3sa bench --set "${BENCH_SET:-quick}" --filter "${BENCH_FILTER:-}" --json "$out/bench.json" > "$out/bench.md" 2> "$out/bench.err"; echo "bench rc=$?"
 cat "$out/bench.md"
+if [ -d .peer ]; then
+  # shellcheck disable=SC2086 # PEER_ARGS is a list of arguments
+  PYTHONPATH=.peer/vllm_shim python3 .peer/peer_bench.py --no-torch-timing --no-sanity ${PEER_ARGS:-} --out "$out" > "$out/peer.log" 2>&1
+  echo "peer rc=$?"
+  python3 .peer/side_by_side.py "$out/bench.json" "$out/peer_bench.json" | tee "$out/side_by_side.md"
+fi
+(cd "$out" && tar czf logs.tgz --remove-files ./*.log ./*.txt bench.err 2>/dev/null)
