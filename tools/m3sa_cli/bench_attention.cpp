@@ -39,9 +39,48 @@ std::vector<AttentionCase> attention_cases(const std::string& set) {
                                suffix(s, hq, hkv),
                            true, b, s, 1, hq, hkv, d});
       }
+    if (set == "full" || d == DType::bf16)
+      all.push_back({"attention prefill " + dn + " structured C=8K" + suffix(131072, 64, 4), false,
+                     1, 131072, 8192, 64, 4, d, true});
   }
   return all;
 }
+
+namespace {
+
+// Index-q for the structured case: one random vector per (query block of 128 tokens, head), each
+// token's a 2% perturbation of its block's, so neighbouring tokens rank the blocks nearly alike.
+HostTensor block_shared_index_q(int64_t tokens, int heads) {
+  HostTensor q(DType::bf16, {tokens, heads, 128});
+  Rng rng(46);
+  std::vector<float> base(static_cast<size_t>(heads) * 128);
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (t % 128 == 0)
+      for (float& v : base) v = static_cast<float>(rng.uniform() * 4 - 2);
+    for (int64_t i = 0; i < int64_t{heads} * 128; ++i)
+      testing::store(DType::bf16, q.view().data, t * heads * 128 + i,
+                     base[i] + static_cast<float>(rng.uniform() * 0.08 - 0.04));
+  }
+  return q;
+}
+
+// Mean, over query blocks of 128 tokens and heads, of the distinct blocks their selections hold.
+double mean_block_union(const HostTensor& topk, int64_t tokens, int heads, int k) {
+  double total = 0;
+  int64_t groups = 0;
+  for (int h = 0; h < heads; ++h)
+    for (int64_t t0 = 0; t0 < tokens; t0 += 128, ++groups) {
+      std::vector<int32_t> ids;
+      for (int64_t t = t0; t < std::min(tokens, t0 + 128); ++t)
+        for (int s = 0; s < k; ++s) ids.push_back(topk.data<int32_t>()[(h * tokens + t) * k + s]);
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      total += static_cast<double>(std::count_if(ids.begin(), ids.end(), [](int32_t b) { return b >= 0; }));
+    }
+  return groups ? total / groups : 0;
+}
+
+} // namespace
 
 Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Ceilings& ceilings,
                           std::vector<Record>* records) {
@@ -76,7 +115,8 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
   };
   M3SA_RETURN_IF_ERROR(index_cache.fill_random(DType::bf16, 43));
   M3SA_RETURN_IF_ERROR(q.fill_random(DType::bf16, 44));
-  M3SA_RETURN_IF_ERROR(index_q.fill_random(DType::bf16, 45));
+  M3SA_RETURN_IF_ERROR(c.structured ? index_q.upload(block_shared_index_q(tokens, c.kv_heads))
+                                     : index_q.fill_random(DType::bf16, 45));
   HostTensor host_cu(DType::i32, {c.batch + 1}), host_seq(DType::i32, {c.batch});
   for (int r = 0; r <= c.batch; ++r) host_cu.data<int32_t>()[r] = c.decode ? r : (r ? c.chunk : 0);
   for (int r = 0; r < c.batch; ++r) host_seq.data<int32_t>()[r] = c.context;
@@ -155,6 +195,12 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
                        : 0;
     rec.ceiling = "bf16 GEMM";
     rec.note = "GB/s: K and V of every token's selected keys";
+    if (c.structured) {
+      const HostTensor topk = selections[0].download();
+      rec.note += "; a query block's selections hold " +
+                  std::to_string(mean_block_union(topk, tokens, c.kv_heads, kTopK)).substr(0, 5) +
+                  " distinct blocks on average (top_k 16)";
+    }
   }
   records->push_back(rec);
   print_progress(rec, false);

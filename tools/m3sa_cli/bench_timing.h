@@ -133,11 +133,14 @@ Status run_norm_rope_case(int tokens, DType kv_dtype, DType index_dtype, cudaStr
 // bench_attention.cpp: sparse_attention at M3 shapes (64/4 and 16/1), selections from index_topk
 // on random index data; names "attention prefill <dtype> C=8K S=.. Hq=.. Hkv=.." and
 // "attention decode <dtype> B=.. S=.. Hq=.. Hkv=..", as ../shared/peer/side_by_side.py reads them.
+// "attention prefill <dtype> structured ...": the tokens of a query block share nearly the same
+// index-q, so their selections overlap (the note reports by how much); the peer has no such case.
 struct AttentionCase {
   std::string name;
   bool decode;
   int batch, context, chunk, q_heads, kv_heads;
   DType kv_dtype;
+  bool structured = false;
 };
 std::vector<AttentionCase> attention_cases(const std::string& set);
 Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Ceilings& ceilings,
