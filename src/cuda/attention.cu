@@ -16,9 +16,10 @@ namespace m3sa::cuda {
 namespace {
 
 struct AttentionPlanInfo {
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
   int32_t sm_count;
-  int32_t pass_tokens; // prefill tokens per block-major pass
+  int32_t pass_tokens;     // prefill tokens per block-major pass
+  int64_t sort_temp_bytes; // CUB's radix sort scratch for a pass's entries, asked once at plan time
 };
 
 // (token, KV head) pairs that may split their selection: at most the resident CTAs, since a
@@ -58,7 +59,7 @@ AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanI
   l.entry_values = carver.take<uint32_t>(entries);
   l.sorted_keys = carver.take<uint32_t>(entries);
   l.sorted_values = carver.take<uint32_t>(entries);
-  l.sort_temp_bytes = selection_sort_temp_bytes(static_cast<int>(entries));
+  l.sort_temp_bytes = static_cast<size_t>(info.sort_temp_bytes);
   l.sort_temp = carver.take<unsigned char>(l.sort_temp_bytes);
   l.prefill_partials = carver.take<unsigned char>(entries * kCompactPartialBytes);
   return l;
@@ -70,7 +71,11 @@ AttentionLayout run_layout(const OpPlan& plan, Workspace workspace) {
 }
 
 Status plan_attention(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
-  const AttentionPlanInfo info{caps.sm_count, pass_tokens(request)};
+  AttentionPlanInfo info{caps.sm_count, pass_tokens(request), 0};
+  size_t sort_bytes = 0;
+  M3SA_CUDA_RETURN_IF_ERROR(selection_sort_temp_bytes(
+      info.pass_tokens * request.config.num_index_heads * request.config.top_k, &sort_bytes));
+  info.sort_temp_bytes = static_cast<int64_t>(sort_bytes);
   plan->num_threads = 1;
   detail::WorkspaceCarver carver;
   carve_attention(request, info, carver);

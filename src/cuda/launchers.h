@@ -36,7 +36,7 @@ cudaError_t launch_sparse_attention_decode_fp8(const SparseAttentionParams& para
 // (KV head, page), attend each page's member tokens, merge each token's partials.
 cudaError_t launch_gather_selection_entries(const SparseAttentionParams& params, int grid,
                                             cudaStream_t stream);
-size_t selection_sort_temp_bytes(int entries);
+cudaError_t selection_sort_temp_bytes(int entries, size_t* bytes); // CUB's, for any 32-bit keys
 cudaError_t sort_selection_entries(const SparseAttentionParams& params, uint32_t* sorted_keys,
                                    uint32_t* sorted_values, int key_bits, void* temp,
                                    size_t temp_bytes, cudaStream_t stream);

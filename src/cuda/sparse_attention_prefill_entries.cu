@@ -66,13 +66,12 @@ cudaError_t launch_gather_selection_entries(const SparseAttentionParams& p, int 
   return cudaGetLastError();
 }
 
-size_t selection_sort_temp_bytes(int entries) {
-  size_t bytes = 0;
-  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
-                                  static_cast<uint32_t*>(nullptr),
-                                  static_cast<const uint32_t*>(nullptr),
-                                  static_cast<uint32_t*>(nullptr), entries, 0, 32);
-  return bytes;
+cudaError_t selection_sort_temp_bytes(int entries, size_t* bytes) {
+  *bytes = 0;
+  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, static_cast<const uint32_t*>(nullptr),
+                                         static_cast<uint32_t*>(nullptr),
+                                         static_cast<const uint32_t*>(nullptr),
+                                         static_cast<uint32_t*>(nullptr), entries, 0, 32);
 }
 
 cudaError_t sort_selection_entries(const SparseAttentionParams& p, uint32_t* sorted_keys,
