@@ -293,3 +293,33 @@ def test_cuda_arrays_without_torch_raise():
     with pytest.raises(m3sa.UnsupportedError, match="torch is not installed"):
         mv.minimax_m3_index_decode(FakeCudaArray(b.idx_q[:3]), b.index_kv_cache, b.block_table, b.seq_lens,
                                    b.max_seq_len, TOPK, INIT, LOCAL, HEADS, 1, 1)
+
+
+def vllm_signatures():
+    """Parameter names and defaults of vLLM's functions, read from its sources beside the repo."""
+    import ast
+    import pathlib
+
+    peer = pathlib.Path(__file__).resolve().parents[3] / "shared" / "peer" / "vllm_m3"
+    if not peer.is_dir():
+        pytest.skip(f"vLLM's op sources are not at {peer}")
+    signatures = {}
+    for name in ("index_topk.py", "sparse_attn.py"):
+        for node in ast.parse((peer / name).read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("minimax_m3_"):
+                args = node.args.args
+                defaults = [None] * (len(args) - len(node.args.defaults)) + [
+                    ast.literal_eval(d) for d in node.args.defaults]
+                signatures[node.name] = [(a.arg, d) for a, d in zip(args, defaults)]
+    return signatures
+
+
+def test_signatures_are_vllms():
+    import inspect
+
+    want = vllm_signatures()
+    assert sorted(want) == sorted(name for name in mv.__all__ if name.startswith("minimax_m3_"))
+    for name, params in want.items():
+        got = inspect.signature(getattr(mv, name)).parameters.values()
+        assert [(p.name, None if p.default is p.empty else p.default) for p in got] == params, name
+        assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in got), name
