@@ -1,8 +1,8 @@
 """vLLM's five MiniMax-M3 MSA ops with exactly vLLM's signatures, run by m3sa.
 
-vLLM resolves these names as module globals of ``vllm.model_executor.layers.minimax_m3``'s
-``index_topk`` and ``sparse_attn`` modules, so rebinding them switches an engine to m3sa (README.md,
-"vLLM drop-in"). The arguments are any DLPack arrays: torch tensors on a CUDA device in an engine,
+vLLM resolves these names as module globals of ``vllm.models.minimax_m3.common.ops.index_topk``
+and ``.sparse_attn``, so rebinding them there (and in any module that imported them by name)
+switches an engine to m3sa (README.md, "vLLM drop-in"). The arguments are any DLPack arrays: torch tensors on a CUDA device in an engine,
 numpy arrays on the CPU in tests (bf16 as uint16 bits, fp8 e4m3 as uint8 bits, as in ``m3sa``).
 The backend follows the arrays' device: ``cuda`` for CUDA arrays, ``host_backend`` (``"cpu"``,
 or ``"reference"``) for CPU arrays. Plans are cached per (op, backend, device, config, capacities,
