@@ -245,6 +245,15 @@ def _prefill_seq_lens(cu_seqlens_q, prefix_lens, seq_lens=None):
     return derived
 
 
+def _decode_batch(queries, name, seq_lens, block_table, decode_query_len):
+    """m3sa's batch for vLLM's uniform decode: num_reqs requests of decode_query_len rows."""
+    total_q, num_reqs = queries.shape[0], seq_lens.shape[0]
+    _check(total_q == num_reqs * decode_query_len, name,
+           f"num_reqs x decode_query_len = {num_reqs * decode_query_len} tokens", total_q)
+    return Batch(_decode_cu_q_lens(seq_lens, num_reqs, decode_query_len), seq_lens, block_table,
+                 num_tokens=total_q, num_decode_requests=num_reqs, decode_q_len=decode_query_len)
+
+
 def _decode_cu_q_lens(like, num_reqs, decode_query_len):
     device = _device(like, "seq_lens")
     key = (device, _is_torch(like), num_reqs, decode_query_len)
@@ -395,11 +404,8 @@ def minimax_m3_index_decode(
     _check(decode_query_len <= max_decode_query_len, "decode_query_len",
            f"<= max_decode_query_len ({max_decode_query_len})", decode_query_len)
     total_q, num_reqs = idx_q.shape[0], seq_lens.shape[0]
-    _check(total_q == num_reqs * decode_query_len, "idx_q",
-           f"num_reqs x decode_query_len = {num_reqs * decode_query_len} tokens", total_q)
+    batch = _decode_batch(idx_q, "idx_q", seq_lens, block_table, decode_query_len)
     topk_idx = _empty(idx_q, (num_kv_heads, total_q, topk), "int32")
-    batch = Batch(_decode_cu_q_lens(seq_lens, num_reqs, decode_query_len), seq_lens, block_table,
-                  num_tokens=total_q, num_decode_requests=num_reqs, decode_q_len=decode_query_len)
     _run("index_topk", _device(idx_q, "idx_q"),
          (_index_config(num_kv_heads, topk, init_blocks, local_blocks), num_reqs, total_q,
           block_table.shape[1], _dtype(index_kv_cache, "index_kv_cache")),
@@ -450,11 +456,7 @@ def minimax_m3_sparse_attn_decode(
     _check_attention(q, kv_cache, topk_idx, num_kv_heads, sm_scale, output)
     total_q, num_reqs = q.shape[0], seq_lens.shape[0]
     if query_start_loc is None:
-        _check(total_q == num_reqs * decode_query_len, "q",
-               f"num_reqs x decode_query_len = {num_reqs * decode_query_len} tokens", total_q)
-        batch = Batch(_decode_cu_q_lens(seq_lens, num_reqs, decode_query_len), seq_lens,
-                      block_table, num_tokens=total_q, num_decode_requests=num_reqs,
-                      decode_q_len=decode_query_len)
+        batch = _decode_batch(q, "q", seq_lens, block_table, decode_query_len)
     else:
         _check(token_to_req_indices is not None, "token_to_req_indices",
                "an array with query_start_loc", None)
