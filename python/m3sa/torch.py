@@ -1,0 +1,108 @@
+"""m3sa.torch: m3sa.vllm's five ops as torch.library custom ops, ``torch.ops.m3sa.*``.
+
+``torch.ops.m3sa.index_score``, ``index_topk``, ``index_decode`` return new tensors;
+``torch.ops.m3sa.sparse_attn`` and ``sparse_attn_decode`` write ``output`` in place (declared as
+mutated, so functionalisation and torch.compile see the write). Arguments, layouts and semantics are
+m3sa.vllm's (see its docstring), except that the optional KV scales are ``float | None`` here (a
+custom op's schema has no ``Tensor | float``; a scalar tensor would synchronise). Each op has a fake
+(meta) kernel, so torch.compile traces it without running m3sa. Importable only where torch is
+installed.
+
+Not yet verified: this module has not run under torch (the CPU test machine has no torch);
+tests/python/test_torch.py runs opcheck and compares with m3sa.vllm where torch is installed.
+"""
+from typing import Optional
+
+try:
+    import torch
+except ImportError:
+    raise ImportError("m3sa.torch needs PyTorch (torch.library custom ops); torch is not installed. "
+                      "m3sa and m3sa.vllm work without it on DLPack arrays.") from None
+
+from . import vllm as _vllm
+
+_LIB = "m3sa"
+
+
+def _score_width(max_seq_len: int) -> int:
+    max_block = -(-max_seq_len // _vllm.SPARSE_BLOCK_SIZE)
+    return -(-max_block // 16) * 16
+
+
+@torch.library.custom_op(f"{_LIB}::index_score", mutates_args=())
+def index_score(idx_q: torch.Tensor, index_kv_cache: torch.Tensor, block_table: torch.Tensor,
+                cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, prefix_lens: torch.Tensor,
+                max_query_len: int, max_seq_len: int, num_kv_heads: int) -> torch.Tensor:
+    return _vllm.minimax_m3_index_score(idx_q, index_kv_cache, block_table, cu_seqlens_q, seq_lens,
+                                        prefix_lens, max_query_len, max_seq_len, num_kv_heads)
+
+
+@index_score.register_fake
+def _(idx_q, index_kv_cache, block_table, cu_seqlens_q, seq_lens, prefix_lens, max_query_len,
+      max_seq_len, num_kv_heads):
+    return idx_q.new_empty((num_kv_heads, idx_q.shape[0], _score_width(max_seq_len)),
+                           dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_LIB}::index_topk", mutates_args=())
+def index_topk(score: torch.Tensor, cu_seqlens_q: torch.Tensor, prefix_lens: torch.Tensor,
+               max_query_len: int, topk: int, init_blocks: int, local_blocks: int) -> torch.Tensor:
+    return _vllm.minimax_m3_index_topk(score, cu_seqlens_q, prefix_lens, max_query_len, topk,
+                                       init_blocks, local_blocks)
+
+
+@index_topk.register_fake
+def _(score, cu_seqlens_q, prefix_lens, max_query_len, topk, init_blocks, local_blocks):
+    return score.new_empty((score.shape[0], score.shape[1], topk), dtype=torch.int32)
+
+
+@torch.library.custom_op(f"{_LIB}::index_decode", mutates_args=())
+def index_decode(idx_q: torch.Tensor, index_kv_cache: torch.Tensor, block_table: torch.Tensor,
+                 seq_lens: torch.Tensor, max_seq_len: int, topk: int, init_blocks: int,
+                 local_blocks: int, num_kv_heads: int, decode_query_len: int,
+                 max_decode_query_len: int) -> torch.Tensor:
+    return _vllm.minimax_m3_index_decode(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len,
+                                         topk, init_blocks, local_blocks, num_kv_heads,
+                                         decode_query_len, max_decode_query_len)
+
+
+@index_decode.register_fake
+def _(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len, topk, init_blocks, local_blocks,
+      num_kv_heads, decode_query_len, max_decode_query_len):
+    return idx_q.new_empty((num_kv_heads, idx_q.shape[0], topk), dtype=torch.int32)
+
+
+@torch.library.custom_op(f"{_LIB}::sparse_attn", mutates_args=("output",))
+def sparse_attn(q: torch.Tensor, kv_cache: torch.Tensor, topk_idx: torch.Tensor,
+                block_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                prefix_lens: torch.Tensor, max_query_len: int, num_kv_heads: int, sm_scale: float,
+                output: torch.Tensor, k_scale: Optional[float] = None,
+                v_scale: Optional[float] = None) -> None:
+    _vllm.minimax_m3_sparse_attn(q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens,
+                                 prefix_lens, max_query_len, num_kv_heads, sm_scale, output, k_scale,
+                                 v_scale)
+
+
+@sparse_attn.register_fake
+def _(q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens, prefix_lens, max_query_len,
+      num_kv_heads, sm_scale, output, k_scale=None, v_scale=None):
+    return None
+
+
+@torch.library.custom_op(f"{_LIB}::sparse_attn_decode", mutates_args=("output",))
+def sparse_attn_decode(q: torch.Tensor, kv_cache: torch.Tensor, topk_idx: torch.Tensor,
+                       block_table: torch.Tensor, seq_lens: torch.Tensor, num_kv_heads: int,
+                       sm_scale: float, output: torch.Tensor, decode_query_len: int,
+                       k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+                       query_start_loc: Optional[torch.Tensor] = None,
+                       token_to_req_indices: Optional[torch.Tensor] = None) -> None:
+    _vllm.minimax_m3_sparse_attn_decode(q, kv_cache, topk_idx, block_table, seq_lens, num_kv_heads,
+                                        sm_scale, output, decode_query_len, k_scale, v_scale,
+                                        query_start_loc, token_to_req_indices)
+
+
+@sparse_attn_decode.register_fake
+def _(q, kv_cache, topk_idx, block_table, seq_lens, num_kv_heads, sm_scale, output,
+      decode_query_len, k_scale=None, v_scale=None, query_start_loc=None,
+      token_to_req_indices=None):
+    return None

@@ -1,0 +1,474 @@
+"""vLLM's five MiniMax-M3 MSA ops with exactly vLLM's signatures, run by m3sa.
+
+vLLM resolves these names as module globals of ``vllm.models.minimax_m3.common.ops.index_topk``
+and ``.sparse_attn``, so rebinding them there (and in any module that imported them by name)
+switches an engine to m3sa (README.md, "vLLM drop-in"). The arguments are any DLPack arrays: torch tensors on a CUDA device in an engine,
+numpy arrays on the CPU in tests (bf16 as uint16 bits, fp8 e4m3 as uint8 bits, as in ``m3sa``).
+The backend follows the arrays' device: ``cuda`` for CUDA arrays, ``host_backend`` (``"cpu"``,
+or ``"reference"``) for CPU arrays. Plans are cached per (op, backend, device, config, capacities,
+dtype), capacities rounded up to powers of two so that a growing batch re-plans O(log) times, and
+each plan keeps one workspace (numpy on the CPU; on a CUDA device a torch uint8 tensor, prepared on
+the current stream; without torch a CUDA array raises ``m3sa.UnsupportedError``). CUDA calls run on
+torch's current stream and never synchronise.
+
+How vLLM's arguments map onto m3sa's contract (docs/contract.md):
+
+- Layouts are vLLM's: ``idx_q [total_q, H, 128]``, ``index_kv_cache [pages, 128, 128]``, the
+  scores ``[H, total_q, round_up(cdiv(max_seq_len, 128), 16)]`` f32 and ``topk_idx
+  [num_kv_heads, total_q, topk]`` i32, which is m3sa's ``[H, T, K]``. vLLM's combined KV cache
+  ``[pages, num_kv_heads, 128, 2 * 128]`` becomes m3sa's K and V caches ``[pages, 128, Hkv, 128]``
+  as two strided views of it (``kv[..., :128]`` and ``kv[..., 128:]``, dims 1 and 2 swapped): no
+  copy. ``output`` is written in place; the index functions return new arrays in the framework of
+  their inputs, as vLLM's do.
+- Positions. vLLM places token i of request r at ``prefix_lens[r] + i``; m3sa at ``seq_len - q_len
+  + i``. The prefill functions pass m3sa ``seq_lens = prefix_lens + query lengths`` (from
+  ``cu_seqlens_q``), so positions are vLLM's; on host arrays ``minimax_m3_index_score`` and
+  ``minimax_m3_sparse_attn`` also check that vLLM's ``seq_lens`` equals that (ValueError naming
+  ``seq_lens`` otherwise; on a device it is not read: checking would synchronise).
+  ``cu_seqlens_q`` is m3sa's ``cu_q_lens``; every prefill request is an m3sa prefill request.
+- Decode (``minimax_m3_index_decode``, ``minimax_m3_sparse_attn_decode`` without
+  ``query_start_loc``): ``total_q == num_reqs * decode_query_len``, request-major, mapped to m3sa
+  decode requests with ``decode_q_len = decode_query_len`` (at most 16). A request with
+  ``seq_len == 0`` (vLLM's CUDA-graph padding) is m3sa padding: topk all -1, output zeros. vLLM
+  clamps ``0 < seq_len < decode_query_len``; m3sa rejects it (``q_len > seq_len``).
+  The ragged decode (``query_start_loc`` given) maps to m3sa prefill-style requests with
+  ``cu_q_lens = query_start_loc`` (same positions, ``seq_len - q_len + i``);
+  ``token_to_req_indices`` is implied by it (checked on host arrays) and ``query_start_loc[-1]``
+  must equal ``total_q`` (vLLM's rows past it are not supported; m3sa checks it on host arrays).
+- Selection. vLLM's kernels and m3sa select the same *set* of blocks (forced ``init_blocks`` first
+  blocks and ``local_blocks`` last causal blocks, then the best scores; all causal blocks when
+  there are at most ``topk``), but the *order* differs: vLLM writes the ids in bitonic-sort order
+  of score (ties in no defined order), m3sa writes them ascending, unique, then -1 padding, with
+  ties broken to the lower block id. vLLM ranks a NaN score as -1e30 (above -inf), m3sa below
+  every number. Attention only reads the set, but m3sa's attention requires its own format: pass
+  it topk from these index functions (rebind all five names), not from vLLM's Triton top-k; host
+  backends reject any other order with a ValueError naming ``topk``.
+- Scores. vLLM's prefill score is the raw ``max q.k`` (no scale), as m3sa's with ``score_scale =
+  1``; columns past a token's causal blocks are left unwritten by vLLM and hold -inf here. NaN
+  products propagate as in m3sa (contract §4). ``minimax_m3_index_topk`` reads only causal columns.
+- Attention: ``sm_scale`` must be 1/sqrt(128) (m3sa's fixed softmax scale; anything else raises
+  ValueError naming ``sm_scale``); head dims and the page size are 128 (ValueError naming ``q``,
+  ``idx_q`` or ``kv_cache`` otherwise); ``num_kv_heads`` must equal the cache's and topk's heads
+  and divide ``q``'s heads. fp8 e4m3 KV caches take per-tensor ``k_scale`` / ``v_scale`` (arrays of
+  one element, read to the host: this synchronises a CUDA tensor, so an engine capturing graphs
+  should use bf16 caches or pass Python floats); vLLM's per-token/head scales ``[Hkv, tokens]`` are
+  not supported (ValueError naming ``k_scale``). A bf16 cache ignores the scales, as vLLM does.
+  Other fp8 formats (e5m2, fnuz) raise TypeError. A row with no keys outputs zeros (vLLM: NaN).
+- ``max_query_len``, ``max_seq_len``, ``max_decode_query_len`` only size vLLM's grids; they are
+  checked for consistency where that costs nothing (``decode_query_len <= max_decode_query_len``).
+"""
+import math
+
+from . import _core
+from ._core import Batch, Capacities, Config, UnsupportedError
+
+__all__ = [
+    "minimax_m3_index_score",
+    "minimax_m3_index_topk",
+    "minimax_m3_index_decode",
+    "minimax_m3_sparse_attn",
+    "minimax_m3_sparse_attn_decode",
+    "clear_caches",
+    "plan_cache",
+]
+
+SPARSE_BLOCK_SIZE = 128
+HEAD_DIM = 128
+SOFTMAX_SCALE = 1.0 / math.sqrt(HEAD_DIM)
+
+# The backend for CPU arrays: "cpu" (OpenMP) or "reference" (the double-precision oracle).
+host_backend = "cpu"
+
+_DLPACK_CPU, _DLPACK_CUDA = 1, 2
+_DTYPES = {  # str(array.dtype) -> m3sa dtype name, numpy and torch spellings
+    "uint16": "bf16", "torch.bfloat16": "bf16", "bfloat16": "bf16",
+    "uint8": "fp8_e4m3", "torch.float8_e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
+    "float32": "f32", "torch.float32": "f32",
+    "int32": "i32", "torch.int32": "i32",
+    "int64": "i64", "torch.int64": "i64",
+}
+
+_plans = {}  # key -> (plan, workspace)
+_constants = {}  # cached index arrays (decode cu_q_lens) per (device, shape)
+
+
+def clear_caches():
+    """Drops the cached plans, workspaces and index arrays."""
+    _plans.clear()
+    _constants.clear()
+
+
+def plan_cache():
+    """The cached plans (a copy of the keys: (op, backend, device, config, capacities, dtype))."""
+    return list(_plans)
+
+
+# --- arrays -----------------------------------------------------------------------------------
+
+def _device(array, name):
+    try:
+        kind, ordinal = array.__dlpack_device__()
+    except AttributeError:
+        raise TypeError(f"m3sa.vllm: {name}: expected a DLPack array (torch tensor, numpy array), "
+                        f"got {type(array).__name__}") from None
+    if int(kind) not in (_DLPACK_CPU, _DLPACK_CUDA):
+        raise ValueError(f"m3sa.vllm: {name}: expected an array on the CPU or a CUDA device, got "
+                         f"DLPack device type {int(kind)}")
+    return int(kind), int(ordinal)
+
+
+def _dtype(array, name):
+    dtype = _DTYPES.get(str(array.dtype))
+    if dtype is None:
+        raise TypeError(f"m3sa.vllm: {name}: dtype {array.dtype} has no m3sa equivalent; expected "
+                        "bfloat16 (uint16 bits), float8_e4m3fn (uint8 bits), float32, int32 or int64")
+    return dtype
+
+
+def _is_torch(array):
+    return type(array).__module__.startswith("torch")
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise UnsupportedError("m3sa.vllm: arrays on a CUDA device need torch for the workspace, "
+                               "outputs and stream; torch is not installed") from None
+    return torch
+
+
+def _empty(like, shape, dtype, fill=None):
+    """A new array in like's framework and on its device ("float32" / "int32")."""
+    if _is_torch(like) or _device(like, "array")[0] == _DLPACK_CUDA:
+        torch = _torch()
+        make = torch.empty if fill is None else (lambda *a, **k: torch.full(*a, fill, **k))
+        return make(tuple(shape), dtype=getattr(torch, dtype), device=like.device)
+    import numpy as np
+
+    return np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
+
+
+def _host(array):
+    """A numpy view of a CPU array, None for a device array (not read: it would synchronise)."""
+    if _device(array, "array")[0] != _DLPACK_CPU:
+        return None
+    import numpy as np
+
+    return np.from_dlpack(array)
+
+
+def _permute(array, order):
+    return array.permute(*order) if _is_torch(array) else array.transpose(order)
+
+
+def _pow2(n):
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _stream(device):
+    if device[0] != _DLPACK_CUDA:
+        return 0
+    torch = _torch()
+    return torch.cuda.current_stream(device[1]).cuda_stream
+
+
+# --- plans and workspaces ---------------------------------------------------------------------
+
+def _plan(op, device, config, requests, tokens, blocks, dtype):
+    """The cached (plan, workspace) for this op; capacities rounded up to powers of two."""
+    if device[0] == _DLPACK_CUDA:
+        _torch()  # the workspace and the stream come from torch
+    backend = "cuda" if device[0] == _DLPACK_CUDA else host_backend
+    caps = (_pow2(requests), _pow2(tokens), _pow2(blocks))
+    key = (op, backend, device, tuple(config.items()), caps, dtype)
+    entry = _plans.get(key)
+    if entry is None:
+        plan = _core.make_plan(op, backend, Config(**config), Capacities(*caps), dtype,
+                               device_ordinal=device[1])
+        entry = _plans[key] = (plan, _workspace(plan, device))
+    return entry
+
+
+def _workspace(plan, device):
+    if device[0] == _DLPACK_CPU:
+        from . import allocate_workspace
+
+        return allocate_workspace(plan)
+    torch = _torch()
+    from . import WORKSPACE_ALIGNMENT
+
+    raw = torch.empty(plan.workspace_bytes + WORKSPACE_ALIGNMENT, dtype=torch.uint8,
+                      device=f"cuda:{device[1]}")
+    start = -raw.data_ptr() % WORKSPACE_ALIGNMENT
+    workspace = raw[start:start + plan.workspace_bytes]
+    _core.prepare_workspace(plan, workspace, stream=_stream(device))
+    return workspace
+
+
+def _run(op, device, plan_args, *args, **kwargs):
+    plan, workspace = _plan(op, device, *plan_args)
+    getattr(_core, op)(plan, *args, workspace=workspace, stream=_stream(device), **kwargs)
+
+
+# --- argument checks --------------------------------------------------------------------------
+
+def _check(condition, name, expected, got):
+    if not condition:
+        raise ValueError(f"m3sa.vllm: {name}: expected {expected}, got {got}")
+
+
+def _check_head_dim(array, name):
+    _check(len(array.shape) == 3 and array.shape[2] == HEAD_DIM, name,
+           f"[tokens, heads, {HEAD_DIM}] (m3sa's head dim is fixed at {HEAD_DIM})",
+           f"shape {tuple(array.shape)}")
+
+
+def _check_index_heads(idx_q, num_kv_heads):
+    _check(idx_q.shape[1] == num_kv_heads, "num_kv_heads",
+           f"idx_q's index heads ({idx_q.shape[1]}; M3 has one index head per KV head)", num_kv_heads)
+
+
+def _query_lens(cu_seqlens_q):
+    return cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+
+
+def _prefill_seq_lens(cu_seqlens_q, prefix_lens, seq_lens=None):
+    """m3sa's seq_lens for vLLM's prefix_lens (positions prefix_len + i); checks vLLM's seq_lens."""
+    derived = prefix_lens + _query_lens(cu_seqlens_q)
+    if seq_lens is not None:
+        host_derived, host_given = _host(derived), _host(seq_lens)
+        if host_derived is not None and host_given is not None:
+            _check((host_derived == host_given).all(), "seq_lens",
+                   "prefix_lens + query lengths (vLLM places token i at prefix_len + i)",
+                   f"{host_given.tolist()} vs {host_derived.tolist()}")
+    return derived
+
+
+def _decode_batch(queries, name, seq_lens, block_table, decode_query_len):
+    """m3sa's batch for vLLM's uniform decode: num_reqs requests of decode_query_len rows."""
+    total_q, num_reqs = queries.shape[0], seq_lens.shape[0]
+    _check(total_q == num_reqs * decode_query_len, name,
+           f"num_reqs x decode_query_len = {num_reqs * decode_query_len} tokens", total_q)
+    return Batch(_decode_cu_q_lens(seq_lens, num_reqs, decode_query_len), seq_lens, block_table,
+                 num_tokens=total_q, num_decode_requests=num_reqs, decode_q_len=decode_query_len)
+
+
+def _decode_cu_q_lens(like, num_reqs, decode_query_len):
+    device = _device(like, "seq_lens")
+    key = (device, _is_torch(like), num_reqs, decode_query_len)
+    cu = _constants.get(key)
+    if cu is None:
+        if _is_torch(like):
+            cu = _torch().arange(0, (num_reqs + 1) * decode_query_len, decode_query_len,
+                                 dtype=_torch().int32, device=like.device)
+        else:
+            import numpy as np
+
+            cu = np.arange(num_reqs + 1, dtype=np.int32) * decode_query_len
+        _constants[key] = cu
+    return cu
+
+
+def _index_config(num_kv_heads, topk=16, init_blocks=0, local_blocks=1):
+    return {"top_k": int(topk), "init_blocks": int(init_blocks), "local_blocks": int(local_blocks),
+            "num_index_heads": int(num_kv_heads)}
+
+
+def _kv_views(kv_cache):
+    """m3sa's K and V caches [pages, 128, Hkv, 128]: strided views of vLLM's combined cache."""
+    return (_permute(kv_cache[..., :HEAD_DIM], (0, 2, 1, 3)),
+            _permute(kv_cache[..., HEAD_DIM:], (0, 2, 1, 3)))
+
+
+def _scale(value, name):
+    if value is None:
+        return 1.0
+    if isinstance(value, (int, float)):
+        return float(value)
+    size = math.prod(value.shape)
+    _check(size == 1, name, "a per-tensor scale (one element); m3sa has no per-token/head KV "
+           "scales", f"shape {tuple(value.shape)}")
+    return float(value.reshape(-1)[0])
+
+
+def _kv_scales(kv_cache, k_scale, v_scale):
+    dtype = _dtype(kv_cache, "kv_cache")
+    if dtype != "fp8_e4m3":  # vLLM reads the scales only for fp8 caches
+        return dtype, 1.0, 1.0
+    if (k_scale is None) != (v_scale is None):
+        raise ValueError("m3sa.vllm: k_scale and v_scale must be both provided or both None")
+    return dtype, _scale(k_scale, "k_scale"), _scale(v_scale, "v_scale")
+
+
+def _check_attention(q, kv_cache, topk_idx, num_kv_heads, sm_scale, output):
+    _check_head_dim(q, "q")
+    _check(len(kv_cache.shape) == 4 and kv_cache.shape[2] == SPARSE_BLOCK_SIZE
+           and kv_cache.shape[3] == 2 * HEAD_DIM, "kv_cache",
+           f"[num_blocks, num_kv_heads, {SPARSE_BLOCK_SIZE}, {2 * HEAD_DIM}] (K then V per row)",
+           f"shape {tuple(kv_cache.shape)}")
+    _check(math.isclose(float(sm_scale), SOFTMAX_SCALE, rel_tol=1e-6), "sm_scale",
+           f"1/sqrt({HEAD_DIM}) = {SOFTMAX_SCALE!r} (m3sa's softmax scale is fixed)", sm_scale)
+    _check(kv_cache.shape[1] == num_kv_heads, "num_kv_heads", f"kv_cache's heads "
+           f"({kv_cache.shape[1]})", num_kv_heads)
+    _check(len(topk_idx.shape) == 3 and topk_idx.shape[0] == num_kv_heads, "topk_idx",
+           f"[num_kv_heads={num_kv_heads}, total_q, topk]", f"shape {tuple(topk_idx.shape)}")
+    _check(q.shape[1] % num_kv_heads == 0, "num_kv_heads", f"a divisor of q's heads ({q.shape[1]})",
+           num_kv_heads)
+    _check(tuple(output.shape) == tuple(q.shape), "output", f"q's shape {tuple(q.shape)}",
+           f"shape {tuple(output.shape)}")
+
+
+def _attention(q, kv_cache, topk_idx, batch, num_reqs, num_kv_heads, output, k_scale, v_scale,
+               block_table):
+    dtype, k_scale, v_scale = _kv_scales(kv_cache, k_scale, v_scale)
+    k_cache, v_cache = _kv_views(kv_cache)
+    device = _device(q, "q")
+    config = _index_config(num_kv_heads, topk=topk_idx.shape[2])
+    _run("sparse_attention", device,
+         (config, num_reqs, q.shape[0], block_table.shape[1], dtype),
+         q, k_cache, v_cache, topk_idx, batch, output, k_scale=k_scale, v_scale=v_scale)
+
+
+# --- the five ops -----------------------------------------------------------------------------
+
+def minimax_m3_index_score(
+    idx_q,  # [total_q, num_idx_heads, head_dim]
+    index_kv_cache,  # [num_blocks, 128, head_dim]
+    block_table,  # [batch, max_blocks]
+    cu_seqlens_q,  # [batch+1] int32
+    seq_lens,  # [batch] int32
+    prefix_lens,  # [batch] int32
+    max_query_len: int,
+    max_seq_len: int,
+    num_kv_heads: int,
+):
+    """score [num_kv_heads, total_q, round_up(cdiv(max_seq_len, 128), 16)] f32: per-block max q.k."""
+    _check_head_dim(idx_q, "idx_q")
+    _check_index_heads(idx_q, num_kv_heads)
+    max_block = -(-int(max_seq_len) // SPARSE_BLOCK_SIZE)
+    width = -(-max_block // 16) * 16
+    total_q, num_reqs = idx_q.shape[0], cu_seqlens_q.shape[0] - 1
+    score = _empty(idx_q, (num_kv_heads, total_q, width), "float32")
+    m3sa_seq_lens = _prefill_seq_lens(cu_seqlens_q, prefix_lens, seq_lens)
+    # vLLM's score has the columns of max_seq_len, m3sa's at least the block table's: the table's
+    # columns past max_seq_len hold no block of this batch.
+    table = block_table[:, :min(block_table.shape[1], max(max_block, 1))]
+    batch = Batch(cu_seqlens_q, m3sa_seq_lens, table, num_tokens=total_q)
+    _run("score_blocks", _device(idx_q, "idx_q"),
+         (_index_config(num_kv_heads), num_reqs, total_q, block_table.shape[1],
+          _dtype(index_kv_cache, "index_kv_cache")),
+         idx_q, index_kv_cache, batch, score)
+    return score
+
+
+def minimax_m3_index_topk(
+    score,  # [num_idx_heads, total_q, max_block]
+    cu_seqlens_q,  # [batch+1] int32
+    prefix_lens,  # [batch] int32
+    max_query_len: int,
+    topk: int,
+    init_blocks: int,
+    local_blocks: int,
+):
+    """topk_idx [num_idx_heads, total_q, topk] i32: ascending block ids, -1 padded (see above)."""
+    num_heads, total_q, width = score.shape
+    num_reqs = cu_seqlens_q.shape[0] - 1
+    m3sa_seq_lens = _prefill_seq_lens(cu_seqlens_q, prefix_lens)
+    # select_topk_blocks reads no page: a zero table of the scores' width bounds the seq_lens.
+    table = _empty(score, (num_reqs, width), "int32", fill=0)
+    topk_idx = _empty(score, (num_heads, total_q, topk), "int32")
+    batch = Batch(cu_seqlens_q, m3sa_seq_lens, table, num_tokens=total_q)
+    _run("select_topk_blocks", _device(score, "score"),
+         (_index_config(num_heads, topk, init_blocks, local_blocks), num_reqs, total_q, width, "bf16"),
+         score, batch, topk_idx)
+    return topk_idx
+
+
+def minimax_m3_index_decode(
+    idx_q,  # [total_q, num_idx_heads, head_dim]
+    index_kv_cache,  # [num_blocks, 128, head_dim]
+    block_table,  # [num_reqs, max_blocks]
+    seq_lens,  # [num_reqs] int32
+    max_seq_len: int,
+    topk: int,
+    init_blocks: int,
+    local_blocks: int,
+    num_kv_heads: int,
+    decode_query_len: int,
+    max_decode_query_len: int,
+):
+    """topk_idx [num_kv_heads, total_q, topk] i32 for a uniform decode batch (score and top-k)."""
+    _check_head_dim(idx_q, "idx_q")
+    _check_index_heads(idx_q, num_kv_heads)
+    _check(decode_query_len <= max_decode_query_len, "decode_query_len",
+           f"<= max_decode_query_len ({max_decode_query_len})", decode_query_len)
+    total_q, num_reqs = idx_q.shape[0], seq_lens.shape[0]
+    batch = _decode_batch(idx_q, "idx_q", seq_lens, block_table, decode_query_len)
+    topk_idx = _empty(idx_q, (num_kv_heads, total_q, topk), "int32")
+    _run("index_topk", _device(idx_q, "idx_q"),
+         (_index_config(num_kv_heads, topk, init_blocks, local_blocks), num_reqs, total_q,
+          block_table.shape[1], _dtype(index_kv_cache, "index_kv_cache")),
+         idx_q, index_kv_cache, batch, topk_idx)
+    return topk_idx
+
+
+def minimax_m3_sparse_attn(
+    q,  # [total_q, num_heads, head_dim]
+    kv_cache,  # [num_blocks, num_kv_heads, 128, 2*head_dim]
+    topk_idx,  # [num_kv_heads, total_q, topk]
+    block_table,  # [batch, max_blocks]
+    cu_seqlens_q,  # [batch+1] int32
+    seq_lens,  # [batch] int32
+    prefix_lens,  # [batch] int32
+    max_query_len: int,
+    num_kv_heads: int,
+    sm_scale: float,
+    output,  # [total_q, num_heads, head_dim]
+    k_scale=None,
+    v_scale=None,
+) -> None:
+    """Block-sparse GQA attention over the selected blocks into output (in place)."""
+    _check_attention(q, kv_cache, topk_idx, num_kv_heads, sm_scale, output)
+    num_reqs = cu_seqlens_q.shape[0] - 1
+    batch = Batch(cu_seqlens_q, _prefill_seq_lens(cu_seqlens_q, prefix_lens, seq_lens), block_table,
+                  num_tokens=q.shape[0])
+    _attention(q, kv_cache, topk_idx, batch, num_reqs, num_kv_heads, output, k_scale, v_scale,
+               block_table)
+
+
+def minimax_m3_sparse_attn_decode(
+    q,  # [total_q, num_heads, head_dim]
+    kv_cache,  # [num_blocks, num_kv_heads, 128, 2*head_dim]
+    topk_idx,  # [num_kv_heads, total_q, topk]
+    block_table,  # [num_reqs, max_blocks]
+    seq_lens,  # [num_reqs] int32
+    num_kv_heads: int,
+    sm_scale: float,
+    output,  # [total_q, num_heads, head_dim]
+    decode_query_len: int,
+    k_scale=None,
+    v_scale=None,
+    query_start_loc=None,
+    token_to_req_indices=None,
+) -> None:
+    """Decode attention, uniform (decode_query_len per request) or ragged (query_start_loc)."""
+    _check_attention(q, kv_cache, topk_idx, num_kv_heads, sm_scale, output)
+    total_q, num_reqs = q.shape[0], seq_lens.shape[0]
+    if query_start_loc is None:
+        batch = _decode_batch(q, "q", seq_lens, block_table, decode_query_len)
+    else:
+        _check(token_to_req_indices is not None, "token_to_req_indices",
+               "an array with query_start_loc", None)
+        _check(query_start_loc.shape[0] == num_reqs + 1, "query_start_loc",
+               f"[num_reqs + 1 = {num_reqs + 1}]", f"shape {tuple(query_start_loc.shape)}")
+        starts, owners = _host(query_start_loc), _host(token_to_req_indices)
+        if starts is not None and owners is not None:
+            import numpy as np
+
+            want = np.repeat(np.arange(num_reqs), np.diff(starts))
+            _check(np.array_equal(owners[:len(want)], want), "token_to_req_indices",
+                   "the request of each token as query_start_loc says", owners.tolist())
+        batch = Batch(query_start_loc, seq_lens, block_table, num_tokens=total_q)
+    _attention(q, kv_cache, topk_idx, batch, num_reqs, num_kv_heads, output, k_scale, v_scale,
+               block_table)

@@ -1,0 +1,325 @@
+"""m3sa.vllm: vLLM's five op signatures over numpy arrays, against the reference backend called
+through the plain API on the same data (selections identical on integer-valued data, attention
+within the C++ tests' bounds), plus the errors that stand for "m3sa cannot serve this call"."""
+import math
+
+import numpy as np
+import pytest
+from conftest import BLOCK, HEAD_DIM, random_bf16, small_ints
+
+import m3sa
+import m3sa.vllm as mv
+
+BOUNDS = m3sa._core.testing_bounds()
+SCALE = 1 / math.sqrt(HEAD_DIM)
+HEADS, GQA, TOPK, INIT, LOCAL = 2, 4, 4, 1, 1
+
+
+class VllmBatch:
+    """vLLM's metadata for requests (q_len, seq_len), each block on its own shuffled page."""
+
+    def __init__(self, seed, q_lens, seq_lens, index_dtype="bf16"):
+        self.rng = rng = np.random.default_rng(seed)
+        blocks = [-(-s // BLOCK) for s in seq_lens]
+        self.width = max(blocks) + 2  # columns past a request's blocks stay unread
+        self.num_pages = sum(blocks) + 3
+        pages = rng.permutation(self.num_pages).astype(np.int32)
+        self.block_table = np.zeros((len(seq_lens), self.width), np.int32)
+        used = 0
+        for r, n in enumerate(blocks):
+            self.block_table[r, :n] = pages[used:used + n]
+            used += n
+        self.q_lens = np.array(q_lens, np.int32)
+        self.cu_seqlens_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        self.seq_lens = np.array(seq_lens, np.int32)
+        self.prefix_lens = self.seq_lens - self.q_lens
+        self.total_q = int(self.cu_seqlens_q[-1])
+        self.max_seq_len = int(self.seq_lens.max())
+        self.index_dtype = index_dtype
+        self.idx_q = small_ints(rng, (self.total_q, HEADS, HEAD_DIM), index_dtype)
+        self.index_kv_cache = small_ints(rng, (self.num_pages, BLOCK, HEAD_DIM), index_dtype)
+
+    def batch(self, num_decode=0, decode_q_len=1):
+        return m3sa.Batch(self.cu_seqlens_q, self.seq_lens, self.block_table, num_tokens=self.total_q,
+                          num_decode_requests=num_decode, decode_q_len=decode_q_len)
+
+    def plan(self, op, dtype=None, backend="reference"):
+        config = m3sa.Config(top_k=TOPK, init_blocks=INIT, local_blocks=LOCAL, num_index_heads=HEADS)
+        caps = m3sa.Capacities(max_requests=len(self.seq_lens), max_tokens=max(self.total_q, 1),
+                               max_blocks_per_request=self.width)
+        return m3sa.make_plan(op, backend, config, caps, dtype or self.index_dtype)
+
+    def reference_topk(self, **batch):
+        plan = self.plan("index_topk")
+        topk = np.full((HEADS, self.total_q, TOPK), -7, np.int32)
+        m3sa.index_topk(plan, self.idx_q, self.index_kv_cache, self.batch(**batch), topk,
+                        workspace=m3sa.allocate_workspace(plan))
+        return topk
+
+    def kv_cache(self, kv_dtype):
+        shape = (self.num_pages, HEADS, BLOCK, 2 * HEAD_DIM)  # vLLM's combined cache
+        if kv_dtype == "bf16":
+            return random_bf16(self.rng, shape)
+        kv = self.rng.integers(0, 0x40, size=shape, dtype=np.uint8)  # e4m3 magnitudes below 2
+        return kv | (self.rng.integers(0, 2, size=shape, dtype=np.uint8) << 7)
+
+    def reference_attention(self, q, kv, topk, kv_dtype, k_scale, v_scale, **batch):
+        plan = self.plan("sparse_attention", kv_dtype)
+        out = np.zeros(q.shape, np.uint16)
+        lse = np.zeros(q.shape[:2], np.float32)
+        m3sa.sparse_attention(plan, q, np.ascontiguousarray(kv[..., :HEAD_DIM].transpose(0, 2, 1, 3)),
+                              np.ascontiguousarray(kv[..., HEAD_DIM:].transpose(0, 2, 1, 3)), topk,
+                              self.batch(**batch), out, lse=lse, k_scale=k_scale, v_scale=v_scale,
+                              workspace=m3sa.allocate_workspace(plan))
+        return out
+
+
+PREFILL = dict(q_lens=(37, 5, 1), seq_lens=(300, 40, 700))
+DECODE_SEQ_LENS = (700, 129, 0, 300)  # request 2 is vLLM's CUDA-graph padding (seq_len 0)
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches():
+    mv.clear_caches()
+    yield
+    mv.clear_caches()
+
+
+def prefill_topk(b):
+    score = mv.minimax_m3_index_score(b.idx_q, b.index_kv_cache, b.block_table, b.cu_seqlens_q,
+                                      b.seq_lens, b.prefix_lens, int(b.q_lens.max()), b.max_seq_len,
+                                      HEADS)
+    return score, mv.minimax_m3_index_topk(score, b.cu_seqlens_q, b.prefix_lens, int(b.q_lens.max()),
+                                           TOPK, INIT, LOCAL)
+
+
+@pytest.mark.parametrize("index_dtype", ["bf16", "fp8_e4m3"])
+def test_index_score_and_topk_match_reference(index_dtype):
+    b = VllmBatch(1, **PREFILL, index_dtype=index_dtype)
+    score, topk = prefill_topk(b)
+    max_block = -(-b.max_seq_len // BLOCK)
+    assert score.dtype == np.float32 and score.shape == (HEADS, b.total_q, -(-max_block // 16) * 16)
+    plan = b.plan("score_blocks")
+    want = np.zeros((HEADS, b.total_q, b.width), np.float32)
+    m3sa.score_blocks(plan, b.idx_q, b.index_kv_cache, b.batch(), want,
+                      workspace=m3sa.allocate_workspace(plan))
+    np.testing.assert_array_equal(score[..., :max_block], want[..., :max_block])  # integer data: exact
+    assert (score[..., max_block:] == -np.inf).all()  # vLLM leaves them unwritten
+    assert topk.dtype == np.int32 and topk.shape == (HEADS, b.total_q, TOPK)
+    np.testing.assert_array_equal(topk, b.reference_topk())
+
+
+@pytest.mark.parametrize("index_dtype", ["bf16", "fp8_e4m3"])
+@pytest.mark.parametrize("decode_query_len", [1, 2])
+def test_index_decode_matches_reference(index_dtype, decode_query_len):
+    n = len(DECODE_SEQ_LENS)
+    b = VllmBatch(2, (decode_query_len,) * 2 + (0,) + (decode_query_len,), DECODE_SEQ_LENS, index_dtype)
+    # vLLM's decode batch is request-major with decode_query_len rows per request, padding included
+    b.q_lens[:] = decode_query_len
+    b.cu_seqlens_q = (np.arange(n + 1) * decode_query_len).astype(np.int32)
+    b.total_q = n * decode_query_len
+    b.idx_q = small_ints(b.rng, (b.total_q, HEADS, HEAD_DIM), index_dtype)
+    topk = mv.minimax_m3_index_decode(b.idx_q, b.index_kv_cache, b.block_table, b.seq_lens,
+                                      b.max_seq_len, TOPK, INIT, LOCAL, HEADS, decode_query_len, 4)
+    want = b.reference_topk(num_decode=n, decode_q_len=decode_query_len)
+    np.testing.assert_array_equal(topk, want)
+    pad = slice(2 * decode_query_len, 3 * decode_query_len)
+    assert (topk[:, pad] == -1).all()  # the padding request selects nothing
+
+
+def attention_close(got, want):
+    got = m3sa.from_bf16_bits(got).astype(np.float64)
+    want = m3sa.from_bf16_bits(want).astype(np.float64)
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+def test_sparse_attn_matches_reference(kv_dtype, monkeypatch):
+    b = VllmBatch(3, **PREFILL)
+    _, topk = prefill_topk(b)
+    kv = b.kv_cache(kv_dtype)
+    q = random_bf16(b.rng, (b.total_q, HEADS * GQA, HEAD_DIM))
+    k_scale, v_scale = np.array([0.5], np.float32), np.array([0.25], np.float32)
+    want = b.reference_attention(q, kv, topk, kv_dtype, *(
+        (0.5, 0.25) if kv_dtype == "fp8_e4m3" else (1.0, 1.0)))  # vLLM ignores scales on bf16
+
+    def run():
+        out = np.zeros_like(q)
+        assert mv.minimax_m3_sparse_attn(q, kv, topk, b.block_table, b.cu_seqlens_q, b.seq_lens,
+                                         b.prefix_lens, int(b.q_lens.max()), HEADS, SCALE, out,
+                                         k_scale, v_scale) is None
+        return out
+
+    assert attention_close(run(), want) <= BOUNDS["attention_relative_l2"]
+    monkeypatch.setattr(mv, "host_backend", "reference")  # the same call on the reference: same bits
+    np.testing.assert_array_equal(run(), want)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+def test_sparse_attn_decode_matches_reference(kv_dtype):
+    n = len(DECODE_SEQ_LENS)
+    b = VllmBatch(4, (1,) * 2 + (0,) + (1,), DECODE_SEQ_LENS)
+    b.q_lens[:] = 1
+    b.cu_seqlens_q = np.arange(n + 1, dtype=np.int32)
+    b.total_q = n
+    b.idx_q = small_ints(b.rng, (n, HEADS, HEAD_DIM), "bf16")
+    topk = mv.minimax_m3_index_decode(b.idx_q, b.index_kv_cache, b.block_table, b.seq_lens,
+                                      b.max_seq_len, TOPK, INIT, LOCAL, HEADS, 1, 1)
+    kv = b.kv_cache(kv_dtype)
+    q = random_bf16(b.rng, (n, HEADS * GQA, HEAD_DIM))
+    want = b.reference_attention(q, kv, topk, kv_dtype, 1.0, 1.0, num_decode=n, decode_q_len=1)
+    out = np.full_like(q, 0x7FC0)  # NaN bits: every row is written
+    mv.minimax_m3_sparse_attn_decode(q, kv, topk, b.block_table, b.seq_lens, HEADS, SCALE, out, 1)
+    assert attention_close(out, want) <= BOUNDS["attention_relative_l2"]
+    assert (out[2] == 0).all()  # the padding request's row: zeros
+
+
+def test_sparse_attn_decode_ragged_matches_reference():
+    b = VllmBatch(5, (1, 3, 2), (500, 260, 129))  # MTP-verify rows of different lengths
+    _, topk = prefill_topk(b)
+    kv = b.kv_cache("bf16")
+    q = random_bf16(b.rng, (b.total_q, HEADS * GQA, HEAD_DIM))
+    want = b.reference_attention(q, kv, topk, "bf16", 1.0, 1.0)
+    out = np.zeros_like(q)
+    owners = np.repeat(np.arange(3), b.q_lens).astype(np.int32)
+    mv.minimax_m3_sparse_attn_decode(q, kv, topk, b.block_table, b.seq_lens, HEADS, SCALE, out, 1,
+                                     query_start_loc=b.cu_seqlens_q, token_to_req_indices=owners)
+    assert attention_close(out, want) <= BOUNDS["attention_relative_l2"]
+
+
+def test_plans_and_workspaces_are_cached():
+    b = VllmBatch(6, **PREFILL)
+    first = prefill_topk(b)[1]
+    cached = mv.plan_cache()
+    plans = [mv._plans[key] for key in cached]
+    assert sorted(key[0] for key in cached) == ["score_blocks", "select_topk_blocks"]
+    smaller = VllmBatch(7, q_lens=(30, 4, 1), seq_lens=(290, 40, 690))  # within the same capacities
+    prefill_topk(smaller)
+    assert mv.plan_cache() == cached
+    assert all(mv._plans[key] is plan for key, plan in zip(cached, plans))
+    np.testing.assert_array_equal(prefill_topk(b)[1], first)
+
+
+# --- what m3sa cannot serve: a clear error naming the argument ------------------------------------
+
+@pytest.fixture
+def attn_call():
+    b = VllmBatch(8, **PREFILL)
+    _, topk = prefill_topk(b)
+    q = random_bf16(b.rng, (b.total_q, HEADS * GQA, HEAD_DIM))
+    return dict(q=q, kv_cache=b.kv_cache("bf16"), topk_idx=topk, block_table=b.block_table,
+                cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens, prefix_lens=b.prefix_lens,
+                max_query_len=int(b.q_lens.max()), num_kv_heads=HEADS, sm_scale=SCALE,
+                output=np.zeros_like(q))
+
+
+def test_attention_call_is_valid_as_given(attn_call):
+    mv.minimax_m3_sparse_attn(**attn_call)
+    assert np.count_nonzero(attn_call["output"]) > 0
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(sm_scale=0.1), "sm_scale: expected 1/sqrt"),
+    (dict(num_kv_heads=1), "num_kv_heads"),
+])
+def test_unsupported_parameters_raise(attn_call, change, match):
+    with pytest.raises(ValueError, match=match):
+        mv.minimax_m3_sparse_attn(**{**attn_call, **change})
+
+
+def test_wrong_layouts_raise(attn_call):
+    kv = attn_call["kv_cache"]
+    with pytest.raises(ValueError, match="kv_cache: expected .num_blocks, num_kv_heads, 128, 256"):
+        mv.minimax_m3_sparse_attn(**{**attn_call, "kv_cache": np.ascontiguousarray(kv.transpose(0, 2, 1, 3))})
+    with pytest.raises(ValueError, match="q: expected .tokens, heads, 128"):
+        mv.minimax_m3_sparse_attn(**{**attn_call, "q": attn_call["q"][..., :64]})
+    with pytest.raises(ValueError, match="topk_idx"):  # token-major [T, Hkv, K] is not vLLM's layout
+        mv.minimax_m3_sparse_attn(**{**attn_call, "topk_idx": attn_call["topk_idx"][:1]})
+    unsorted = attn_call["topk_idx"][..., ::-1].copy()  # vLLM's own top-k order: not m3sa's format
+    with pytest.raises(ValueError, match="topk"):
+        mv.minimax_m3_sparse_attn(**{**attn_call, "topk_idx": unsorted})
+
+
+def test_inconsistent_prefix_lens_raise(attn_call):
+    with pytest.raises(ValueError, match="seq_lens: expected prefix_lens \\+ query lengths"):
+        mv.minimax_m3_sparse_attn(**{**attn_call, "prefix_lens": attn_call["prefix_lens"] - 1})
+
+
+def test_kv_scales(attn_call):
+    kv8 = (attn_call["kv_cache"] >> 8).astype(np.uint8) & 0xBF  # fp8 bits of moderate magnitude
+    per_token = np.ones((HEADS, 4096), np.float32)
+    with pytest.raises(ValueError, match="k_scale: expected a per-tensor scale"):
+        mv.minimax_m3_sparse_attn(**{**attn_call, "kv_cache": kv8}, k_scale=per_token, v_scale=per_token)
+    with pytest.raises(ValueError, match="both provided or both None"):
+        mv.minimax_m3_sparse_attn(**{**attn_call, "kv_cache": kv8}, k_scale=np.ones(1, np.float32))
+    with pytest.raises(TypeError, match="kv_cache: dtype float16"):
+        mv.minimax_m3_sparse_attn(**{**attn_call, "kv_cache": attn_call["kv_cache"].view(np.float16)})
+
+
+def test_index_errors():
+    b = VllmBatch(9, **PREFILL)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        mv.minimax_m3_index_score(b.idx_q, b.index_kv_cache, b.block_table, b.cu_seqlens_q, b.seq_lens,
+                                  b.prefix_lens, 37, b.max_seq_len, HEADS + 1)
+    with pytest.raises(ValueError, match="decode_query_len"):
+        mv.minimax_m3_index_decode(b.idx_q, b.index_kv_cache, b.block_table, b.seq_lens, b.max_seq_len,
+                                   TOPK, INIT, LOCAL, HEADS, 2, 1)
+    with pytest.raises(ValueError, match="idx_q: expected num_reqs x decode_query_len"):
+        mv.minimax_m3_index_decode(b.idx_q, b.index_kv_cache, b.block_table, b.seq_lens, b.max_seq_len,
+                                   TOPK, INIT, LOCAL, HEADS, 1, 1)
+    with pytest.raises(ValueError, match="config.top_k"):
+        score, _ = prefill_topk(b)
+        mv.minimax_m3_index_topk(score, b.cu_seqlens_q, b.prefix_lens, 37, 64, INIT, LOCAL)
+
+
+class FakeCudaArray:
+    """Stands for a CUDA tensor of a framework other than torch (e.g. cupy)."""
+
+    def __init__(self, array):
+        self.shape, self.dtype = array.shape, array.dtype
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_cuda_arrays_without_torch_raise():
+    pytest.importorskip("numpy")
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is installed")
+    except ImportError:
+        pass
+    b = VllmBatch(10, **PREFILL)
+    with pytest.raises(m3sa.UnsupportedError, match="torch is not installed"):
+        mv.minimax_m3_index_decode(FakeCudaArray(b.idx_q[:3]), b.index_kv_cache, b.block_table, b.seq_lens,
+                                   b.max_seq_len, TOPK, INIT, LOCAL, HEADS, 1, 1)
+
+
+def vllm_signatures():
+    """Parameter names and defaults of vLLM's functions, read from its sources beside the repo."""
+    import ast
+    import pathlib
+
+    peer = pathlib.Path(__file__).resolve().parents[3] / "shared" / "peer" / "vllm_m3"
+    if not peer.is_dir():
+        pytest.skip(f"vLLM's op sources are not at {peer}")
+    signatures = {}
+    for name in ("index_topk.py", "sparse_attn.py"):
+        for node in ast.parse((peer / name).read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("minimax_m3_"):
+                args = node.args.args
+                defaults = [None] * (len(args) - len(node.args.defaults)) + [
+                    ast.literal_eval(d) for d in node.args.defaults]
+                signatures[node.name] = [(a.arg, d) for a, d in zip(args, defaults)]
+    return signatures
+
+
+def test_signatures_are_vllms():
+    import inspect
+
+    want = vllm_signatures()
+    assert sorted(want) == sorted(name for name in mv.__all__ if name.startswith("minimax_m3_"))
+    for name, params in want.items():
+        got = inspect.signature(getattr(mv, name)).parameters.values()
+        assert [(p.name, None if p.default is p.empty else p.default) for p in got] == params, name
+        assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in got), name
