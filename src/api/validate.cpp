@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <new>
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/check.h"
 #include "common/checked_math.h"
@@ -235,7 +237,35 @@ Status check_workspace(const Workspace& workspace, size_t required_bytes) {
   return {};
 }
 
-// Slots of a [T] i64 mapping below pages x 128 (or negative: skipped).
+namespace {
+
+// Contract §3: two tokens never share a non-negative slot (which row would land is a race between
+// CPU threads or CUDA blocks). The slots are sorted with their rows to find a repeat.
+Status check_distinct_slots(const TensorView& slots, const char* name) {
+  std::vector<std::pair<int64_t, int64_t>> slot_rows; // (slot, row)
+  try {
+    slot_rows.reserve(static_cast<size_t>(slots.shape[0]));
+  } catch (const std::bad_alloc&) {
+    return Status::unsupported(concat(name, " of ", slots.shape[0], " rows"),
+                               "no host memory to check that its slots are distinct");
+  }
+  for (int64_t t = 0; t < slots.shape[0]; ++t) {
+    const int64_t slot = slots.ptr<const int64_t>()[t * slots.strides[0]];
+    if (slot >= 0) slot_rows.emplace_back(slot, t);
+  }
+  std::sort(slot_rows.begin(), slot_rows.end());
+  for (size_t i = 1; i < slot_rows.size(); ++i)
+    if (slot_rows[i].first == slot_rows[i - 1].first)
+      return Status::invalid_argument(
+          name, "distinct non-negative slots (contract §3: one token per cache row)",
+          concat("slot ", slot_rows[i].first, " at rows ", slot_rows[i - 1].second, " and ",
+                 slot_rows[i].second));
+  return {};
+}
+
+} // namespace
+
+// Slots of a [T] i64 mapping below pages x 128 (or negative: skipped), each used once.
 Status check_slots(const TensorView& slots, const char* name, int64_t pages) {
   for (int64_t t = 0; t < slots.shape[0]; ++t) {
     const int64_t slot = slots.ptr<const int64_t>()[t * slots.strides[0]];
@@ -244,7 +274,7 @@ Status check_slots(const TensorView& slots, const char* name, int64_t pages) {
           name, concat("slots < num_pages x 128 = ", pages * kBlockTokens, ", or < 0 to skip"),
           concat(slot, " at row ", t));
   }
-  return {};
+  return check_distinct_slots(slots, name);
 }
 
 Status check_block_table_pages(const BatchMetadata& batch, const TensorView& table,

@@ -72,7 +72,8 @@ Status check_batch(const OpPlan& plan, const BatchMetadata& batch, DeviceKind de
 Status check_block_table_pages(const BatchMetadata& batch, const TensorView& table,
                                const char* name, int64_t num_pages);
 
-// Slots of a [T] i64 slot mapping: below num_pages x 128, or negative (skipped).
+// Slots of a [T] i64 slot mapping: below num_pages x 128, or negative (skipped); no non-negative
+// slot twice (contract §3).
 Status check_slots(const TensorView& slots, const char* name, int64_t num_pages);
 
 // CUDA kernels move 16-byte vectors: rows must start on 16-byte boundaries.
