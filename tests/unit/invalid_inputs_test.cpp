@@ -63,6 +63,15 @@ struct ValidSetup {
       request.config.num_index_heads = norm_rope_batch.spec().index_heads;
     }
   }
+  // `outer` and `inner` (both contiguous) moved into `spare`, `inner` 64 bytes into `outer`: they
+  // overlap each other and nothing else, whatever the allocator placed next to their buffers.
+  void place_inside(TensorView& outer, TensorView& inner) {
+    const int64_t outer_bytes = outer.numel() * static_cast<int64_t>(dtype_size(outer.dtype));
+    spare.reset(DType::i64, {outer_bytes / 8});
+    std::memcpy(spare.data<char>() + 64, inner.data, inner.numel() * dtype_size(inner.dtype));
+    outer.data = spare.data<char>();
+    inner.data = spare.data<char>() + 64;
+  }
   void set_batch(const std::function<void(BatchMetadata&)>& edit) {
     for (BatchMetadata* b : {&score.batch, &select.batch, &index.batch, &attention.batch}) edit(*b);
   }
@@ -341,29 +350,39 @@ const std::vector<InvalidCase>& cases() {
        [](ValidSetup& s) { s.request.capacities.max_tokens = 10; }, "(plan capacity)"},
       // Issue 15: outputs and the workspace overlapping batch metadata or other inputs.
       {"TopkOverlapsCuQLens", O::index_topk,
-       [](ValidSetup& s) { s.index.topk.data = s.index.batch.cu_q_lens.data; },
+       [](ValidSetup& s) { s.place_inside(s.index.topk, s.index.batch.cu_q_lens); },
        "topk: expected memory disjoint from batch.cu_q_lens"},
       {"ScoresOverlapSeqLens", O::score_blocks,
-       [](ValidSetup& s) { s.score.scores.data = s.score.batch.seq_lens.data; },
+       [](ValidSetup& s) { s.place_inside(s.score.scores, s.score.batch.seq_lens); },
        "scores: expected memory disjoint from batch.seq_lens"},
       {"SelectTopkOverlapsBlockTable", O::select_topk_blocks,
-       [](ValidSetup& s) { s.select.topk.data = s.select.batch.block_table.data; },
+       [](ValidSetup& s) { s.place_inside(s.select.topk, s.select.batch.block_table); },
        "topk: expected memory disjoint from batch.block_table"},
       {"AttentionOutOverlapsBlockTable", O::sparse_attention,
-       [](ValidSetup& s) { s.attention.out.data = s.attention.batch.block_table.data; },
+       [](ValidSetup& s) { s.place_inside(s.attention.out, s.attention.batch.block_table); },
        "out: expected memory disjoint from batch.block_table"},
       {"AttentionLseOverlapsKvBlockTable", O::sparse_attention,
-       [](ValidSetup& s) { s.attention.lse.data = s.attention.kv_block_table.data; },
+       [](ValidSetup& s) { s.place_inside(s.attention.lse, s.attention.kv_block_table); },
        "lse: expected memory disjoint from kv_block_table"},
       {"BlockTableInsideWorkspace", O::index_topk,
        [](ValidSetup& s) { s.block_table_in_workspace = true; },
        "workspace.data: expected memory disjoint from batch.block_table"},
       {"InsertCacheOverlapsSlotMapping", O::insert_index_k,
-       [](ValidSetup& s) { s.insert.index_k_cache.data = s.insert.slot_mapping.data; },
+       [](ValidSetup& s) { s.place_inside(s.insert.index_k_cache, s.insert.slot_mapping); },
        "index_k_cache: expected memory disjoint from slot_mapping"},
       {"NormRopeKCacheOverlapsPositions", O::norm_rope_insert,
-       [](ValidSetup& s) { s.norm_rope.k_cache.data = s.norm_rope.positions.data; },
+       [](ValidSetup& s) { s.place_inside(s.norm_rope.k_cache, s.norm_rope.positions); },
        "k_cache: expected memory disjoint from positions"},
+      // Issue 15: duplicate slots (contract §3).
+      {"InsertDuplicateSlots", O::insert_index_k,
+       [](ValidSetup& s) { s.slots.data<int64_t>()[4] = s.slots.data<int64_t>()[1]; },
+       "slot_mapping: expected distinct non-negative slots"},
+      {"NormRopeDuplicateIndexSlots", O::norm_rope_insert,
+       [](ValidSetup& s) {
+         int64_t* slots = s.norm_rope.index_slot_mapping.ptr<int64_t>();
+         slots[3] = slots[1] >= 0 ? slots[1] : slots[2];
+       },
+       "index_slot_mapping: expected distinct non-negative slots"},
       // Issue 15: rank above TensorView::kMaxRank, sizes that overflow.
       {"RankAboveMaxRank", O::index_topk, [](ValidSetup& s) { s.index.index_q.rank = 5; },
        "rank 5 (at most 4)"},
@@ -534,3 +553,23 @@ INSTANTIATE_TEST_SUITE_P(Table, InvalidInputs, ::testing::Range<size_t>(0, cases
 
 } // namespace
 } // namespace m3sa::testing
+
+namespace m3sa::testing {
+namespace {
+
+TEST(InvalidInputs, SyntheticBatchBeyondHostMemoryReportsAnAllocationFailure) {
+  // Issue 15: `m3sa demo --decode-requests 4096 --decode-context 1048576` crashed on the null data
+  // of an unchecked aligned_alloc. Two requests of 2^31 - 128 tokens need a 1 TiB index cache.
+  constexpr int32_t kLongest = INT32_MAX - 127;
+  const SyntheticBatch sb(BatchSpec{{1, 1}, {kLongest, kLongest}, 0, 1, 1});
+  ASSERT_FALSE(sb.status().ok());
+  EXPECT_NE(sb.status().message().find("host memory: allocating"), std::string::npos)
+      << sb.status().to_string();
+}
+
+} // namespace
+} // namespace m3sa::testing
+
+// The test above needs a failed allocation to come back as null under ASan too (its default is to
+// abort), as it does from the plain allocator.
+extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
