@@ -60,8 +60,8 @@ Status check_shard_args(const ContextParallelPlan& plan, const IndexTopkArgs& ar
   if (topk) {
     M3SA_RETURN_IF_ERROR(detail::check_topk_out(scoring, args.topk, args.batch.num_tokens, device));
     M3SA_RETURN_IF_ERROR(detail::check_aliasing(
-        {{args.topk, "topk"}},
-        {{args.index_q, "index_q"}, {args.index_k_cache, "index_k_cache"}}, &args.batch, {}));
+        {{args.topk, "topk"}}, {{args.index_q, "index_q"}, {args.index_k_cache, "index_k_cache"}},
+        &args.batch, {}));
   }
   return {};
 }

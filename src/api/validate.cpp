@@ -93,7 +93,8 @@ Status check_tensor(const TensorView& t, const TensorRule& rule, DeviceKind devi
   if (t.data == nullptr && t.numel() > 0) return fail("a non-null data pointer");
   // Every later size computation (offsets, byte ranges, page and slot counts) then fits in int64.
   if (t.numel() > 0 && byte_extent(t) > kMaxTensorBytes)
-    return fail(detail::concat("at most 2^", kMaxTensorBytesLog2, " bytes from first to last element"));
+    return fail(
+        detail::concat("at most 2^", kMaxTensorBytesLog2, " bytes from first to last element"));
   if (rule.rows_contiguous && t.rank > 0 && t.shape[t.rank - 1] > 1 && t.strides[t.rank - 1] != 1)
     return fail("stride 1 in the last dim");
   if (rule.is_output && !is_non_overlapping(t))
@@ -125,20 +126,19 @@ Status check_aliasing(Operands outputs, Operands inputs, const BatchMetadata* ba
                               {batch ? batch->seq_lens : kAbsent, "batch.seq_lens"},
                               {batch ? batch->block_table : kAbsent, "batch.block_table"}};
   // The workspace as a byte tensor of the size the plan uses (fp8_e4m3: a 1-byte dtype).
-  const TensorView scratch = TensorView::contiguous(
-      workspace.data, DType::fp8_e4m3, {static_cast<int64_t>(workspace.bytes)});
+  const TensorView scratch = TensorView::contiguous(workspace.data, DType::fp8_e4m3,
+                                                    {static_cast<int64_t>(workspace.bytes)});
   for (auto out = outputs.begin(); out != outputs.end(); ++out) {
     for (auto other = out + 1; other != outputs.end(); ++other)
       M3SA_RETURN_IF_ERROR(check_disjoint(out->view, out->name, other->view, other->name));
     for (const Operand& in : metadata)
       M3SA_RETURN_IF_ERROR(check_disjoint(out->view, out->name, in.view, in.name));
     for (const Operand& in : inputs) {
-      const bool in_place = out->in_place_of == &in.view && out->view.data == in.view.data &&
-                            out->view.dtype == in.view.dtype && out->view.rank == in.view.rank &&
-                            std::equal(in.view.shape, in.view.shape + in.view.rank,
-                                       out->view.shape) &&
-                            std::equal(in.view.strides, in.view.strides + in.view.rank,
-                                       out->view.strides);
+      const bool in_place =
+          out->in_place_of == &in.view && out->view.data == in.view.data &&
+          out->view.dtype == in.view.dtype && out->view.rank == in.view.rank &&
+          std::equal(in.view.shape, in.view.shape + in.view.rank, out->view.shape) &&
+          std::equal(in.view.strides, in.view.strides + in.view.rank, out->view.strides);
       if (!in_place) M3SA_RETURN_IF_ERROR(check_disjoint(out->view, out->name, in.view, in.name));
     }
   }

@@ -59,10 +59,13 @@ Status check_workspace(const Workspace& workspace, size_t required_bytes);
 // for the aliasing rules only (check_run_common has checked its size).
 Status validate_args(const OpPlan& plan, const InsertIndexKArgs& args, const Workspace& workspace);
 Status validate_args(const OpPlan& plan, const ScoreBlocksArgs& args, const Workspace& workspace);
-Status validate_args(const OpPlan& plan, const SelectTopkBlocksArgs& args, const Workspace& workspace);
+Status validate_args(const OpPlan& plan, const SelectTopkBlocksArgs& args,
+                     const Workspace& workspace);
 Status validate_args(const OpPlan& plan, const IndexTopkArgs& args, const Workspace& workspace);
-Status validate_args(const OpPlan& plan, const SparseAttentionArgs& args, const Workspace& workspace);
-Status validate_args(const OpPlan& plan, const NormRopeInsertArgs& args, const Workspace& workspace);
+Status validate_args(const OpPlan& plan, const SparseAttentionArgs& args,
+                     const Workspace& workspace);
+Status validate_args(const OpPlan& plan, const NormRopeInsertArgs& args,
+                     const Workspace& workspace);
 
 // Batch metadata against the plan's capacities; when host-readable, its contents too. `num_pages`
 // bounds the pages of `block_table` that will be read; -1 skips that check.

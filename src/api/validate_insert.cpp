@@ -28,9 +28,9 @@ Status validate_args(const OpPlan& plan, const InsertIndexKArgs& args, const Wor
                                      true,
                                      true},
                                     device));
-  M3SA_RETURN_IF_ERROR(check_aliasing({{cache, "index_k_cache"}},
-                                      {{args.index_k, "index_k"}, {args.slot_mapping, "slot_mapping"}},
-                                      nullptr, workspace));
+  M3SA_RETURN_IF_ERROR(check_aliasing(
+      {{cache, "index_k_cache"}}, {{args.index_k, "index_k"}, {args.slot_mapping, "slot_mapping"}},
+      nullptr, workspace));
   if (!host_readable(device)) return {}; // the device flags bad slots
   return check_slots(args.slot_mapping, "slot_mapping", cache.shape[0]);
 }

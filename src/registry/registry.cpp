@@ -110,9 +110,8 @@ int64_t plan_seal(const OpPlan& plan) {
   hash << r.op << r.backend << c.top_k << c.local_blocks << c.init_blocks << c.num_index_heads
        << c.score_scale << c.reduce_heads << c.rms_norm_eps << c.norm_weight_offset << c.rope_theta
        << r.capacities.max_requests << r.capacities.max_tokens
-       << r.capacities.max_blocks_per_request << r.cache_dtype << r.num_threads
-       << r.device_ordinal << plan.implementation << plan.num_threads << plan.workspace_bytes
-       << plan.plan_info_version;
+       << r.capacities.max_blocks_per_request << r.cache_dtype << r.num_threads << r.device_ordinal
+       << plan.implementation << plan.num_threads << plan.workspace_bytes << plan.plan_info_version;
   for (int i = 0; i < kPlanSealWord; ++i) hash << plan.plan_info[i];
   return hash.value();
 }

@@ -39,9 +39,9 @@ void HostTensor::allocate(const TensorView& shape) {
 Status check_allocated(std::initializer_list<const HostTensor*> tensors, const char* what) {
   for (const HostTensor* t : tensors)
     if (!t->allocated())
-      return Status::unsupported(what, detail::concat("host memory: allocating ", t->bytes(),
-                                                      " bytes for ", t->view().describe(),
-                                                      " failed"));
+      return Status::unsupported(what,
+                                 detail::concat("host memory: allocating ", t->bytes(),
+                                                " bytes for ", t->view().describe(), " failed"));
   return {};
 }
 
