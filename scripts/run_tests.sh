@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything (every .cu included where nvcc exists), checks that a consumer project builds
 # against the installed package and that the CUDA-free configuration builds, then runs all tests
-# (the Python package's through scripts/run_python_tests.sh).
+# (the Python package's through scripts/run_python_tests.sh), and the CPU suite again under
+# AddressSanitizer + UBSan (the asan preset; any report is fatal).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -28,3 +29,10 @@ bash scripts/run_python_tests.sh
 
 echo "[m3sa] tests: $(ctest --test-dir build -N -L cpu | tail -1 | sed 's/Total Tests: //') labelled cpu, $(ctest --test-dir build -N -L gpu | tail -1 | sed 's/Total Tests: //') labelled gpu" >&2
 ctest --test-dir build --output-on-failure -j "$M3SA_JOBS"
+
+# Memory errors on valid or hostile input (issue 15) only show under the sanitizers: the CPU suite
+# again, built by the asan preset (-fno-sanitize-recover=all: a UBSan report fails its test).
+echo "[m3sa] CPU tests under ASan + UBSan (asan preset)" >&2
+{ cmake --preset asan -DM3SA_WERROR=ON && cmake --build --preset asan --target m3sa_cpu_tests -j "$M3SA_JOBS"; } \
+    > build/asan.log 2>&1 || { cat build/asan.log; exit 1; }
+ctest --test-dir build-asan --output-on-failure -L cpu -j "$M3SA_JOBS"

@@ -1,7 +1,9 @@
 // Names, sizes and messages of the public value types.
+#include <algorithm>
 #include <sstream>
 
 #include "common/check.h"
+#include "common/checked_math.h"
 #include "m3sa/ops.h"
 #include "m3sa/status.h"
 #include "m3sa/tensor_view.h"
@@ -105,6 +107,12 @@ const char* to_string(OpKind op) {
   return "unknown-op";
 }
 
+namespace {
+// The dims a view stores: a rank above kMaxRank (an invalid view every op rejects) keeps only the
+// first kMaxRank extents, so nothing here reads or writes past shape[] / strides[].
+int stored_rank(const TensorView& t) { return std::clamp(t.rank, 0, TensorView::kMaxRank); }
+} // namespace
+
 TensorView TensorView::contiguous(const void* data, DType dtype,
                                   std::initializer_list<int64_t> shape, Device device) {
   TensorView t;
@@ -112,27 +120,27 @@ TensorView TensorView::contiguous(const void* data, DType dtype,
   t.dtype = dtype;
   t.rank = static_cast<int>(shape.size());
   t.device = device;
-  int d = 0;
-  for (int64_t extent : shape) t.shape[d++] = extent;
+  const int rank = stored_rank(t);
+  std::copy_n(shape.begin(), rank, t.shape);
   int64_t stride = 1;
-  for (int i = t.rank - 1; i >= 0; --i) {
+  for (int i = rank - 1; i >= 0; --i) {
     t.strides[i] = stride;
-    stride *= t.shape[i];
+    stride = detail::saturating_mul(stride, t.shape[i]);
   }
   return t;
 }
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int d = 0; d < rank; ++d) n *= shape[d];
+  for (int d = 0; d < stored_rank(*this); ++d) n = detail::saturating_mul(n, shape[d]);
   return rank == 0 ? 0 : n;
 }
 
 bool TensorView::is_contiguous() const {
   int64_t stride = 1;
-  for (int d = rank - 1; d >= 0; --d) {
+  for (int d = stored_rank(*this) - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != stride) return false;
-    stride *= shape[d];
+    stride = detail::saturating_mul(stride, shape[d]);
   }
   return true;
 }
@@ -140,10 +148,11 @@ bool TensorView::is_contiguous() const {
 std::string TensorView::describe() const {
   if (!present()) return "absent tensor";
   std::ostringstream out;
+  if (rank != stored_rank(*this)) out << "rank " << rank << " (at most " << kMaxRank << ") ";
   out << to_string(dtype) << " [";
-  for (int d = 0; d < rank; ++d) out << (d ? ", " : "") << shape[d];
+  for (int d = 0; d < stored_rank(*this); ++d) out << (d ? ", " : "") << shape[d];
   out << "] strides [";
-  for (int d = 0; d < rank; ++d) out << (d ? ", " : "") << strides[d];
+  for (int d = 0; d < stored_rank(*this); ++d) out << (d ? ", " : "") << strides[d];
   out << "] on " << to_string(device.kind);
   if (device.kind == DeviceKind::cuda) out << ":" << device.ordinal;
   if (data == nullptr) out << " (null data)";

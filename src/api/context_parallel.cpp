@@ -59,8 +59,9 @@ Status check_shard_args(const ContextParallelPlan& plan, const IndexTopkArgs& ar
                                     args.batch.block_table.describe());
   if (topk) {
     M3SA_RETURN_IF_ERROR(detail::check_topk_out(scoring, args.topk, args.batch.num_tokens, device));
-    M3SA_RETURN_IF_ERROR(detail::check_disjoint_from_scoring_inputs(args.topk, "topk", args.index_q,
-                                                                    args.index_k_cache));
+    M3SA_RETURN_IF_ERROR(detail::check_aliasing(
+        {{args.topk, "topk"}}, {{args.index_q, "index_q"}, {args.index_k_cache, "index_k_cache"}},
+        &args.batch, {}));
   }
   return {};
 }

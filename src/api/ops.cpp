@@ -21,7 +21,9 @@ template <typename Args>
 Status validate_and_run(OpKind op, const OpPlan& plan, const Args& args, Workspace workspace,
                         const ExecContext& ctx) {
   M3SA_RETURN_IF_ERROR(with_op(op, detail::check_run_common(plan, op, workspace, ctx)));
-  M3SA_RETURN_IF_ERROR(with_op(op, detail::validate_args(plan, args)));
+  // The aliasing rules cover the bytes of the workspace the implementation uses.
+  const Workspace used{workspace.data, plan.workspace_bytes};
+  M3SA_RETURN_IF_ERROR(with_op(op, detail::validate_args(plan, args, used)));
   return with_op(op, detail::run_implementation(plan, args, workspace, ctx));
 }
 
@@ -74,6 +76,7 @@ Status make_plan(const PlanRequest& request, OpPlan* plan) {
   result.request.implementation = impl.name; // the registry's string outlives the caller's
   result.plan_info_version = impl.plan_info_version;
   M3SA_RETURN_IF_ERROR(with_op(request.op, impl.plan(result.request, caps, &result)));
+  detail::seal_plan(&result);
   *plan = result;
   return {};
 }
@@ -110,7 +113,7 @@ Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& args, Work
 
 Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecContext& ctx) {
   const detail::Implementation* impl = nullptr;
-  M3SA_RETURN_IF_ERROR(detail::implementation_of(plan, plan.request.op, &impl));
+  M3SA_RETURN_IF_ERROR(detail::sealed_implementation_of(plan, plan.request.op, &impl));
   M3SA_RETURN_IF_ERROR(detail::check_workspace(workspace, plan.workspace_bytes));
   if (impl->prepare_workspace == nullptr) return {};
   return impl->prepare_workspace(plan, workspace, ctx.stream);
@@ -121,7 +124,7 @@ Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecCon
   if (flags == nullptr) return Status::invalid_argument("flags", "a non-null int32_t*", "nullptr");
   *flags = 0;
   const detail::Implementation* impl = nullptr;
-  M3SA_RETURN_IF_ERROR(detail::implementation_of(plan, plan.request.op, &impl));
+  M3SA_RETURN_IF_ERROR(detail::sealed_implementation_of(plan, plan.request.op, &impl));
   M3SA_RETURN_IF_ERROR(detail::check_workspace(workspace, plan.workspace_bytes));
   if (impl->read_device_errors == nullptr) return {};
   return impl->read_device_errors(plan, workspace, ctx.stream, flags);

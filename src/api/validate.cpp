@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <new>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/check.h"
+#include "common/checked_math.h"
 #include "common/host_batch.h"
+#include "registry/registry.h"
 
 namespace m3sa::detail {
 namespace {
@@ -18,16 +23,30 @@ std::string dtype_list(std::initializer_list<DType> dtypes) {
   return text;
 }
 
-// Smallest and one-past-largest byte touched by a view (all strides are non-negative here).
-void byte_range(const TensorView& t, uintptr_t* begin, uintptr_t* end) {
+// Offset in elements of a view's last element (all extents >= 1 and strides >= 0 here), saturated
+// at INT64_MAX so that an absurd view reads as too large instead of wrapping.
+int64_t last_offset(const TensorView& t) {
   int64_t last = 0;
-  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.strides[d];
-  *begin = reinterpret_cast<uintptr_t>(t.data);
-  *end = *begin + static_cast<uintptr_t>(last + 1) * dtype_size(t.dtype);
+  for (int d = 0; d < t.rank; ++d)
+    last = saturating_add(last, saturating_mul(t.shape[d] - 1, t.strides[d]));
+  return last;
 }
 
-// True when no two index tuples of the view address the same element.
+// Bytes from a view's first to one past its last element, or INT64_MAX when that overflows.
+int64_t byte_extent(const TensorView& t) {
+  return saturating_mul(saturating_add(last_offset(t), 1),
+                        static_cast<int64_t>(dtype_size(t.dtype)));
+}
+
+// Smallest and one-past-largest byte touched by a non-empty view.
+void byte_range(const TensorView& t, uintptr_t* begin, uintptr_t* end) {
+  *begin = reinterpret_cast<uintptr_t>(t.data);
+  *end = *begin + static_cast<uintptr_t>(byte_extent(t));
+}
+
+// True when no two index tuples of the view address the same element (an empty view has none).
 bool is_non_overlapping(const TensorView& t) {
+  if (t.numel() == 0) return true;
   int order[TensorView::kMaxRank];
   int n = 0;
   for (int d = 0; d < t.rank; ++d)
@@ -38,7 +57,7 @@ bool is_non_overlapping(const TensorView& t) {
   int64_t span = 1; // elements covered by the dims already placed
   for (int i = 0; i < n; ++i) {
     if (t.strides[order[i]] < span) return false;
-    span = t.strides[order[i]] * t.shape[order[i]];
+    span = saturating_mul(t.strides[order[i]], t.shape[order[i]]);
   }
   return true;
 }
@@ -55,7 +74,7 @@ Status check_tensor(const TensorView& t, const TensorRule& rule, DeviceKind devi
   const auto fail = [&](const std::string& what) {
     return Status::invalid_argument(rule.name, expected + " (" + what + ")", t.describe());
   };
-  if (t.rank != static_cast<int>(rule.shape.size()))
+  if (t.rank != static_cast<int>(rule.shape.size())) // rule ranks are <= kMaxRank
     return fail(detail::concat("rank ", rule.shape.size()));
   if (std::find(rule.dtypes.begin(), rule.dtypes.end(), t.dtype) == rule.dtypes.end())
     return fail("dtype " + dtype_list(rule.dtypes));
@@ -72,6 +91,10 @@ Status check_tensor(const TensorView& t, const TensorRule& rule, DeviceKind devi
   if (t.device.kind != device)
     return fail(detail::concat("memory on ", to_string(device), " for this backend"));
   if (t.data == nullptr && t.numel() > 0) return fail("a non-null data pointer");
+  // Every later size computation (offsets, byte ranges, page and slot counts) then fits in int64.
+  if (t.numel() > 0 && byte_extent(t) > kMaxTensorBytes)
+    return fail(
+        detail::concat("at most 2^", kMaxTensorBytesLog2, " bytes from first to last element"));
   if (rule.rows_contiguous && t.rank > 0 && t.shape[t.rank - 1] > 1 && t.strides[t.rank - 1] != 1)
     return fail("stride 1 in the last dim");
   if (rule.is_output && !is_non_overlapping(t))
@@ -93,6 +116,37 @@ Status check_disjoint(const TensorView& a, const char* a_name, const TensorView&
     return Status::invalid_argument(
         a_name, detail::concat("memory disjoint from ", b_name),
         detail::concat("overlapping byte ranges [", a0, ", ", a1, ") and [", b0, ", ", b1, ")"));
+  return {};
+}
+
+Status check_aliasing(Operands outputs, Operands inputs, const BatchMetadata* batch,
+                      const Workspace& workspace) {
+  static const TensorView kAbsent;
+  const Operand metadata[] = {{batch ? batch->cu_q_lens : kAbsent, "batch.cu_q_lens"},
+                              {batch ? batch->seq_lens : kAbsent, "batch.seq_lens"},
+                              {batch ? batch->block_table : kAbsent, "batch.block_table"}};
+  // The workspace as a byte tensor of the size the plan uses (fp8_e4m3: a 1-byte dtype).
+  const TensorView scratch = TensorView::contiguous(workspace.data, DType::fp8_e4m3,
+                                                    {static_cast<int64_t>(workspace.bytes)});
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (auto other = out + 1; other != outputs.end(); ++other)
+      M3SA_RETURN_IF_ERROR(check_disjoint(out->view, out->name, other->view, other->name));
+    for (const Operand& in : metadata)
+      M3SA_RETURN_IF_ERROR(check_disjoint(out->view, out->name, in.view, in.name));
+    for (const Operand& in : inputs) {
+      const bool in_place =
+          out->in_place_of == &in.view && out->view.data == in.view.data &&
+          out->view.dtype == in.view.dtype && out->view.rank == in.view.rank &&
+          std::equal(in.view.shape, in.view.shape + in.view.rank, out->view.shape) &&
+          std::equal(in.view.strides, in.view.strides + in.view.rank, out->view.strides);
+      if (!in_place) M3SA_RETURN_IF_ERROR(check_disjoint(out->view, out->name, in.view, in.name));
+    }
+  }
+  for (const std::span<const Operand> group :
+       {std::span<const Operand>(outputs), std::span<const Operand>(inputs),
+        std::span<const Operand>(metadata)})
+    for (const Operand& t : group)
+      M3SA_RETURN_IF_ERROR(check_disjoint(scratch, "workspace.data", t.view, t.name));
   return {};
 }
 
@@ -130,6 +184,12 @@ Status check_config(const MsaConfig& c) {
 }
 
 Status check_plan_request(const PlanRequest& request) {
+  if (static_cast<int>(request.op) > static_cast<int>(OpKind::norm_rope_insert))
+    return Status::invalid_argument("op", "an OpKind (0..5)",
+                                    std::to_string(static_cast<int>(request.op)));
+  if (static_cast<int>(request.backend) > static_cast<int>(Backend::cuda))
+    return Status::invalid_argument("backend", "a Backend (0..2)",
+                                    std::to_string(static_cast<int>(request.backend)));
   M3SA_RETURN_IF_ERROR(check_config(request.config));
   const Capacities& cap = request.capacities;
   if (cap.max_requests < 1 || cap.max_requests > INT32_MAX)
@@ -144,8 +204,9 @@ Status check_plan_request(const PlanRequest& request) {
   if (request.cache_dtype != DType::bf16 && request.cache_dtype != DType::fp8_e4m3)
     return Status::invalid_argument("cache_dtype", "bf16 or fp8_e4m3",
                                     to_string(request.cache_dtype));
-  if (request.num_threads < 0)
-    return Status::invalid_argument("num_threads", ">= 0 (0 = OpenMP default)",
+  if (request.num_threads < 0 || request.num_threads > kMaxPlanThreads)
+    return Status::invalid_argument("num_threads",
+                                    detail::concat("0..", kMaxPlanThreads, " (0 = OpenMP default)"),
                                     std::to_string(request.num_threads));
   return {};
 }
@@ -155,6 +216,8 @@ Status check_run_common(const OpPlan& plan, OpKind op, const Workspace& workspac
   if (plan.request.op != op)
     return Status::invalid_argument("plan", detail::concat("a plan made for ", to_string(op)),
                                     detail::concat("a plan for ", to_string(plan.request.op)));
+  const Implementation* impl = nullptr;
+  M3SA_RETURN_IF_ERROR(sealed_implementation_of(plan, op, &impl));
   M3SA_RETURN_IF_ERROR(check_workspace(workspace, plan.workspace_bytes));
   if (ctx.num_threads < 0)
     return Status::invalid_argument("ctx.num_threads", ">= 0", std::to_string(ctx.num_threads));
@@ -174,7 +237,35 @@ Status check_workspace(const Workspace& workspace, size_t required_bytes) {
   return {};
 }
 
-// Slots of a [T] i64 mapping below pages x 128 (or negative: skipped).
+namespace {
+
+// Contract §3: two tokens never share a non-negative slot (which row would land is a race between
+// CPU threads or CUDA blocks). The slots are sorted with their rows to find a repeat.
+Status check_distinct_slots(const TensorView& slots, const char* name) {
+  std::vector<std::pair<int64_t, int64_t>> slot_rows; // (slot, row)
+  try {
+    slot_rows.reserve(static_cast<size_t>(slots.shape[0]));
+  } catch (const std::bad_alloc&) {
+    return Status::unsupported(concat(name, " of ", slots.shape[0], " rows"),
+                               "no host memory to check that its slots are distinct");
+  }
+  for (int64_t t = 0; t < slots.shape[0]; ++t) {
+    const int64_t slot = slots.ptr<const int64_t>()[t * slots.strides[0]];
+    if (slot >= 0) slot_rows.emplace_back(slot, t);
+  }
+  std::sort(slot_rows.begin(), slot_rows.end());
+  for (size_t i = 1; i < slot_rows.size(); ++i)
+    if (slot_rows[i].first == slot_rows[i - 1].first)
+      return Status::invalid_argument(
+          name, "distinct non-negative slots (contract §3: one token per cache row)",
+          concat("slot ", slot_rows[i].first, " at rows ", slot_rows[i - 1].second, " and ",
+                 slot_rows[i].second));
+  return {};
+}
+
+} // namespace
+
+// Slots of a [T] i64 mapping below pages x 128 (or negative: skipped), each used once.
 Status check_slots(const TensorView& slots, const char* name, int64_t pages) {
   for (int64_t t = 0; t < slots.shape[0]; ++t) {
     const int64_t slot = slots.ptr<const int64_t>()[t * slots.strides[0]];
@@ -183,7 +274,7 @@ Status check_slots(const TensorView& slots, const char* name, int64_t pages) {
           name, concat("slots < num_pages x 128 = ", pages * kBlockTokens, ", or < 0 to skip"),
           concat(slot, " at row ", t));
   }
-  return {};
+  return check_distinct_slots(slots, name);
 }
 
 Status check_block_table_pages(const BatchMetadata& batch, const TensorView& table,

@@ -46,7 +46,8 @@ Status check_topk_contents(const SparseAttentionArgs& args) {
 
 } // namespace
 
-Status validate_args(const OpPlan& plan, const SparseAttentionArgs& args) {
+Status validate_args(const OpPlan& plan, const SparseAttentionArgs& args,
+                     const Workspace& workspace) {
   const DeviceKind device = device_of(plan.request.backend);
   const DType kv = plan.request.cache_dtype;
   M3SA_RETURN_IF_ERROR(check_tensor(args.k_cache,
@@ -111,13 +112,13 @@ Status validate_args(const OpPlan& plan, const SparseAttentionArgs& args) {
   for (const auto& [rows, name] : {std::pair{&args.q, "q"}, std::pair{&args.k_cache, "k_cache"},
                                    std::pair{&args.v_cache, "v_cache"}, std::pair{&args.out, "out"}})
     M3SA_RETURN_IF_ERROR(check_vector_rows(*rows, name, device));
-  const std::pair<const TensorView*, const char*> inputs[] = {
-      {&args.q, "q"}, {&args.k_cache, "k_cache"}, {&args.v_cache, "v_cache"}, {&args.topk, "topk"}};
-  for (const auto& [input, name] : inputs) {
-    M3SA_RETURN_IF_ERROR(check_disjoint(args.out, "out", *input, name));
-    M3SA_RETURN_IF_ERROR(check_disjoint(args.lse, "lse", *input, name));
-  }
-  M3SA_RETURN_IF_ERROR(check_disjoint(args.out, "out", args.lse, "lse"));
+  M3SA_RETURN_IF_ERROR(check_aliasing({{args.out, "out"}, {args.lse, "lse"}},
+                                      {{args.q, "q"},
+                                       {args.k_cache, "k_cache"},
+                                       {args.v_cache, "v_cache"},
+                                       {args.topk, "topk"},
+                                       {args.kv_block_table, "kv_block_table"}},
+                                      &args.batch, workspace));
   if (host_readable(device)) {
     if (separate_table)
       M3SA_RETURN_IF_ERROR(

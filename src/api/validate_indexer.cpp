@@ -70,12 +70,6 @@ Status check_scoring_inputs(const OpPlan& plan, const TensorView& q, const Tenso
   return check_index_q(plan, q, batch.num_tokens, device);
 }
 
-Status check_disjoint_from_scoring_inputs(const TensorView& out, const char* name,
-                                          const TensorView& q, const TensorView& cache) {
-  M3SA_RETURN_IF_ERROR(check_disjoint(out, name, q, "index_q"));
-  return check_disjoint(out, name, cache, "index_k_cache");
-}
-
 Status check_topk_out(const OpPlan& plan, const TensorView& topk, int64_t tokens,
                       DeviceKind device) {
   return check_tensor(topk,
@@ -88,28 +82,32 @@ Status check_topk_out(const OpPlan& plan, const TensorView& topk, int64_t tokens
                       device);
 }
 
-Status validate_args(const OpPlan& plan, const ScoreBlocksArgs& args) {
+Status validate_args(const OpPlan& plan, const ScoreBlocksArgs& args, const Workspace& workspace) {
   const DeviceKind device = device_of(plan.request.backend);
   M3SA_RETURN_IF_ERROR(
       check_scoring_inputs(plan, args.index_q, args.index_k_cache, args.batch, device));
   M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, true, device));
-  return check_disjoint_from_scoring_inputs(args.scores, "scores", args.index_q,
-                                            args.index_k_cache);
+  return check_aliasing({{args.scores, "scores"}},
+                        {{args.index_q, "index_q"}, {args.index_k_cache, "index_k_cache"}},
+                        &args.batch, workspace);
 }
 
-Status validate_args(const OpPlan& plan, const SelectTopkBlocksArgs& args) {
+Status validate_args(const OpPlan& plan, const SelectTopkBlocksArgs& args,
+                     const Workspace& workspace) {
   const DeviceKind device = device_of(plan.request.backend);
   M3SA_RETURN_IF_ERROR(check_batch(plan, args.batch, device, -1));
   M3SA_RETURN_IF_ERROR(check_scores(plan, args.scores, args.batch, false, device));
   M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, args.batch.num_tokens, device));
-  return check_disjoint(args.topk, "topk", args.scores, "scores");
+  return check_aliasing({{args.topk, "topk"}}, {{args.scores, "scores"}}, &args.batch, workspace);
 }
 
-Status validate_args(const OpPlan& plan, const IndexTopkArgs& args) {
+Status validate_args(const OpPlan& plan, const IndexTopkArgs& args, const Workspace& workspace) {
   const DeviceKind device = device_of(plan.request.backend);
   M3SA_RETURN_IF_ERROR(
       check_scoring_inputs(plan, args.index_q, args.index_k_cache, args.batch, device));
   M3SA_RETURN_IF_ERROR(check_topk_out(plan, args.topk, args.batch.num_tokens, device));
-  return check_disjoint_from_scoring_inputs(args.topk, "topk", args.index_q, args.index_k_cache);
+  return check_aliasing({{args.topk, "topk"}},
+                        {{args.index_q, "index_q"}, {args.index_k_cache, "index_k_cache"}},
+                        &args.batch, workspace);
 }
 } // namespace m3sa::detail

@@ -5,7 +5,7 @@
 
 namespace m3sa::detail {
 
-Status validate_args(const OpPlan& plan, const InsertIndexKArgs& args) {
+Status validate_args(const OpPlan& plan, const InsertIndexKArgs& args, const Workspace& workspace) {
   const DeviceKind device = device_of(plan.request.backend);
   M3SA_RETURN_IF_ERROR(check_tensor(
       args.index_k,
@@ -28,8 +28,9 @@ Status validate_args(const OpPlan& plan, const InsertIndexKArgs& args) {
                                      true,
                                      true},
                                     device));
-  M3SA_RETURN_IF_ERROR(check_disjoint(cache, "index_k_cache", args.index_k, "index_k"));
-  M3SA_RETURN_IF_ERROR(check_disjoint(cache, "index_k_cache", args.slot_mapping, "slot_mapping"));
+  M3SA_RETURN_IF_ERROR(check_aliasing(
+      {{cache, "index_k_cache"}}, {{args.index_k, "index_k"}, {args.slot_mapping, "slot_mapping"}},
+      nullptr, workspace));
   if (!host_readable(device)) return {}; // the device flags bad slots
   return check_slots(args.slot_mapping, "slot_mapping", cache.shape[0]);
 }

@@ -11,21 +11,7 @@
 #include "common/host_batch.h"
 
 namespace m3sa::detail {
-namespace {
-
-// An output may be its input exactly (in place: same pointer, dtype, shape and strides), or
-// disjoint from it.
-Status check_in_place_or_disjoint(const TensorView& out, const char* out_name, const TensorView& in,
-                                  const char* in_name) {
-  bool same = out.data == in.data && out.dtype == in.dtype && out.rank == in.rank;
-  for (int d = 0; same && d < out.rank; ++d)
-    same = out.shape[d] == in.shape[d] && out.strides[d] == in.strides[d];
-  return same ? Status{} : check_disjoint(out, out_name, in, in_name);
-}
-
-} // namespace
-
-Status validate_args(const OpPlan& plan, const NormRopeInsertArgs& a) {
+Status validate_args(const OpPlan& plan, const NormRopeInsertArgs& a, const Workspace& workspace) {
   const DeviceKind device = device_of(plan.request.backend);
   const MsaConfig& config = plan.request.config;
   if (!std::isfinite(config.rms_norm_eps) || config.rms_norm_eps < 0.f)
@@ -44,7 +30,7 @@ Status validate_args(const OpPlan& plan, const NormRopeInsertArgs& a) {
     return check_vector_rows(t, name, device);
   };
   M3SA_RETURN_IF_ERROR(
-      rows(a.q, "q", {DType::bf16}, {kAtLeastOne, kAtLeastOne, kHeadDim}, "[T, Hq, 128]", false));
+      rows(a.q, "q", {DType::bf16}, {kAnyExtent, kAtLeastOne, kHeadDim}, "[T, Hq, 128]", false));
   const int64_t tokens = a.q.shape[0], q_heads = a.q.shape[1];
   if (tokens > plan.request.capacities.max_tokens)
     return Status::invalid_argument(
@@ -107,37 +93,26 @@ Status validate_args(const OpPlan& plan, const NormRopeInsertArgs& a) {
                                                true},
                                               "the plan's cache_dtype", device));
 
-  // Outputs: pairwise disjoint, disjoint from every input except their own (in place).
-  const std::pair<const TensorView*, const char*> outputs[] = {{&a.q_out, "q_out"},
-                                                               {&a.k_cache, "k_cache"},
-                                                               {&a.v_cache, "v_cache"},
-                                                               {&a.index_q_out, "index_q_out"},
-                                                               {&a.index_k_cache, "index_k_cache"}};
-  const std::pair<const TensorView*, const char*> inputs[] = {
-      {&a.q, "q"},
-      {&a.k, "k"},
-      {&a.v, "v"},
-      {&a.index_q, "index_q"},
-      {&a.index_k, "index_k"},
-      {&a.positions, "positions"},
-      {&a.q_norm_weight, "q_norm_weight"},
-      {&a.k_norm_weight, "k_norm_weight"},
-      {&a.index_q_norm_weight, "index_q_norm_weight"},
-      {&a.index_k_norm_weight, "index_k_norm_weight"},
-      {&a.cos_sin_cache, "cos_sin_cache"},
-      {&a.slot_mapping, "slot_mapping"},
-      {&a.index_slot_mapping, "index_slot_mapping"}};
-  for (size_t i = 0; i < std::size(outputs); ++i) {
-    const auto& [out, out_name] = outputs[i];
-    for (size_t j = i + 1; j < std::size(outputs); ++j)
-      M3SA_RETURN_IF_ERROR(check_disjoint(*out, out_name, *outputs[j].first, outputs[j].second));
-    for (const auto& [in, in_name] : inputs) {
-      const bool own_input =
-          (out == &a.q_out && in == &a.q) || (out == &a.index_q_out && in == &a.index_q);
-      M3SA_RETURN_IF_ERROR(own_input ? check_in_place_or_disjoint(*out, out_name, *in, in_name)
-                                     : check_disjoint(*out, out_name, *in, in_name));
-    }
-  }
+  // q_out and index_q_out may overwrite q and index_q in place.
+  M3SA_RETURN_IF_ERROR(check_aliasing({{a.q_out, "q_out", &a.q},
+                                       {a.k_cache, "k_cache"},
+                                       {a.v_cache, "v_cache"},
+                                       {a.index_q_out, "index_q_out", &a.index_q},
+                                       {a.index_k_cache, "index_k_cache"}},
+                                      {{a.q, "q"},
+                                       {a.k, "k"},
+                                       {a.v, "v"},
+                                       {a.index_q, "index_q"},
+                                       {a.index_k, "index_k"},
+                                       {a.positions, "positions"},
+                                       {a.q_norm_weight, "q_norm_weight"},
+                                       {a.k_norm_weight, "k_norm_weight"},
+                                       {a.index_q_norm_weight, "index_q_norm_weight"},
+                                       {a.index_k_norm_weight, "index_k_norm_weight"},
+                                       {a.cos_sin_cache, "cos_sin_cache"},
+                                       {a.slot_mapping, "slot_mapping"},
+                                       {a.index_slot_mapping, "index_slot_mapping"}},
+                                      nullptr, workspace));
   if (!host_readable(device)) return {}; // positions and slots: the device flags them
   const int64_t max_position = a.cos_sin_cache.present()
                                    ? std::min<int64_t>(a.cos_sin_cache.shape[0], kMaxRopePosition)

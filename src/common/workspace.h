@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/checked_math.h"
+
 namespace m3sa::detail {
 
 class WorkspaceCarver {
@@ -13,14 +15,18 @@ public:
   explicit WorkspaceCarver(void* base = nullptr) : base_(static_cast<char*>(base)) {}
 
   template <typename T> T* take(size_t count) {
-    offset_ = (offset_ + kAlignment - 1) / kAlignment * kAlignment;
+    offset_ = aligned(offset_);
     T* region = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
-    offset_ += count * sizeof(T);
+    // Saturates: a plan whose sizes overflow asks for SIZE_MAX bytes, which no workspace has.
+    offset_ = saturating_add(offset_, saturating_mul(count, sizeof(T)));
     return region;
   }
-  size_t bytes_used() const { return (offset_ + kAlignment - 1) / kAlignment * kAlignment; }
+  size_t bytes_used() const { return aligned(offset_); }
 
 private:
+  static size_t aligned(size_t offset) {
+    return saturating_add(offset, kAlignment - 1) / kAlignment * kAlignment;
+  }
   char* base_;
   size_t offset_ = 0;
 };

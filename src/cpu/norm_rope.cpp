@@ -88,7 +88,7 @@ Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& a, Workspa
     Rotation rot;
     if (table.present()) {
       float both[kRotaryDim];
-      load_row(table.dtype, row_pointer(table, table.offset({position})), 1.f, both);
+      load_rotary_row(table.dtype, row_pointer(table, table.offset({position})), both);
       for (int i = 0; i < nr::kRotaryPairs; ++i)
         rot.cos[i] = both[i], rot.sin[i] = both[i + nr::kRotaryPairs];
     } else {

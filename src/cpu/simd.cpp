@@ -13,21 +13,30 @@ struct E4m3Table {
 };
 const E4m3Table kE4m3;
 
-} // namespace
-
-M3SA_CPU_CLONES void load_row(DType dtype, const void* row, float scale, float* out) {
+// `count` is a compile-time width so that each caller's loop vectorises.
+template <int count> void load_values(DType dtype, const void* row, float scale, float* out) {
   if (dtype == DType::bf16) {
     const uint16_t* src = static_cast<const uint16_t*>(row);
 #pragma omp simd
-    for (int d = 0; d < kHeadDim; ++d) out[d] = bf16_bits_to_float(src[d]) * scale;
+    for (int d = 0; d < count; ++d) out[d] = bf16_bits_to_float(src[d]) * scale;
   } else if (dtype == DType::fp8_e4m3) {
     const uint8_t* src = static_cast<const uint8_t*>(row);
-    for (int d = 0; d < kHeadDim; ++d) out[d] = kE4m3.value[src[d]] * scale;
+    for (int d = 0; d < count; ++d) out[d] = kE4m3.value[src[d]] * scale;
   } else {
     const float* src = static_cast<const float*>(row);
 #pragma omp simd
-    for (int d = 0; d < kHeadDim; ++d) out[d] = src[d] * scale;
+    for (int d = 0; d < count; ++d) out[d] = src[d] * scale;
   }
+}
+
+} // namespace
+
+M3SA_CPU_CLONES void load_row(DType dtype, const void* row, float scale, float* out) {
+  load_values<kHeadDim>(dtype, row, scale, out);
+}
+
+void load_rotary_row(DType dtype, const void* row, float* out) {
+  load_values<kRotaryDim>(dtype, row, 1.f, out);
 }
 
 M3SA_CPU_CLONES void dot_rows(const float* rows, int num_rows, const float* key, float* out) {

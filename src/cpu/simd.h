@@ -16,6 +16,8 @@ namespace m3sa::cpu {
 
 // One 128-wide row of bf16 / e4m3 / f32 storage to fp32, times `scale`.
 void load_row(DType dtype, const void* row, float scale, float* out);
+// One 64-wide rotary row (a cos_sin_cache row: 32 cos, then 32 sin) to fp32.
+void load_rotary_row(DType dtype, const void* row, float* out);
 
 // out[i] = dot(rows[i], key) for i < num_rows; rows are [num_rows][128] contiguous.
 void dot_rows(const float* rows, int num_rows, const float* key, float* out);

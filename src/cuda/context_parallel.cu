@@ -45,6 +45,9 @@ Status size_context_parallel_plan(ContextParallelPlan* plan) {
                           sizeof(uint64_t);
   carve(*plan, nullptr, &plan->workspace_bytes);
   plan->scoring.workspace_bytes = plan->workspace_bytes;
+  // The scoring plan now describes the context-parallel workspace (prepare_workspace and
+  // read_device_errors take it): sealed again, as make_plan sealed what it returned.
+  detail::seal_plan(&plan->scoring);
   return {};
 }
 

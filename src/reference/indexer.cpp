@@ -179,7 +179,9 @@ Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, 
                           const ExecContext&) {
   const MsaConfig& config = plan.request.config;
   const HostBatch batch(args.batch);
-  const int64_t width = args.scores.shape[2];
+  // Columns past the block-table width are never causal (contract §5) and the workspace holds only
+  // max_blocks_per_request of them, so wider scores are read up to the block-table width only.
+  const int64_t width = batch.block_table_width();
   detail::WorkspaceCarver carver(workspace.data);
   const Regions ws = carve(carver, config.num_index_heads, width);
   for_each_token(batch, [&](int, int64_t t, int64_t p) {

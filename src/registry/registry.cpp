@@ -86,6 +86,51 @@ Status implementation_of(const OpPlan& plan, OpKind op, const Implementation** o
   return {};
 }
 
+namespace {
+
+// FNV-1a over the bytes of each value (field by field: struct padding is not hashed).
+class PlanHash {
+public:
+  template <typename T> PlanHash& operator<<(const T& value) {
+    unsigned char bytes[sizeof(T)];
+    std::memcpy(bytes, &value, sizeof(T));
+    for (unsigned char b : bytes) hash_ = (hash_ ^ b) * 0x100000001b3ull;
+    return *this;
+  }
+  int64_t value() const { return static_cast<int64_t>(hash_); }
+
+private:
+  uint64_t hash_ = 0xcbf29ce484222325ull;
+};
+
+int64_t plan_seal(const OpPlan& plan) {
+  const PlanRequest& r = plan.request;
+  const MsaConfig& c = r.config;
+  PlanHash hash;
+  hash << r.op << r.backend << c.top_k << c.local_blocks << c.init_blocks << c.num_index_heads
+       << c.score_scale << c.reduce_heads << c.rms_norm_eps << c.norm_weight_offset << c.rope_theta
+       << r.capacities.max_requests << r.capacities.max_tokens
+       << r.capacities.max_blocks_per_request << r.cache_dtype << r.num_threads << r.device_ordinal
+       << plan.implementation << plan.num_threads << plan.workspace_bytes << plan.plan_info_version;
+  for (int i = 0; i < kPlanSealWord; ++i) hash << plan.plan_info[i];
+  return hash.value();
+}
+
+} // namespace
+
+void seal_plan(OpPlan* plan) { plan->plan_info[kPlanSealWord] = plan_seal(*plan); }
+
+Status sealed_implementation_of(const OpPlan& plan, OpKind op, const Implementation** out) {
+  M3SA_RETURN_IF_ERROR(implementation_of(plan, op, out));
+  if (plan.plan_info[kPlanSealWord] != plan_seal(plan))
+    return Status::invalid_argument(
+        "plan", "a plan as make_plan made it (sealed: its fields are not edited afterwards)",
+        concat("a plan whose fields differ from the ones it was sealed with (num_threads ",
+               plan.num_threads, ", workspace_bytes ", plan.workspace_bytes, ", top_k ",
+               plan.request.config.top_k, ")"));
+  return {};
+}
+
 Status check_config_limits(const PlanRequest& request) {
   const MsaConfig& config = request.config;
   if (config.top_k < 1 || config.top_k > kMaxTopK)

@@ -66,18 +66,30 @@ DeviceCaps device_caps(const PlanRequest& request);
 Status check_implementation(const Implementation& impl, const PlanRequest& request,
                             const DeviceCaps& caps);
 
+// The last plan_info word holds the plan's seal (seal_plan); implementations get the rest.
+inline constexpr int kPlanSealWord = 15;
+inline constexpr size_t kPlanInfoBytes = kPlanSealWord * sizeof(int64_t);
+
 // Plan info: a trivially copyable struct per implementation, kept in OpPlan::plan_info.
 template <typename T> void store_plan_info(OpPlan* plan, const T& info) {
-  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= sizeof(OpPlan::plan_info));
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kPlanInfoBytes);
   std::memset(plan->plan_info, 0, sizeof plan->plan_info);
   std::memcpy(plan->plan_info, &info, sizeof info);
 }
 template <typename T> T load_plan_info(const OpPlan& plan) {
-  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= sizeof(OpPlan::plan_info));
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kPlanInfoBytes);
   T info;
   std::memcpy(&info, plan.plan_info, sizeof info);
   return info;
 }
+
+// Plans are caller-owned values that runs trust for sizes (workspace_bytes, num_threads, top_k,
+// capacities, plan_info). make_plan seals a plan with a hash of every field a run depends on;
+// check_plan_sealed re-hashes it (a few hundred ns, no device calls), so a plan edited after
+// make_plan is rejected instead of overrunning the workspace it was sized for.
+void seal_plan(OpPlan* plan);
+// implementation_of, for a plan whose seal matches.
+Status sealed_implementation_of(const OpPlan& plan, OpKind op, const Implementation** out);
 
 // Runs the plan's implementation (validation has been done by the public entry point).
 template <typename Args>

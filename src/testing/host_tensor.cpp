@@ -4,6 +4,9 @@
 #include <cmath>
 #include <string>
 
+#include "common/check.h"
+#include "common/checked_math.h"
+
 namespace m3sa::testing {
 
 void HostTensor::reset(DType dtype, std::initializer_list<int64_t> shape) {
@@ -27,10 +30,19 @@ HostTensor HostTensor::shaped_like(const TensorView& like) {
 
 void HostTensor::allocate(const TensorView& shape) {
   view_ = shape;
-  bytes_ = static_cast<size_t>(view_.numel()) * dtype_size(view_.dtype);
-  const size_t rounded = (bytes_ + 63) / 64 * 64;
+  bytes_ = detail::saturating_mul(static_cast<size_t>(view_.numel()), dtype_size(view_.dtype));
+  const size_t rounded = detail::saturating_add(bytes_, 63) / 64 * 64;
   storage_.reset(rounded ? std::aligned_alloc(64, rounded) : nullptr);
   view_.data = storage_.get();
+}
+
+Status check_allocated(std::initializer_list<const HostTensor*> tensors, const char* what) {
+  for (const HostTensor* t : tensors)
+    if (!t->allocated())
+      return Status::unsupported(what,
+                                 detail::concat("host memory: allocating ", t->bytes(),
+                                                " bytes for ", t->view().describe(), " failed"));
+  return {};
 }
 
 uint64_t Rng::next() {

@@ -22,6 +22,8 @@ public:
   TensorView view() const { return view_; }
   template <typename T> T* data() const { return static_cast<T*>(view_.data); }
   size_t bytes() const { return bytes_; }
+  // False when the allocation of a non-empty tensor failed (its data is then null).
+  bool allocated() const { return bytes_ == 0 || storage_ != nullptr; }
   void fill_bytes(uint8_t byte) const {
     if (bytes_) std::memset(view_.data, byte, bytes_);
   }
@@ -35,6 +37,10 @@ private:
   size_t bytes_ = 0;
   TensorView view_;
 };
+
+// OK when every tensor got its memory, else `what` with the size of the first that did not: large
+// batches report this instead of crashing on the null data (issue 15).
+Status check_allocated(std::initializer_list<const HostTensor*> tensors, const char* what);
 
 // Equal sizes and equal bytes (an empty tensor equals only an empty one).
 inline bool same_bytes(const HostTensor& a, const HostTensor& b) {

@@ -49,13 +49,26 @@ NormRopeBatch::NormRopeBatch(const NormRopeSpec& s) : spec_(s) {
   v.reset(DType::bf16, {T, s.kv_heads, kHeadDim});
   index_q.reset(DType::bf16, {T, s.index_heads, kHeadDim});
   index_k.reset(DType::bf16, {T, kHeadDim});
+  positions.reset(DType::i64, {T});
+  slot_mapping.reset(DType::i64, {T});
+  index_slot_mapping.reset(DType::i64, {T});
+  q_out.reset(DType::bf16, {T, s.q_heads, kHeadDim});
+  k_cache.reset(s.kv_dtype, {s.kv_pages, kBlockTokens, s.kv_heads, kHeadDim});
+  v_cache.reset(s.kv_dtype, {s.kv_pages, kBlockTokens, s.kv_heads, kHeadDim});
+  index_q_out.reset(s.index_dtype, {T, s.index_heads, kHeadDim});
+  index_k_cache.reset(s.index_dtype, {s.index_pages, kBlockTokens, kHeadDim});
+  if (s.table_rows > 0) cos_sin_cache.reset(s.table_dtype, {s.table_rows, kRotaryDim});
+  status_ = check_allocated({&q, &k, &v, &index_q, &index_k, &positions, &slot_mapping,
+                             &index_slot_mapping, &q_out, &k_cache, &v_cache, &index_q_out,
+                             &index_k_cache, &cos_sin_cache},
+                            "norm_rope_insert batch");
+  if (!status_.ok()) return;
   // Projection outputs of a few units, gains near zero (Gemma stores w with the +1 left out).
   for (const HostTensor* t : {&q, &k, &v, &index_q, &index_k}) fill_normal(*t, rng, 3.f);
   for (HostTensor& w : weights) {
     w.reset(s.weight_dtype, {kHeadDim});
     fill_normal(w, rng, 0.2f);
   }
-  positions.reset(DType::i64, {T});
   const int64_t limit =
       s.table_rows > 0 ? std::min<int64_t>(s.table_rows, s.max_position) : s.max_position;
   for (int64_t t = 0; t < T; ++t) // both ends of the range, then uniform
@@ -64,7 +77,6 @@ NormRopeBatch::NormRopeBatch(const NormRopeSpec& s) : spec_(s) {
         : t == 1 ? limit - 1
                  : static_cast<int64_t>(rng.uniform() * static_cast<double>(limit));
   if (s.table_rows > 0) {
-    cos_sin_cache.reset(s.table_dtype, {s.table_rows, kRotaryDim});
     for (int64_t p = 0; p < s.table_rows; ++p)
       for (int i = 0; i < kRotaryDim / 2; ++i) {
         const double angle = static_cast<double>(p) * std::pow(1e4, -i / 32.0);
@@ -74,16 +86,8 @@ NormRopeBatch::NormRopeBatch(const NormRopeSpec& s) : spec_(s) {
               static_cast<float>(std::sin(angle)));
       }
   }
-  slot_mapping.reset(DType::i64, {T});
   fill_slots(slot_mapping, s.kv_pages, s.padding_every, rng);
-  index_slot_mapping.reset(DType::i64, {T});
   fill_slots(index_slot_mapping, s.index_pages, s.padding_every, rng);
-
-  q_out.reset(DType::bf16, {T, s.q_heads, kHeadDim});
-  k_cache.reset(s.kv_dtype, {s.kv_pages, kBlockTokens, s.kv_heads, kHeadDim});
-  v_cache.reset(s.kv_dtype, {s.kv_pages, kBlockTokens, s.kv_heads, kHeadDim});
-  index_q_out.reset(s.index_dtype, {T, s.index_heads, kHeadDim});
-  index_k_cache.reset(s.index_dtype, {s.index_pages, kBlockTokens, kHeadDim});
   poison_outputs();
 }
 

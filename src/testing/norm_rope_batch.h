@@ -28,6 +28,9 @@ class NormRopeBatch {
 public:
   explicit NormRopeBatch(const NormRopeSpec& spec);
   const NormRopeSpec& spec() const { return spec_; }
+  // Not OK when a tensor could not be allocated: nothing is filled then, and nothing else of the
+  // batch may be used.
+  Status status() const { return status_; }
 
   // Views over this batch; `in_place` writes q_out over q and index_q_out over index_q (bf16
   // index only).
@@ -40,6 +43,7 @@ public:
   HostTensor q_out, k_cache, v_cache, index_q_out, index_k_cache;
 
 private:
+  Status status_;
   NormRopeSpec spec_;
 };
 

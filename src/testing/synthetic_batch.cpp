@@ -17,10 +17,24 @@ SyntheticBatch::SyntheticBatch(const BatchSpec& spec) : spec_(spec) {
   num_pages_ = std::max(num_pages_, 1);
   width_ = std::max(max_blocks + spec.extra_columns, spec.min_width);
 
+  int64_t tokens = 0;
+  for (int32_t q_len : spec.q_lens) tokens += q_len;
   cu_q_lens.reset(DType::i32, {requests + 1});
   seq_lens.reset(DType::i32, {requests});
   block_table.reset(DType::i32, {requests, width_});
   kv_block_table.reset(DType::i32, {requests, width_});
+  index_q.reset(spec.index_dtype, {tokens, spec.index_heads, kHeadDim});
+  index_k_cache.reset(spec.index_dtype, {num_pages_, kBlockTokens, kHeadDim});
+  if (spec.q_heads > 0) {
+    q.reset(DType::bf16, {tokens, spec.q_heads, kHeadDim});
+    k_cache.reset(spec.kv_dtype, {num_pages_, kBlockTokens, spec.kv_heads, kHeadDim});
+    v_cache.reset(spec.kv_dtype, {num_pages_, kBlockTokens, spec.kv_heads, kHeadDim});
+  }
+  status_ = check_allocated({&cu_q_lens, &seq_lens, &block_table, &kv_block_table, &index_q,
+                             &index_k_cache, &q, &k_cache, &v_cache},
+                            "synthetic batch");
+  if (!status_.ok()) return;
+
   cu_q_lens.data<int32_t>()[0] = 0;
   for (int r = 0; r < requests; ++r) {
     cu_q_lens.data<int32_t>()[r + 1] = cu_q_lens.data<int32_t>()[r] + spec.q_lens[r];
@@ -45,18 +59,12 @@ SyntheticBatch::SyntheticBatch(const BatchSpec& spec) : spec_(spec) {
   if (!spec.separate_kv_table)
     std::copy_n(block_table.data<int32_t>(), requests * width_, kv_block_table.data<int32_t>());
 
-  const int64_t tokens = num_tokens_;
-  index_q.reset(spec.index_dtype, {tokens, spec.index_heads, kHeadDim});
-  index_k_cache.reset(spec.index_dtype, {num_pages_, kBlockTokens, kHeadDim});
   // NaN everywhere first: slots no request covers must never be read.
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (int64_t i = 0; i < index_k_cache.view().numel(); ++i)
     store(spec.index_dtype, index_k_cache.view().data, i, nan);
   index_q.fill_bytes(0);
   if (spec.q_heads > 0) {
-    q.reset(DType::bf16, {tokens, spec.q_heads, kHeadDim});
-    k_cache.reset(spec.kv_dtype, {num_pages_, kBlockTokens, spec.kv_heads, kHeadDim});
-    v_cache.reset(spec.kv_dtype, {num_pages_, kBlockTokens, spec.kv_heads, kHeadDim});
     for (HostTensor* cache : {&k_cache, &v_cache})
       for (int64_t i = 0; i < cache->view().numel(); ++i)
         store(spec.kv_dtype, cache->view().data, i, nan);

@@ -30,6 +30,9 @@ struct BatchSpec {
 class SyntheticBatch {
 public:
   explicit SyntheticBatch(const BatchSpec& spec);
+  // Not OK when a tensor could not be allocated: nothing is filled then, and nothing else of the
+  // batch may be used.
+  Status status() const { return status_; }
 
   BatchMetadata batch() const;
   Capacities capacities() const;
@@ -66,6 +69,7 @@ public:
   HostTensor q, k_cache, v_cache;    // [T, Hq, 128], [P, 128, Hkv, 128] x2
 
 private:
+  Status status_;
   BatchSpec spec_;
   int num_tokens_ = 0;
   int num_pages_ = 0;

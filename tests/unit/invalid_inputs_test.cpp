@@ -32,6 +32,8 @@ struct ValidSetup {
   int64_t workspace_offset = 0;
   int64_t workspace_shortfall = 0;
   bool plan_for_other_op = false;
+  bool block_table_in_workspace = false;     // the batch's block table copied into the workspace
+  std::function<void(OpPlan&)> edit_plan; // applied after make_plan
 
   explicit ValidSetup(OpKind op) {
     config.num_index_heads = 2;
@@ -61,6 +63,15 @@ struct ValidSetup {
       request.config.num_index_heads = norm_rope_batch.spec().index_heads;
     }
   }
+  // `outer` and `inner` (both contiguous) moved into `spare`, `inner` 64 bytes into `outer`: they
+  // overlap each other and nothing else, whatever the allocator placed next to their buffers.
+  void place_inside(TensorView& outer, TensorView& inner) {
+    const int64_t outer_bytes = outer.numel() * static_cast<int64_t>(dtype_size(outer.dtype));
+    spare.reset(DType::i64, {outer_bytes / 8});
+    std::memcpy(spare.data<char>() + 64, inner.data, inner.numel() * dtype_size(inner.dtype));
+    outer.data = spare.data<char>();
+    inner.data = spare.data<char>() + 64;
+  }
   void set_batch(const std::function<void(BatchMetadata&)>& edit) {
     for (BatchMetadata* b : {&score.batch, &select.batch, &index.batch, &attention.batch}) edit(*b);
   }
@@ -84,11 +95,17 @@ Status run_case(ValidSetup& s, OpKind op) {
     request.op = op == OpKind::index_topk ? OpKind::score_blocks : OpKind::index_topk;
   Status status = make_plan(request, s.null_plan ? nullptr : &plan);
   if (!status.ok()) return status;
+  if (s.edit_plan) s.edit_plan(plan);
   s.workspace_buffer.reset(DType::i32, {static_cast<int64_t>(plan.workspace_bytes / 4 + 64)});
   char* base = s.workspace_buffer.data<char>();
   Workspace ws{base ? base + s.workspace_offset : nullptr,
                plan.workspace_bytes - s.workspace_shortfall};
   if (s.workspace.bytes == 1) ws = {nullptr, plan.workspace_bytes}; // "null workspace" marker
+  if (s.block_table_in_workspace)
+    s.set_batch([&](BatchMetadata& b) {
+      std::memcpy(ws.data, b.block_table.data, b.block_table.numel() * sizeof(int32_t));
+      b.block_table.data = ws.data;
+    });
   switch (op) {
   case OpKind::insert_index_k:
     return insert_index_k(plan, s.insert, ws);
@@ -331,6 +348,65 @@ const std::vector<InvalidCase>& cases() {
        [](ValidSetup& s) { s.norm_rope.k_norm_weight.shape[0] = 64; }, "k_norm_weight"},
       {"NormRopeTokensBeyondCapacity", O::norm_rope_insert,
        [](ValidSetup& s) { s.request.capacities.max_tokens = 10; }, "(plan capacity)"},
+      // Issue 15: outputs and the workspace overlapping batch metadata or other inputs.
+      {"TopkOverlapsCuQLens", O::index_topk,
+       [](ValidSetup& s) { s.place_inside(s.index.topk, s.index.batch.cu_q_lens); },
+       "topk: expected memory disjoint from batch.cu_q_lens"},
+      {"ScoresOverlapSeqLens", O::score_blocks,
+       [](ValidSetup& s) { s.place_inside(s.score.scores, s.score.batch.seq_lens); },
+       "scores: expected memory disjoint from batch.seq_lens"},
+      {"SelectTopkOverlapsBlockTable", O::select_topk_blocks,
+       [](ValidSetup& s) { s.place_inside(s.select.topk, s.select.batch.block_table); },
+       "topk: expected memory disjoint from batch.block_table"},
+      {"AttentionOutOverlapsBlockTable", O::sparse_attention,
+       [](ValidSetup& s) { s.place_inside(s.attention.out, s.attention.batch.block_table); },
+       "out: expected memory disjoint from batch.block_table"},
+      {"AttentionLseOverlapsKvBlockTable", O::sparse_attention,
+       [](ValidSetup& s) { s.place_inside(s.attention.lse, s.attention.kv_block_table); },
+       "lse: expected memory disjoint from kv_block_table"},
+      {"BlockTableInsideWorkspace", O::index_topk,
+       [](ValidSetup& s) { s.block_table_in_workspace = true; },
+       "workspace.data: expected memory disjoint from batch.block_table"},
+      {"InsertCacheOverlapsSlotMapping", O::insert_index_k,
+       [](ValidSetup& s) { s.place_inside(s.insert.index_k_cache, s.insert.slot_mapping); },
+       "index_k_cache: expected memory disjoint from slot_mapping"},
+      {"NormRopeKCacheOverlapsPositions", O::norm_rope_insert,
+       [](ValidSetup& s) { s.place_inside(s.norm_rope.k_cache, s.norm_rope.positions); },
+       "k_cache: expected memory disjoint from positions"},
+      // Issue 15: duplicate slots (contract §3).
+      {"InsertDuplicateSlots", O::insert_index_k,
+       [](ValidSetup& s) { s.slots.data<int64_t>()[4] = s.slots.data<int64_t>()[1]; },
+       "slot_mapping: expected distinct non-negative slots"},
+      {"NormRopeDuplicateIndexSlots", O::norm_rope_insert,
+       [](ValidSetup& s) {
+         int64_t* slots = s.norm_rope.index_slot_mapping.ptr<int64_t>();
+         slots[3] = slots[1] >= 0 ? slots[1] : slots[2];
+       },
+       "index_slot_mapping: expected distinct non-negative slots"},
+      // Issue 15: rank above TensorView::kMaxRank, sizes that overflow.
+      {"RankAboveMaxRank", O::index_topk, [](ValidSetup& s) { s.index.index_q.rank = 5; },
+       "rank 5 (at most 4)"},
+      {"CacheOf2To52Pages", O::index_topk,
+       [](ValidSetup& s) { s.index.index_k_cache.shape[0] = int64_t{1} << 52; },
+       "at most 2^48 bytes"},
+      // Issue 15: plans are range-checked and sealed.
+      {"BackendOutOfRange", O::index_topk,
+       [](ValidSetup& s) { s.request.backend = static_cast<Backend>(7); },
+       "backend: expected a Backend (0..2), got 7"},
+      {"OpOutOfRange", O::index_topk, [](ValidSetup& s) { s.request.op = static_cast<OpKind>(9); },
+       "op: expected an OpKind (0..5), got 9", StatusCode::invalid_argument, false},
+      {"AbsurdThreadCount", O::index_topk,
+       [](ValidSetup& s) { s.request.num_threads = std::numeric_limits<int>::max(); },
+       "num_threads: expected 0..1024"},
+      {"PlanThreadsRaisedAfterMakePlan", O::index_topk,
+       [](ValidSetup& s) { s.edit_plan = [](OpPlan& plan) { plan.num_threads += 8; }; },
+       "plan: expected a plan as make_plan made it"},
+      {"PlanTopKEditedAfterMakePlan", O::sparse_attention,
+       [](ValidSetup& s) { s.edit_plan = [](OpPlan& plan) { plan.request.config.top_k = 200; }; },
+       "plan: expected a plan as make_plan made it"},
+      {"PlanWorkspaceShrunkAfterMakePlan", O::index_topk,
+       [](ValidSetup& s) { s.edit_plan = [](OpPlan& plan) { plan.workspace_bytes = 64; }; },
+       "plan: expected a plan as make_plan made it"},
   };
   return all;
 }
@@ -380,6 +456,96 @@ TEST(InvalidInputs, TheValidSetupIsAccepted) {
   }
 }
 
+// A view with no tokens: extent 0 in `token_dim`, the contiguous strides of that empty shape
+// (issue 15: [H, 0, K] has stride 0 in its first dim, which the alias check once mistook for
+// overlapping rows).
+TensorView without_tokens(TensorView t, int token_dim) {
+  t.shape[token_dim] = 0;
+  const int64_t* e = t.shape;
+  switch (t.rank) {
+  case 1:
+    return TensorView::contiguous(t.data, t.dtype, {e[0]});
+  case 2:
+    return TensorView::contiguous(t.data, t.dtype, {e[0], e[1]});
+  case 3:
+    return TensorView::contiguous(t.data, t.dtype, {e[0], e[1], e[2]});
+  default:
+    return TensorView::contiguous(t.data, t.dtype, {e[0], e[1], e[2], e[3]});
+  }
+}
+
+// Every op's arguments for a valid empty batch: T = 0, no requests.
+void make_batches_empty(ValidSetup& s) {
+  s.set_batch([](BatchMetadata& b) {
+    b.num_requests = b.num_decode_requests = b.num_tokens = 0;
+    b.cu_q_lens = without_tokens(b.cu_q_lens, 0);
+    b.cu_q_lens.shape[0] = 1; // [num_requests + 1]; cu_q_lens[0] is already 0
+    b.seq_lens = without_tokens(b.seq_lens, 0);
+    b.block_table = without_tokens(b.block_table, 0);
+  });
+  s.insert.index_k = without_tokens(s.insert.index_k, 0);
+  s.insert.slot_mapping = without_tokens(s.insert.slot_mapping, 0);
+  s.score.index_q = s.index.index_q = without_tokens(s.index.index_q, 0);
+  s.score.scores = s.select.scores = without_tokens(s.score.scores, 1);
+  s.select.topk = s.index.topk = without_tokens(s.index.topk, 1);
+  SparseAttentionArgs& a = s.attention;
+  a.q = without_tokens(a.q, 0);
+  a.topk = without_tokens(a.topk, 1);
+  a.out = without_tokens(a.out, 0);
+  a.lse = without_tokens(a.lse, 0);
+  a.kv_block_table = without_tokens(a.kv_block_table, 0);
+  NormRopeInsertArgs& n = s.norm_rope;
+  for (TensorView* t : {&n.q, &n.k, &n.v, &n.index_q, &n.index_k, &n.positions, &n.slot_mapping,
+                        &n.index_slot_mapping, &n.q_out, &n.index_q_out})
+    *t = without_tokens(*t, 0);
+}
+
+TEST(InvalidInputs, EmptyBatchIsAcceptedAsANoOpOnEveryOp) {
+  for (Backend backend : {Backend::reference, Backend::cpu})
+    for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
+                      OpKind::index_topk, OpKind::sparse_attention, OpKind::norm_rope_insert}) {
+      ValidSetup setup(op);
+      setup.scores.fill_bytes(0x5a);
+      setup.request.backend = backend;
+      make_batches_empty(setup);
+      const auto before = writable_bytes(setup);
+      const Status status = run_case(setup, op);
+      EXPECT_TRUE(status.ok()) << to_string(backend) << " " << to_string(op) << ": "
+                               << status.to_string();
+      EXPECT_TRUE(writable_bytes(setup) == before)
+          << to_string(backend) << " " << to_string(op) << ": an empty batch wrote memory";
+    }
+}
+
+TEST(InvalidInputs, SelectTopkScoresWiderThanThePlanCapacityAreReadUpToTheBlockTable) {
+  // scores may be wider than the block table (contract §5: columns past it are never causal),
+  // wider even than the plan's max_blocks_per_request that sized the workspace (issue 15: the
+  // reference copied every column into it). Both host backends select the same blocks.
+  HostTensor results[2];
+  int i = 0;
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    ValidSetup setup(OpKind::select_topk_blocks);
+    setup.request.backend = backend;
+    const int64_t wide = setup.request.capacities.max_blocks_per_request + 300;
+    const int64_t heads = setup.scores.view().shape[0], tokens = setup.sb.num_tokens();
+    setup.spare.reset(DType::f32, {heads, tokens, wide});
+    for (int64_t e = 0; e < setup.spare.view().numel(); ++e)
+      setup.spare.data<float>()[e] = static_cast<float>((e * 7919) % 113);
+    setup.select.scores = setup.spare.view();
+    ASSERT_TRUE(run_case(setup, OpKind::select_topk_blocks).ok()) << to_string(backend);
+    results[i++] = std::move(setup.topk);
+  }
+  EXPECT_TRUE(same_bytes(results[0], results[1]));
+}
+
+TEST(InvalidInputs, RankAboveMaxRankIsDescribedWithoutReadingPastTheShape) {
+  const float data[1] = {};
+  const TensorView five = TensorView::contiguous(data, DType::f32, {1, 1, 1, 1, 1});
+  EXPECT_EQ(five.rank, 5);
+  EXPECT_NE(five.describe().find("rank 5 (at most 4)"), std::string::npos) << five.describe();
+  EXPECT_EQ(five.numel(), 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Table, InvalidInputs, ::testing::Range<size_t>(0, cases().size()),
                          [](const ::testing::TestParamInfo<size_t>& param_info) {
                            return std::string(cases()[param_info.param].name);
@@ -387,3 +553,23 @@ INSTANTIATE_TEST_SUITE_P(Table, InvalidInputs, ::testing::Range<size_t>(0, cases
 
 } // namespace
 } // namespace m3sa::testing
+
+namespace m3sa::testing {
+namespace {
+
+TEST(InvalidInputs, SyntheticBatchBeyondHostMemoryReportsAnAllocationFailure) {
+  // Issue 15: `m3sa demo --decode-requests 4096 --decode-context 1048576` crashed on the null data
+  // of an unchecked aligned_alloc. Two requests of 2^31 - 128 tokens need a 1 TiB index cache.
+  constexpr int32_t kLongest = INT32_MAX - 127;
+  const SyntheticBatch sb(BatchSpec{{1, 1}, {kLongest, kLongest}, 0, 1, 1});
+  ASSERT_FALSE(sb.status().ok());
+  EXPECT_NE(sb.status().message().find("host memory: allocating"), std::string::npos)
+      << sb.status().to_string();
+}
+
+} // namespace
+} // namespace m3sa::testing
+
+// The test above needs a failed allocation to come back as null under ASan too (its default is to
+// abort), as it does from the plain allocator.
+extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }

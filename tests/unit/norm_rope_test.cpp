@@ -125,6 +125,21 @@ TEST(NormRopeInsert, PaddingSlotsLeaveTheCachesUntouched) {
   }
 }
 
+TEST(NormRopeInsert, CpuCosSinCacheRowReadsOnlyItsSixtyFourValues) {
+  // Issue 15: the CPU backend widened 128 table values into a 64-float buffer, reading a row past
+  // the table's last one and writing past the buffer (ASan: the asan preset in run_tests.sh). A
+  // one-row table makes every position the last row; the results still match the reference.
+  for (DType table : {DType::f32, DType::bf16}) {
+    NormRopeSpec spec;
+    spec.table_rows = 1, spec.table_dtype = table, spec.tokens = 16;
+    const NormRopeBatch cpu(spec), reference(spec);
+    M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, cpu, Backend::cpu));
+    M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, reference, Backend::reference));
+    EXPECT_EQ(compare_ulps(reference.q_out.view(), cpu.q_out.view()).outside, 0)
+        << to_string(table);
+  }
+}
+
 TEST(NormRopeInsert, InPlaceQueriesEqualSeparateOutputs) {
   NormRopeSpec spec;
   spec.seed = test_seed();

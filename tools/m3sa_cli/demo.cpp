@@ -47,6 +47,14 @@ template <typename Body> Status timed(const PlanRequest& request, double* elapse
   return status;
 }
 
+// Sizes inside the CLI's ranges can still exceed this machine's memory: a failed host allocation
+// ends the demo with its message instead of a crash on the null data.
+bool allocation_failed(const Status& status) {
+  if (status.ok()) return false;
+  std::fprintf(stderr, "m3sa demo: %s\n", status.message().c_str());
+  return true;
+}
+
 std::string mib(size_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -119,6 +127,7 @@ int run_demo(const DemoOptions& o) {
 
   progress("building the synthetic batch and caches");
   SyntheticBatch sb(spec);
+  if (allocation_failed(sb.status())) return 1;
   sb.fill_index_random(o.seed);
   sb.fill_attention_random(o.seed + 1);
   const int64_t tokens = sb.num_tokens();
@@ -134,6 +143,7 @@ int run_demo(const DemoOptions& o) {
   step_spec.padding_every = 0;
   step_spec.seed = o.seed + 2;
   const testing::NormRopeBatch step(step_spec);
+  if (allocation_failed(step.status())) return 1;
   for (int64_t t = 0; t < tokens; ++t) {
     const int r = sb.request_of(t);
     const int64_t p = sb.position(t), block = p / kBlockTokens, offset = p % kBlockTokens;
@@ -154,6 +164,7 @@ int run_demo(const DemoOptions& o) {
   double norm_rope_ms = 0, topk_ms = 0, attention_ms = 0;
   HostTensor topk(DType::i32, {o.index_heads, tokens, o.top_k});
   HostTensor out(DType::bf16, {tokens, o.q_heads, kHeadDim}), lse(DType::f32, {tokens, o.q_heads});
+  if (allocation_failed(testing::check_allocated({&topk, &out, &lse}, "demo outputs"))) return 1;
   topk.fill_bytes(0x5a), out.fill_bytes(0xff), lse.fill_bytes(0xff); // poisoned
   Status status;
   // On a GPU the whole layer runs there, the attention reading the selections in device memory.
