@@ -64,7 +64,8 @@ Status choose_implementation(const PlanRequest& request, const detail::DeviceCap
 } // namespace
 
 Status make_plan(const PlanRequest& request, OpPlan* plan) {
-  if (plan == nullptr) return Status::invalid_argument("plan", "a non-null OpPlan*", "nullptr");
+  if (plan == nullptr)
+    return with_op(request.op, Status::invalid_argument("plan", "a non-null OpPlan*", "nullptr"));
   M3SA_RETURN_IF_ERROR(with_op(request.op, detail::check_plan_request(request)));
   const detail::DeviceCaps caps = detail::device_caps(request);
   OpPlan result;
