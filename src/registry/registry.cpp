@@ -1,5 +1,6 @@
 // The one list of implementations. Adding one: its own files defining `const Implementation kXxx`,
-// one `extern` line and one array entry here, and its sources in src/CMakeLists.txt.
+// one line `X(kXxx)` in the list below (the host or the CUDA one), and its sources in
+// src/CMakeLists.txt.
 #include "registry/registry.h"
 
 #include <cstring>
@@ -10,59 +11,51 @@
 #include "cuda/control.h"
 #endif
 
+// One line per implementation, each defined in its backend's translation unit. The order is the
+// public implementation index (m3sa info) and, within an op, the tie order of make_plan.
+// clang-format off
+#define M3SA_HOST_IMPLEMENTATIONS(X) \
+  X(kReferenceInsertIndexK)          \
+  X(kReferenceScoreBlocks)           \
+  X(kReferenceSelectTopkBlocks)      \
+  X(kReferenceIndexTopk)             \
+  X(kReferenceSparseAttention)       \
+  X(kReferenceNormRopeInsert)        \
+  X(kCpuInsertIndexK)                \
+  X(kCpuScoreBlocks)                 \
+  X(kCpuSelectTopkBlocks)            \
+  X(kCpuIndexTopk)                   \
+  X(kCpuSparseAttention)             \
+  X(kCpuNormRopeInsert)
+#ifdef M3SA_HAVE_CUDA
+#define M3SA_CUDA_IMPLEMENTATIONS(X) \
+  X(kCudaInsertIndexK)               \
+  X(kCudaScoreBlocksSm80)            \
+  X(kCudaSelectTopkBlocks)           \
+  X(kCudaIndexTopkSm80)              \
+  X(kCudaNormRopeInsert)             \
+  X(kCudaSparseAttentionSm80)
+#else
+#define M3SA_CUDA_IMPLEMENTATIONS(X)
+#endif
+// clang-format on
+
 namespace m3sa::detail {
 
-// One declaration per implementation, each defined in its backend's file.
-extern const Implementation kReferenceInsertIndexK;
-extern const Implementation kReferenceScoreBlocks;
-extern const Implementation kReferenceSelectTopkBlocks;
-extern const Implementation kReferenceIndexTopk;
-extern const Implementation kReferenceSparseAttention;
-extern const Implementation kReferenceNormRopeInsert;
-extern const Implementation kCpuInsertIndexK;
-extern const Implementation kCpuScoreBlocks;
-extern const Implementation kCpuSelectTopkBlocks;
-extern const Implementation kCpuIndexTopk;
-extern const Implementation kCpuSparseAttention;
-extern const Implementation kCpuNormRopeInsert;
-#ifdef M3SA_HAVE_CUDA
-extern const Implementation kCudaInsertIndexK;
-extern const Implementation kCudaScoreBlocksSm80;
-extern const Implementation kCudaSelectTopkBlocks;
-extern const Implementation kCudaIndexTopkSm80;
-extern const Implementation kCudaNormRopeInsert;
-extern const Implementation kCudaSparseAttentionSm80;
-#endif
+#define M3SA_DECLARE_IMPLEMENTATION(name) extern const Implementation name;
+M3SA_HOST_IMPLEMENTATIONS(M3SA_DECLARE_IMPLEMENTATION)
+M3SA_CUDA_IMPLEMENTATIONS(M3SA_DECLARE_IMPLEMENTATION)
+#undef M3SA_DECLARE_IMPLEMENTATION
 
 namespace {
 
 // Pointers, not copies: each entry is defined in its backend's translation unit, and copying it
 // here would depend on the order in which the translation units are initialised.
-// One line per implementation.
-// clang-format off
+#define M3SA_LIST_IMPLEMENTATION(name) &name,
 const Implementation* const kImplementations[] = {
-    &kReferenceInsertIndexK,
-    &kReferenceScoreBlocks,
-    &kReferenceSelectTopkBlocks,
-    &kReferenceIndexTopk,
-    &kReferenceSparseAttention,
-    &kReferenceNormRopeInsert,
-    &kCpuInsertIndexK,
-    &kCpuScoreBlocks,
-    &kCpuSelectTopkBlocks,
-    &kCpuIndexTopk,
-    &kCpuSparseAttention,
-    &kCpuNormRopeInsert,
-#ifdef M3SA_HAVE_CUDA
-    &kCudaInsertIndexK,
-    &kCudaScoreBlocksSm80,
-    &kCudaSelectTopkBlocks,
-    &kCudaIndexTopkSm80,
-    &kCudaNormRopeInsert,
-    &kCudaSparseAttentionSm80,
-#endif
-};
-// clang-format on
+    M3SA_HOST_IMPLEMENTATIONS(M3SA_LIST_IMPLEMENTATION)
+    M3SA_CUDA_IMPLEMENTATIONS(M3SA_LIST_IMPLEMENTATION)};
+#undef M3SA_LIST_IMPLEMENTATION
 
 } // namespace
 
