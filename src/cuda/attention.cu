@@ -169,7 +169,8 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     p.token_end = static_cast<int>(std::min<int64_t>(tokens, int64_t{begin} + info.pass_tokens));
     p.entry_count = (p.token_end - p.token_begin) * p.kv_heads * p.top_k;
     const int gather_grid =
-        static_cast<int>(std::min<int64_t>((p.entry_count + 255) / 256, 8 * info.sm_count));
+        static_cast<int>(std::min<int64_t>((p.entry_count + kGatherThreads - 1) / kGatherThreads,
+                                           8 * info.sm_count));
     M3SA_CUDA_RETURN_IF_ERROR(launch_gather_selection_entries(p, gather_grid, s));
     M3SA_CUDA_RETURN_IF_ERROR(sort_selection_entries(p, l.sorted_keys, l.sorted_values, key_bits,
                                                      l.sort_temp, l.sort_temp_bytes, s));

@@ -18,6 +18,7 @@ inline constexpr int kCompactPartialBytes = 3 * kAttentionRows * 4 + kAttentionR
 // grid and the plan's split and workspace sizes follow from it.
 inline constexpr int kAttentionCtasPerSm = 2;
 inline constexpr int kMaxSelection = 32; // top_k limit (config.h kMaxTopK)
+inline constexpr int kGatherThreads = 256; // the prefill's entry gather: one thread per entry
 
 struct SparseAttentionParams {
   const void* q; // [T, Hq, 128] bf16

@@ -18,15 +18,8 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
     const int token = static_cast<int>(e / (int64_t{p.top_k} * p.kv_heads));
     const int t = p.token_begin + token;
     const int request = request_of_token(p.cu_q_lens, p.num_requests, t);
-    // The position's flag is raised once per token, by slot 0 of head 0.
-    int position;
-    if (slot == 0 && g == 0) {
-      position = token_position(p, request, t);
-    } else {
-      const int q_begin = p.cu_q_lens[request], seq_len = p.seq_lens[request];
-      const int q_len = p.cu_q_lens[request + 1] - q_begin;
-      position = (seq_len > 0 && q_len <= seq_len) ? seq_len - q_len + (t - q_begin) : -1;
-    }
+    // A bad position is flagged once per token, by slot 0 of head 0.
+    const int position = token_position(p, request, t, slot == 0 && g == 0);
     const int32_t block =
         p.topk[g * p.topk_stride_head + int64_t{t} * p.topk_stride_token + slot * p.topk_stride_k];
     const int64_t page = selected_page(p, request, position, block);
@@ -59,10 +52,9 @@ __global__ void __launch_bounds__(128) merge_token_partials_kernel(const SparseA
   }
 }
 
-
 cudaError_t launch_gather_selection_entries(const SparseAttentionParams& p, int grid,
                                             cudaStream_t s) {
-  gather_selection_entries_kernel<<<grid, 256, 0, s>>>(p);
+  gather_selection_entries_kernel<<<grid, kGatherThreads, 0, s>>>(p);
   return cudaGetLastError();
 }
 

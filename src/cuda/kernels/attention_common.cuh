@@ -116,13 +116,15 @@ __device__ __forceinline__ int64_t selected_page(const SparseAttentionParams& p,
   return page;
 }
 
-// Position of packed token t of `request`, or -1 (padding, or q_len > seq_len: flagged).
-__device__ __forceinline__ int token_position(const SparseAttentionParams& p, int request, int t) {
+// Position of packed token t of `request`, or -1 (padding, or q_len > seq_len: flagged when
+// `flag_bad`, so that the many threads of one token can leave the flag to one of them).
+__device__ __forceinline__ int token_position(const SparseAttentionParams& p, int request, int t,
+                                              bool flag_bad = true) {
   const int q_begin = p.cu_q_lens[request];
   const int q_len = p.cu_q_lens[request + 1] - q_begin;
   const int seq_len = p.seq_lens[request];
   if (seq_len > 0 && q_len > seq_len) {
-    atomicOr(p.error_flags, kSeqLenBeyondTable);
+    if (flag_bad) atomicOr(p.error_flags, kSeqLenBeyondTable);
     return -1;
   }
   return seq_len > 0 ? seq_len - q_len + (t - q_begin) : -1;
@@ -137,6 +139,14 @@ struct RowState {
     l[0] = l[1] = 0.f;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+  }
+  // Each thread's share of a row's denominator summed over the row's four threads (the quad).
+  __device__ void sum_denominators_over_quad() {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
   }
 };
 
@@ -234,10 +244,9 @@ __device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8]
 // to shared or global memory.
 __device__ __forceinline__ void store_partial(RowState& st, float* partial) {
   const int lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+  st.sum_denominators_over_quad();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 1);
-    st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 2);
     if (tid == 0) {
       partial[gid + 8 * r] = st.m[r];
       partial[kAttentionRows + gid + 8 * r] = st.l[r];
@@ -284,10 +293,9 @@ __device__ __forceinline__ uint32_t pack_fixed2(float x, float y) {
 __device__ __forceinline__ void store_compact_partial(RowState& st, void* base) {
   const CompactPartialView part(base);
   const int lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+  st.sum_denominators_over_quad();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 1);
-    st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 2);
     float largest = 0.f;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
