@@ -1,8 +1,12 @@
 // CUDA indexer host side: plans (splits from the SM count, the workspace layout), and run
 // functions that only fill parameter structs and launch: no allocation, no synchronisation, no
 // host reads of device data, so every run can be captured in a CUDA graph.
-// Implementations: cuda.score_blocks.sm80, cuda.select_topk_blocks, cuda.index_topk.sm80.
+// Implementations: cuda.score_blocks.{sm80,sm90}, cuda.select_topk_blocks,
+// cuda.index_topk.{sm80,sm90}: the sm90 ones differ only in the prefill scorer (plan_info.scorer).
 #include "cuda/indexer.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 
@@ -26,6 +30,48 @@ int splits_of(const OpPlan& plan) {
   return detail::load_plan_info<ScoringPlanInfo>(plan).block_splits;
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point (the library does not link
+// libcuda), or null when the driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
+// The SM90 scorer's TMA descriptor of an index-K cache view [pages, 128, 128]: boxes of one page's
+// 128 tokens x 128 bytes, 128 B swizzle. False where TMA cannot address the view (its base or
+// strides not multiples of 16 bytes, a strided last dimension): the portable scorer takes those.
+bool encode_index_k_map(const TensorView& cache, uint64_t (&map)[16]) {
+  static_assert(sizeof(CUtensorMap) == sizeof(map));
+  const int64_t element = cache.dtype == DType::fp8_e4m3 ? 1 : 2;
+  const int64_t token_bytes = cache.strides[1] * element, page_bytes = cache.strides[0] * element;
+  const auto addressable = [](int64_t bytes) {
+    return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t{1} << 40);
+  };
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(cache.data) % 16 != 0 ||
+      cache.strides[2] != 1 || !addressable(token_bytes) || !addressable(page_bytes) ||
+      cache.shape[0] > (int64_t{1} << 31))
+    return false;
+  const cuuint64_t dims[3] = {128, 128, static_cast<cuuint64_t>(cache.shape[0])};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(token_bytes),
+                                 static_cast<cuuint64_t>(page_bytes)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / element), 128, 1};
+  const cuuint32_t unit_strides[3] = {1, 1, 1};
+  return encode(reinterpret_cast<CUtensorMap*>(map),
+                element == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                cache.data, dims, strides, box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 IndexerLayout run_layout(const OpPlan& plan, Workspace workspace) {
   detail::WorkspaceCarver carver(workspace.data);
   return carve_indexer(plan.request, splits_of(plan), carver, false);
@@ -37,13 +83,13 @@ int first_scheduled_request(const OpPlan& plan, const BatchMetadata& batch) {
 }
 
 ScheduleParams schedule_params(const OpPlan& plan, const BatchMetadata& batch,
-                               const IndexerLayout& l) {
+                               const IndexerLayout& l, int tile_tokens) {
   ScheduleParams s{};
   s.cu_q_lens = batch.cu_q_lens.ptr<const int32_t>();
   s.seq_lens = batch.seq_lens.ptr<const int32_t>();
   s.first_request = first_scheduled_request(plan, batch);
   s.num_requests = batch.num_requests;
-  s.tile_tokens = tile_tokens(plan.request.config.num_index_heads);
+  s.tile_tokens = tile_tokens;
   s.tile_capacity = static_cast<int32_t>(l.tile_capacity);
   s.tiles = l.tiles;
   s.num_tiles = l.num_tiles;
@@ -83,14 +129,33 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
                       const BatchMetadata& batch, const IndexerLayout& l, float* scores,
                       const int64_t (&strides)[3], int64_t width, bool fill_tail,
                       cudaStream_t stream) {
-  M3SA_CUDA_RETURN_IF_ERROR(launch_schedule_tiles(schedule_params(plan, batch, l), stream));
-  ScoreBlocksParams p = scoring_params(plan, splits_of(plan), q, cache, batch, l);
+  const ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(plan);
+  ScoreBlocksParams p = scoring_params(plan, info.block_splits, q, cache, batch, l);
   p.scores = scores;
   p.score_stride_head = strides[0];
   p.score_stride_token = strides[1];
   p.score_stride_block = strides[2];
   p.score_width = static_cast<int32_t>(width);
   p.fill_tail = fill_tail ? 1 : 0;
+  const int heads = plan.request.config.num_index_heads;
+  ScoreBlocksSm90Params sm90{};
+  if (info.scorer == Scorer::sm90 && encode_index_k_map(cache, sm90.index_k_map)) {
+    ScheduleParams s = schedule_params(plan, batch, l, sm90_tile_tokens(heads));
+    s.schedule = l.schedule;
+    s.table_width = p.block_table_width;
+    s.target_units = 2 * info.sm_count;
+    s.fill_tail = p.fill_tail;
+    M3SA_CUDA_RETURN_IF_ERROR(launch_schedule_tiles(s, stream));
+    p.tile_tokens = sm90_tile_tokens(heads);
+    sm90.scoring = p;
+    sm90.schedule = l.schedule;
+    M3SA_CUDA_RETURN_IF_ERROR(cache.dtype == DType::fp8_e4m3
+                                  ? launch_score_blocks_sm90_fp8(sm90, info.sm_count, stream)
+                                  : launch_score_blocks_sm90_bf16(sm90, info.sm_count, stream));
+    return {};
+  }
+  M3SA_CUDA_RETURN_IF_ERROR(
+      launch_schedule_tiles(schedule_params(plan, batch, l, tile_tokens(heads)), stream));
   const dim3 grid(static_cast<unsigned>(l.tile_capacity), static_cast<unsigned>(p.splits));
   if (cache.dtype == DType::fp8_e4m3)
     M3SA_CUDA_RETURN_IF_ERROR(launch_score_blocks_fp8(p, grid, stream));
@@ -115,13 +180,36 @@ Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const fl
   return {};
 }
 
-Status plan_indexer(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
-  const ScoringPlanInfo info = plan_scoring(request, caps.sm_count);
+Status plan_indexer_with(Scorer scorer, const PlanRequest& request, const detail::DeviceCaps& caps,
+                         OpPlan* plan) {
+  ScoringPlanInfo info = plan_scoring(request, caps.sm_count);
+  info.scorer = scorer;
   plan->num_threads = 1;
   detail::WorkspaceCarver carver;
   carve_indexer(request, info.block_splits, carver, false);
   plan->workspace_bytes = carver.bytes_used();
   detail::store_plan_info(plan, info);
+  return {};
+}
+
+Status plan_indexer(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
+  return plan_indexer_with(Scorer::portable, request, caps, plan);
+}
+Status plan_indexer_sm90(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
+  return plan_indexer_with(Scorer::sm90, request, caps, plan);
+}
+
+// The Hopper scorer: compute capability 9.0 exactly (sm_90a code runs nowhere else) and a binary
+// that carries that code.
+Status can_run_sm90(const PlanRequest& request, const detail::DeviceCaps& caps) {
+  M3SA_RETURN_IF_ERROR(can_run_sm80(request, caps));
+  if (caps.compute_capability != 90)
+    return Status::unsupported(detail::concat("compute capability ", caps.compute_capability / 10,
+                                              ".", caps.compute_capability % 10),
+                               "the wgmma / TMA scorer runs on 9.0 (sm_90a) only");
+  if (!score_blocks_sm90_bf16_has_sm90a_code() || !score_blocks_sm90_fp8_has_sm90a_code())
+    return Status::unsupported("the library's CUDA code",
+                               "built with sm_90a in CMAKE_CUDA_ARCHITECTURES");
   return {};
 }
 
@@ -175,6 +263,7 @@ ScoringPlanInfo plan_scoring(const PlanRequest& request, int sm_count) {
   // at 256 ranges ran 113 us of scoring, with 396 ranges 80 us (bench/NOTES.md, session 3).
   ScoringPlanInfo info{};
   info.sm_count = sm_count;
+  info.scorer = Scorer::portable;
   info.block_splits = static_cast<int32_t>(std::max<int64_t>(
       1, int64_t{kScoringCtasPerSm} * sm_count / request.capacities.max_requests));
   return info;
@@ -200,7 +289,8 @@ IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::Work
     l.partial_lists = carver.take<uint64_t>(arrivals * splits * kTileRows *
                                             std::max(1, ranked_slots(request.config)));
   if (decode_only) return l;
-  l.num_tiles = carver.take<int32_t>(1);
+  l.schedule = carver.take<ScoringSchedule>(1);
+  l.num_tiles = &l.schedule->num_tiles;
   l.tile_capacity = ceil_div(cap.max_tokens, tile_tokens(heads)) + cap.max_requests;
   if (request.op == OpKind::score_blocks || topk) l.tiles = carver.take<RowTile>(l.tile_capacity);
   if (topk)
@@ -268,7 +358,8 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, DType c
 
 namespace m3sa::detail {
 
-extern const Implementation kCudaScoreBlocksSm80, kCudaSelectTopkBlocks, kCudaIndexTopkSm80;
+extern const Implementation kCudaScoreBlocksSm80, kCudaScoreBlocksSm90, kCudaSelectTopkBlocks,
+    kCudaIndexTopkSm80, kCudaIndexTopkSm90;
 
 const Implementation kCudaScoreBlocksSm80 = {
     "cuda.score_blocks.sm80",
@@ -278,6 +369,20 @@ const Implementation kCudaScoreBlocksSm80 = {
     0,
     cuda::can_run_sm80,
     cuda::plan_indexer,
+    cuda::score_blocks,
+    cuda::prepare_control_area,
+    cuda::read_control_errors,
+    cuda::ScoringPlanInfo::kVersion};
+
+const Implementation kCudaScoreBlocksSm90 = {
+    "cuda.score_blocks.sm90",
+    "wgmma + TMA block maxima, warp-specialised persistent CTAs, 256-row tiles (H heads of a "
+    "token in M); caches TMA cannot address fall back to the sm80 kernel",
+    Backend::cuda,
+    OpKind::score_blocks,
+    1,
+    cuda::can_run_sm90,
+    cuda::plan_indexer_sm90,
     cuda::score_blocks,
     cuda::prepare_control_area,
     cuda::read_control_errors,
@@ -304,6 +409,20 @@ const Implementation kCudaIndexTopkSm80 = {
     0,
     cuda::can_run_sm80,
     cuda::plan_indexer,
+    cuda::index_topk,
+    cuda::prepare_indexer,
+    cuda::read_control_errors,
+    cuda::ScoringPlanInfo::kVersion};
+
+const Implementation kCudaIndexTopkSm90 = {
+    "cuda.index_topk.sm90",
+    "decode: as sm80; prefill: the wgmma + TMA scorer (cuda.score_blocks.sm90), then "
+    "select_topk_blocks",
+    Backend::cuda,
+    OpKind::index_topk,
+    1,
+    cuda::can_run_sm90,
+    cuda::plan_indexer_sm90,
     cuda::index_topk,
     cuda::prepare_indexer,
     cuda::read_control_errors,

@@ -12,11 +12,16 @@
 
 namespace m3sa::cuda {
 
-// Plan info of the scoring implementations (cuda.score_blocks.sm80, cuda.index_topk.sm80).
+// Which kernel scores prefill rows: the portable mma.sync one (score_blocks.cuh) or the Hopper
+// wgmma + TMA one (score_blocks_sm90.cuh).
+enum class Scorer : int32_t { portable = 0, sm90 = 1 };
+
+// Plan info of the scoring implementations (cuda.score_blocks.*, cuda.index_topk.*).
 struct ScoringPlanInfo {
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
   int32_t sm_count;     // the device's SMs, read at plan time
-  int32_t block_splits; // block ranges per row tile: the scoring and decode grids' y extent
+  int32_t block_splits; // block ranges per row tile: the portable scoring and decode grids' y
+  Scorer scorer;
 };
 
 // The splits of a request on a device of `sm_count` SMs.
@@ -24,11 +29,12 @@ ScoringPlanInfo plan_scoring(const PlanRequest& request, int sm_count);
 
 // The indexer workspace: control area, then what the op needs.
 struct IndexerLayout {
-  ControlArea control;               // arrival counters: [decode tiles] (index_topk)
-  int32_t* num_tiles = nullptr;      // [1]
-  RowTile* tiles = nullptr;          // [tile_capacity]
-  float* scores = nullptr;           // [H, max_tokens, max_blocks] (index_topk: prefill rows)
-  uint64_t* partial_lists = nullptr; // [decode tiles, splits, 64, ranked slots] (index_topk)
+  ControlArea control;                 // arrival counters: [decode tiles] (index_topk)
+  ScoringSchedule* schedule = nullptr; // [1] (num_tiles below is its first field)
+  int32_t* num_tiles = nullptr;        // [1]
+  RowTile* tiles = nullptr;            // [tile_capacity]
+  float* scores = nullptr;             // [H, max_tokens, max_blocks] (index_topk: prefill rows)
+  uint64_t* partial_lists = nullptr;   // [decode tiles, splits, 64, ranked slots] (index_topk)
   int64_t tile_capacity = 0;
 };
 

@@ -24,6 +24,15 @@ struct RowTile {
   int32_t padding;     // keeps the struct 16 bytes: one vector load per tile
 };
 
+// What the schedule kernel tells the SM90 scorer (cuda.score_blocks.sm90): its work units are
+// (row tile, range of blocks_per_range consecutive causal blocks), numbered range-major.
+struct ScoringSchedule {
+  int32_t num_tiles;
+  int32_t blocks_per_range;
+  int32_t ranges; // max over tiles of ceil(causal blocks / blocks_per_range); >= 1 with fill_tail
+  int32_t padding;
+};
+
 struct ScheduleParams {
   const int32_t* cu_q_lens; // [R + 1]
   const int32_t* seq_lens;  // [R]
@@ -33,6 +42,11 @@ struct ScheduleParams {
   int32_t tile_capacity; // entries in tiles
   RowTile* tiles;        // [tile_capacity] out
   int32_t* num_tiles;    // [1] out
+  // SM90 scorer only (else null): also fill the schedule from the tiles' causal block counts.
+  ScoringSchedule* schedule;
+  int32_t table_width;  // block-table columns: bounds each tile's blocks
+  int32_t target_units; // work units to aim for (a few per SM)
+  int32_t fill_tail;    // score export: every tile needs a unit, even with no blocks
 };
 
 struct ScoreBlocksParams {
@@ -62,6 +76,16 @@ struct ScoreBlocksParams {
   // Unsharded: count 1, rank 0 (local == global).
   int32_t shard_count, shard_rank;
   int32_t shard_span; // > 0: contiguous shards of shard_span blocks; 0: round-robin (b % count)
+};
+
+// The SM90 scorer: `scoring` as for the portable kernel (tiles of 256 / H tokens; num_tiles,
+// splits and the shard fields unused: unsharded only), the cache through a TMA descriptor.
+struct ScoreBlocksSm90Params {
+  // CUtensorMap (opaque, 128 B, 64-aligned) of index_k_cache: 3D (128 dims, 128 tokens, pages),
+  // boxes of 128 B x 128 tokens x 1 page, 128 B swizzle. Encoded by the host per run.
+  alignas(64) uint64_t index_k_map[16];
+  ScoreBlocksParams scoring;
+  const ScoringSchedule* schedule; // [1] from the schedule kernel
 };
 
 // The rows a selection writes, shared by the kernels that end in selections (select, merge).

@@ -12,6 +12,14 @@ cudaError_t launch_score_blocks_bf16(const ScoreBlocksParams& params, dim3 grid,
                                      cudaStream_t stream);
 cudaError_t launch_score_blocks_fp8(const ScoreBlocksParams& params, dim3 grid,
                                     cudaStream_t stream);
+// The SM90 scorer (persistent grid, one CTA per SM); *_has_sm90a_code: the binary holds its
+// sm_90a machine code (a device running the portable PTX would get an empty kernel).
+cudaError_t launch_score_blocks_sm90_bf16(const ScoreBlocksSm90Params& params, int grid,
+                                          cudaStream_t stream);
+cudaError_t launch_score_blocks_sm90_fp8(const ScoreBlocksSm90Params& params, int grid,
+                                         cudaStream_t stream);
+bool score_blocks_sm90_bf16_has_sm90a_code();
+bool score_blocks_sm90_fp8_has_sm90a_code();
 // Decode scoring + selection; _k16 for at most 16 ranked slots (half the merge registers).
 cudaError_t launch_decode_topk_bf16_k16(const DecodeTopkParams& params, dim3 grid,
                                         cudaStream_t stream);

@@ -31,8 +31,10 @@
 #define M3SA_CUDA_IMPLEMENTATIONS(X) \
   X(kCudaInsertIndexK)               \
   X(kCudaScoreBlocksSm80)            \
+  X(kCudaScoreBlocksSm90)            \
   X(kCudaSelectTopkBlocks)           \
   X(kCudaIndexTopkSm80)              \
+  X(kCudaIndexTopkSm90)              \
   X(kCudaNormRopeInsert)             \
   X(kCudaSparseAttentionSm80)
 #else

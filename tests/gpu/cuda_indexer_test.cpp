@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "gpu/device_batch.h"
 #include "gpu/cuda_test_util.h"
+#include "gpu/device_batch.h"
 #include "support/test_util.h"
 #include "testing/sample_batch.h"
 
@@ -175,8 +175,16 @@ TEST_P(GpuIndexer, MatchesHostBackend) {
     EXPECT_TRUE(same_bytes(want_scores, got_scores))
         << "integer-valued scores must be bit-identical";
   }
-  // The two-step path on the device equals index_topk.
-  EXPECT_TRUE(same_bytes(cuda_select(c.config, sb, db, got_scores), got_topk));
+  // The two-step path on the device equals index_topk: bit for bit on integer data; on random
+  // data up to near-ties, since decode rows are scored by the decode kernel (mma.sync) and the
+  // export by the prefill scorer (wgmma on Hopper), whose fp32 sums round in other orders.
+  const HostTensor two_step = cuda_select(c.config, sb, db, got_scores);
+  if (c.integers)
+    EXPECT_TRUE(same_bytes(two_step, got_topk));
+  else
+    EXPECT_TRUE(compare_topk(want_topk.view(), two_step.view(), want_scores.view(),
+                             selection_rules(c.config, sb))
+                    .ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuIndexer, ::testing::ValuesIn(indexer_cases()),

@@ -9,8 +9,16 @@
 namespace m3sa::cuda {
 
 // max that propagates NaN (contract §4: a block with any NaN product scores NaN).
+// One FMNMX.NAN on SM80+ (max.NaN.f32 returns the canonical NaN 0x7fffffff), where the compare-
+// and-select form compiled to a branch per element.
 __device__ __forceinline__ float nan_propagating_max(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+#else
   return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
 }
 
 // Scores ordered as unsigned integers: larger is better, NaN below -inf, -0 equal to +0.

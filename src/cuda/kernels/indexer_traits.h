@@ -19,4 +19,8 @@ inline constexpr int kScoringCtasPerSm = 3;
 
 inline int tile_tokens(int heads) { return std::max(1, kTileRows / heads); }
 
+// The SM90 scorer (score_blocks_sm90.cuh): 256 query rows a tile, 256 / H tokens.
+inline constexpr int kSm90TileRows = 256;
+inline int sm90_tile_tokens(int heads) { return std::max(1, kSm90TileRows / heads); }
+
 } // namespace m3sa::cuda

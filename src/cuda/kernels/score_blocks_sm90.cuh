@@ -1,0 +1,363 @@
+#pragma once
+// Block scoring on Hopper: wgmma fed by TMA, warp-specialised, persistent (cuda.score_blocks.sm90,
+// and the prefill rows of cuda.index_topk.sm90).
+//
+// Contract: as score_blocks_kernel (score_blocks.cuh) for unsharded requests: for every scheduled
+// row (token x index head) and every causal block b of its request, scores[head, token, b] =
+// scale * max over the block's keys at positions <= the row's position of q . k (fp32 products
+// accumulated by the tensor cores; NaN propagates); -inf where no key of the block is visible to
+// the row; with fill_tail, -inf in the columns past the tile's causal blocks. Page ids outside
+// [0, num_pages) are flagged (kPageOutOfRange) and not read: their scores are not written.
+// Tiles whose metadata cannot be served are flagged (kSeqLenBeyondTable) and not read.
+//
+// Mapping: one CTA per SM, 3 warpgroups. Warpgroup 0 is the producer: it walks the same work
+// units as the consumers and brings each causal block's index-K page into a ring of kStages
+// shared-memory stages (full / empty mbarrier pairs). bf16 pages arrive by TMA straight into the
+// ring. e4m3 pages arrive by TMA into a second ring of raw pages, and the producer's four warps
+// widen them to bf16 into the first: the MMAs are bf16 for both dtypes, because Hopper's e4m3
+// wgmma does not accumulate in full fp32 (its selections differed from the exact ones in 0.5-0.9 %
+// of rows on random data, bench/NOTES.md), while every e4m3 value is a bf16 value and bf16 wgmma
+// accumulates exactly like the portable kernel. Warpgroups 1 and 2 are consumers: a row tile is 256
+// query rows (256 / H tokens: the H index heads of a token are consecutive rows, so every H gets
+// the same MMA tile); consumer c owns rows [128 c, 128 c + 128) as two m64 wgmma tiles, N = 128
+// keys = one page, K = 128 dims, fp32 accumulators in registers (2 x 64 per thread). After its MMAs
+// a consumer releases the stage, then reduces each row's 128 columns to the block maximum (32
+// values per thread, then the 4 lanes of a quad) and stores it, while the other consumer's MMAs
+// run: the epilogue has to stay below one consumer's MMA time (1024 tensor clocks a page), so the
+// unmasked maximum is a bare FMNMX chain, the causal mask runs only on blocks that reach past the
+// tile's first position, and each row's output address is computed once per unit. Queries are
+// staged once per work unit by the consumers (plain loads, swizzled stores). Work units are (row
+// tile, range of blocks_per_range causal blocks), numbered range-major so that the CTAs running at
+// the same time read the same pages (L2 reuse across row tiles), strided over the persistent grid;
+// the schedule kernel sizes the ranges so that there are a few units per SM.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <type_traits>
+
+#include "cuda/indexer_params.h"
+#include "cuda/kernels/score_blocks.cuh"
+#include "cuda/kernels/sm90/hopper.cuh"
+
+namespace m3sa::cuda {
+
+inline constexpr int kSm90ScoreThreads = 384; // producer warpgroup + 2 consumer warpgroups
+// setmaxnreg moves registers within the CTA's launch allocation (168 a thread at 384 threads,
+// 1 CTA/SM): a consumer's increase waits until the producer's decrease has freed enough, so the
+// split must fit that pool, not the SM's 65536 (a split over it hangs the consumers).
+inline constexpr int kSm90LaunchRegisters = 168;
+inline constexpr int kSm90ProducerRegisters = 56;
+inline constexpr int kSm90ConsumerRegisters = 224;
+static_assert(128 * kSm90ProducerRegisters + 256 * kSm90ConsumerRegisters <=
+              kSm90LaunchRegisters * kSm90ScoreThreads);
+
+// Shared memory: bf16 queries (256 rows x 2 slabs of 128 B), a ring of bf16 pages (2 slabs of
+// 128 keys x 128 B) and, for e4m3 caches, a ring of raw pages (128 keys x 128 B).
+template <typename StoredT> struct Sm90ScoreTraits {
+  static constexpr bool kFp8 = std::is_same_v<StoredT, __nv_fp8_e4m3>;
+  static constexpr int kSlabBytes = 128 * 128; // 128 rows x 128 B: one wgmma operand slab
+  static constexpr int kStageBytes = 2 * kSlabBytes;
+  static constexpr int kStages = kFp8 ? 3 : 4;
+  static constexpr int kRawStages = kFp8 ? 4 : 0;
+  static constexpr int kRawBytes = 128 * 128;
+  static constexpr int kQueryBytes = 2 * kSm90TileRows * 128;
+  static constexpr int kBarriers = 2 * kStages + 2 * kRawStages;
+  // + 1 KB to align the operands to 1024 B, + the barriers.
+  static constexpr int kSmemBytes =
+      kQueryBytes + kStages * kStageBytes + kRawStages * kRawBytes + 1024 + kBarriers * 8;
+};
+static_assert(Sm90ScoreTraits<__nv_bfloat16>::kSmemBytes <= 227 * 1024);
+static_assert(Sm90ScoreTraits<__nv_fp8_e4m3>::kSmemBytes <= 227 * 1024);
+
+// A unit's blocks [begin, end), or an empty range (bad tiles: nothing is read).
+__device__ __forceinline__ BlockRange sm90_unit_blocks(const ScoringSchedule& s,
+                                                       const TileGeometry& geo, int range) {
+  const int begin = range * s.blocks_per_range;
+  const int end = geo.bad ? begin : min(geo.n_max, begin + s.blocks_per_range);
+  return {begin, max(begin, end)};
+}
+
+// The page sequence of this CTA's units (unit u = range-major (range u / tiles, tile u % tiles),
+// u = blockIdx.x + i gridDim.x): what the producer loads, in the order the consumers use it.
+struct Sm90PageCursor {
+  int64_t unit = -1;
+  int block = 0, end = 0, request = 0;
+
+  // The next page id (possibly invalid: the caller checks), false past the last.
+  __device__ bool next(const ScoreBlocksParams& p, const ScoringSchedule& s, int* page) {
+    const int64_t units = int64_t{s.num_tiles} * s.ranges;
+    while (block >= end) {
+      unit = unit < 0 ? blockIdx.x : unit + gridDim.x;
+      if (unit >= units) return false;
+      const TileGeometry geo = tile_geometry(p, p.tiles[static_cast<int>(unit % s.num_tiles)]);
+      const BlockRange blocks = sm90_unit_blocks(s, geo, static_cast<int>(unit / s.num_tiles));
+      block = blocks.begin, end = blocks.end, request = geo.request;
+    }
+    *page = p.block_table[request * p.block_table_stride + block++];
+    return true;
+  }
+};
+
+__device__ __forceinline__ bool sm90_page_valid(const ScoreBlocksParams& p, int page) {
+  return page >= 0 && page < p.num_pages;
+}
+
+// 16 e4m3 values (dims [16 c, 16 c + 16) of row `row`) widened to bf16 and stored as the two
+// 16-byte chunks they occupy in a bf16 operand [2 slabs][rows][128 B] with `slab_stride` bytes
+// between the slabs.
+__device__ __forceinline__ void store_widened_e4m3x16(uint8_t* operand, int slab_stride, int row,
+                                                      int c, uint4 raw) {
+  uint4 wide[2];
+  widen_e4m3x16_to_bf16(raw, wide);
+  uint8_t* slab = operand + (c / 4) * slab_stride;
+  *reinterpret_cast<uint4*>(slab + sm90::swizzled_offset(row, 2 * (c % 4))) = wide[0];
+  *reinterpret_cast<uint4*>(slab + sm90::swizzled_offset(row, 2 * (c % 4) + 1)) = wide[1];
+}
+
+template <typename StoredT>
+__global__ void __launch_bounds__(kSm90ScoreThreads, 1)
+    score_blocks_sm90_kernel(const __grid_constant__ ScoreBlocksSm90Params params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Traits = Sm90ScoreTraits<StoredT>;
+  constexpr int kStages = Traits::kStages, kRawStages = Traits::kRawStages;
+  const ScoreBlocksParams& p = params.scoring;
+  extern __shared__ uint8_t smem_raw[];
+  // Operands at a 1024-byte boundary (the swizzle atom); barriers after them.
+  uint8_t* smem = smem_raw + ((1024 - (sm90::shared_address(smem_raw) & 1023)) & 1023);
+  uint8_t* query_s = smem;                                // [slab][256 rows][128 B] bf16
+  uint8_t* key_s = smem + Traits::kQueryBytes;            // [stage][slab][128 keys][128 B] bf16
+  uint8_t* raw_s = key_s + kStages * Traits::kStageBytes; // [raw stage][128 keys][128 B] e4m3
+  uint64_t* full = reinterpret_cast<uint64_t*>(raw_s + kRawStages * Traits::kRawBytes);
+  uint64_t* empty = full + kStages;
+  uint64_t* raw_full = empty + kStages;
+  uint64_t* raw_empty = raw_full + kRawStages;
+
+  const ScoringSchedule schedule = *params.schedule;
+  const int64_t units = int64_t{schedule.num_tiles} * schedule.ranges;
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      // bf16: the TMA thread's arrive with the page's bytes; e4m3: the 4 widening warps.
+      sm90::mbarrier_init(&full[s], Traits::kFp8 ? 4 : 1);
+      sm90::mbarrier_init(&empty[s], 8); // one arrive per consumer warp
+    }
+    for (int s = 0; s < kRawStages; ++s) {
+      sm90::mbarrier_init(&raw_full[s], 1);  // the TMA thread's arrive with the bytes
+      sm90::mbarrier_init(&raw_empty[s], 4); // the 4 widening warps
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    sm90::release_registers<kSm90ProducerRegisters>();
+    if constexpr (!Traits::kFp8) {
+      if (threadIdx.x != 0) return;
+      sm90::prefetch_tensor_map(params.index_k_map);
+      Sm90PageCursor cursor;
+      int page;
+      for (int i = 0; cursor.next(p, schedule, &page); ++i) {
+        const int stage = i % kStages;
+        sm90::mbarrier_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
+        if (!sm90_page_valid(p, page)) { // consumers skip it too; the flag says why
+          atomicOr(p.error_flags, kPageOutOfRange);
+          sm90::mbarrier_arrive(&full[stage]);
+          continue;
+        }
+        sm90::mbarrier_arrive_expect_tx(&full[stage], Traits::kStageBytes);
+        for (int slab = 0; slab < 2; ++slab)
+          sm90::tma_load_3d(key_s + stage * Traits::kStageBytes + slab * Traits::kSlabBytes,
+                            params.index_k_map, &full[stage], slab * 64, 0, page);
+      }
+    } else {
+      // Thread 0 keeps kRawStages raw pages in flight; all 128 threads widen them in order.
+      Sm90PageCursor issue_cursor, widen_cursor;
+      int issued = 0;
+      const auto issue_next = [&] {
+        int page;
+        if (!issue_cursor.next(p, schedule, &page)) return;
+        const int slot = issued % kRawStages;
+        sm90::mbarrier_wait(&raw_empty[slot], ((issued / kRawStages) & 1) ^ 1);
+        if (sm90_page_valid(p, page)) {
+          sm90::mbarrier_arrive_expect_tx(&raw_full[slot], Traits::kRawBytes);
+          sm90::tma_load_3d(raw_s + slot * Traits::kRawBytes, params.index_k_map, &raw_full[slot],
+                            0, 0, page);
+        } else {
+          atomicOr(p.error_flags, kPageOutOfRange);
+          sm90::mbarrier_arrive(&raw_full[slot]);
+        }
+        ++issued;
+      };
+      if (threadIdx.x == 0) {
+        sm90::prefetch_tensor_map(params.index_k_map);
+        for (int i = 0; i < kRawStages; ++i) issue_next();
+      }
+      const int lane = threadIdx.x % 32;
+      int page;
+      for (int i = 0; widen_cursor.next(p, schedule, &page); ++i) {
+        const int slot = i % kRawStages, stage = i % kStages;
+        sm90::mbarrier_wait(&raw_full[slot], (i / kRawStages) & 1);
+        sm90::mbarrier_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
+        if (sm90_page_valid(p, page)) {
+          const uint8_t* raw = raw_s + slot * Traits::kRawBytes;
+          uint8_t* stage_s = key_s + stage * Traits::kStageBytes;
+#pragma unroll 2
+          for (int j = 0; j < 8; ++j) { // 128 keys x 8 chunks of 16 e4m3 values
+            const int chunk = threadIdx.x + 128 * j, key = chunk / 8, c = chunk % 8;
+            const uint4 v = *reinterpret_cast<const uint4*>(raw + sm90::swizzled_offset(key, c));
+            store_widened_e4m3x16(stage_s, Traits::kSlabBytes, key, c, v);
+          }
+          sm90::fence_proxy_async_shared(); // the stores, before the consumers' wgmma reads
+        }
+        __syncwarp();
+        if (lane == 0) {
+          sm90::mbarrier_arrive(&full[stage]);
+          sm90::mbarrier_arrive(&raw_empty[slot]);
+        }
+        if (threadIdx.x == 0) issue_next(); // the raw slot just freed takes the next page
+      }
+    }
+    return;
+  }
+
+  sm90::claim_registers<kSm90ConsumerRegisters>();
+  const int consumer = warpgroup - 1, thread = threadIdx.x - 128 * warpgroup;
+  const int warp = thread / 32, lane = thread % 32;
+  const int heads = p.heads;
+  // This consumer's rows: tile t (m64), half h: row_base + 64 t + 16 warp + lane / 4 + 8 h.
+  const int row_base = consumer * 128;
+  const auto thread_row = [&](int t, int h) {
+    return row_base + 64 * t + 16 * warp + lane / 4 + 8 * h;
+  };
+  float acc[2][64];
+  int iteration = 0;
+  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const RowTile tile = p.tiles[static_cast<int>(unit % schedule.num_tiles)];
+    const int range = static_cast<int>(unit / schedule.num_tiles);
+    const TileGeometry geo = tile_geometry(p, tile);
+    const BlockRange blocks = sm90_unit_blocks(schedule, geo, range);
+    const auto score_row = [&](int row) {
+      return p.scores + (row % heads) * p.score_stride_head +
+             (tile.token_begin + row / heads) * p.score_stride_token;
+    };
+    if (range == 0) { // once per tile: its flag, and the export's columns past its blocks
+      if (geo.bad && consumer == 0 && thread == 0) atomicOr(p.error_flags, kSeqLenBeyondTable);
+      if (p.fill_tail && !geo.bad) {
+        const int tail = p.score_width - geo.n_max;
+        for (int i = threadIdx.x - 128; i < geo.rows * tail; i += 256)
+          score_row(i % geo.rows)[(geo.n_max + i / geo.rows) * p.score_stride_block] = -INFINITY;
+      }
+    }
+    if (blocks.begin >= blocks.end) continue;
+
+    // Per row of this thread (quad leaders store): output row, and the position the causal mask
+    // compares key positions with (relative to b * 128 and this lane's first column).
+    const bool tile_active[2] = {row_base < geo.rows, row_base + 64 < geo.rows};
+    float* out_row[2][2];
+    int last_key[2][2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = thread_row(t, h);
+        out_row[t][h] = row < geo.rows && lane % 4 == 0 ? score_row(row) : nullptr;
+        last_key[t][h] = geo.first_pos + row / heads - 2 * (lane % 4);
+      }
+
+    // This consumer's 128 query rows, swizzled into its half of query_s as bf16 (e4m3 widened;
+    // zeros past the tile).
+    sm90::named_barrier_sync(1 + consumer, 128);   // the previous unit's MMAs have read query_s
+    constexpr int kChunks = Traits::kFp8 ? 8 : 16; // 16-byte chunks of a stored 128-dim row
+    const StoredT* q = static_cast<const StoredT*>(p.index_q);
+    for (int i = thread; i < 128 * kChunks; i += 128) {
+      const int row = row_base + i / kChunks, chunk = i % kChunks;
+      uint4 raw = make_uint4(0, 0, 0, 0);
+      if (row < geo.rows)
+        raw = load_chunk(q + (tile.token_begin + row / heads) * p.q_stride_token +
+                             (row % heads) * p.q_stride_head,
+                         chunk);
+      if constexpr (Traits::kFp8)
+        store_widened_e4m3x16(query_s, kSm90TileRows * 128, row, chunk, raw);
+      else
+        *reinterpret_cast<uint4*>(query_s + (chunk / 8) * (kSm90TileRows * 128) +
+                                  sm90::swizzled_offset(row, chunk % 8)) = raw;
+    }
+    sm90::fence_proxy_async_shared();
+    sm90::named_barrier_sync(1 + consumer, 128);
+
+    for (int b = blocks.begin; b < blocks.end; ++b, ++iteration) {
+      const int stage = iteration % kStages;
+      sm90::mbarrier_wait(&full[stage], (iteration / kStages) & 1);
+      const bool page_ok =
+          sm90_page_valid(p, p.block_table[geo.request * p.block_table_stride + b]);
+      // Both m64 tiles, always: a branch around wgmma (even a uniform one) makes ptxas serialise
+      // them; an idle tile (rows of zeros past the tile) costs tensor time only on short chunks.
+      {
+        const uint32_t key_base = sm90::shared_address(key_s + stage * Traits::kStageBytes);
+        const uint32_t query_base = sm90::shared_address(query_s) + row_base * 128;
+        sm90::fence_accumulators(acc[0]);
+        sm90::fence_accumulators(acc[1]);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+#pragma unroll
+          for (int slab = 0; slab < 2; ++slab) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) { // 32 bytes of the 128-byte row per instruction
+              const uint64_t a = sm90::operand_descriptor(
+                  query_base + slab * (kSm90TileRows * 128) + t * 64 * 128 + k * 32);
+              const uint64_t bk =
+                  sm90::operand_descriptor(key_base + slab * Traits::kSlabBytes + k * 32);
+              sm90::wgmma_m64n128k16_bf16(acc[t], a, bk, slab + k);
+            }
+          }
+        }
+        sm90::wgmma_commit_group();
+        sm90::wgmma_wait_all();
+        sm90::fence_accumulators(acc[0]);
+        sm90::fence_accumulators(acc[1]);
+      }
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&empty[stage]); // the page may be refilled now
+      if (!page_ok || !tile_active[0]) continue;
+
+      // Block maxima. Value (i, e) of a row is key column 8 i + 2 (lane % 4) + e.
+      const bool masked = b * 128 + 127 > geo.first_pos;
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        if (!tile_active[t]) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float m;
+          if (!masked) {
+            float chain[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+              chain[c] = nan_propagating_max(acc[t][4 * c + 2 * h], acc[t][4 * c + 2 * h + 1]);
+#pragma unroll
+            for (int i = 4; i < 16; ++i)
+              chain[i % 4] =
+                  nan_propagating_max(chain[i % 4], nan_propagating_max(acc[t][4 * i + 2 * h],
+                                                                        acc[t][4 * i + 2 * h + 1]));
+            m = nan_propagating_max(nan_propagating_max(chain[0], chain[1]),
+                                    nan_propagating_max(chain[2], chain[3]));
+          } else {
+            const int visible = last_key[t][h] - b * 128; // columns 8 i + e <= visible
+            m = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                if (8 * i + e <= visible) m = nan_propagating_max(m, acc[t][4 * i + 2 * h + e]);
+          }
+          m = nan_propagating_max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+          m = nan_propagating_max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+          if (out_row[t][h] != nullptr) out_row[t][h][b * p.score_stride_block] = m * p.scale;
+        }
+      }
+    }
+  }
+#endif
+}
+
+} // namespace m3sa::cuda

@@ -1,0 +1,215 @@
+// The prefill scorers (cuda.score_blocks / cuda.index_topk: sm80 mma.sync and sm90 wgmma + TMA)
+// against the host backends, each implementation forced by name so that both run on a Hopper
+// GPU. Integer data: every sum is exact, so selections and scores must match bit for bit.
+// Random data (bf16 and e4m3): near-ties only, as for the CPU backend (compare.h).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gpu/cuda_test_util.h"
+#include "gpu/device_batch.h"
+#include "support/test_util.h"
+
+namespace m3sa::testing {
+namespace {
+
+MsaConfig config_of(int heads, int k, int local, int init) {
+  MsaConfig c;
+  c.num_index_heads = heads, c.top_k = k, c.local_blocks = local, c.init_blocks = init;
+  return c;
+}
+
+struct PrefillCase {
+  const char* name;
+  std::vector<int32_t> q_lens, seq_lens; // decode requests (q_len 1) first
+  int num_decode;
+  MsaConfig config;
+  DType dtype;
+  bool integers;
+  bool use_reference;
+};
+
+void PrintTo(const PrefillCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<PrefillCase> prefill_cases() {
+  const DType bf = DType::bf16, f8 = DType::fp8_e4m3;
+  return {
+      // Chunk lengths 1 .. 16K after no prefix (causal triangle) and after unaligned prefixes.
+      {"SmallChunkLengthsH4",
+       {1, 2, 63, 64, 65, 200},
+       {1, 300, 63, 128, 1000, 200},
+       0,
+       config_of(4, 16, 1, 0),
+       bf,
+       true,
+       true},
+      {"Chunk16kNoPrefixH1", {16384}, {16384}, 0, config_of(1, 16, 1, 0), bf, true, false},
+      {"UnalignedChunkStartsH2K8NoLocal",
+       {3000, 77, 513, 129},
+       {4000, 10077, 643, 129},
+       0,
+       config_of(2, 8, 0, 0),
+       bf,
+       true,
+       false},
+      {"H16K32Init2Local2",
+       {700, 300, 17},
+       {9000, 300, 20000},
+       0,
+       config_of(16, 32, 2, 2),
+       bf,
+       true,
+       false},
+      {"H3RowsNotAPowerOfTwo",
+       {1000, 85, 86},
+       {5000, 85, 300},
+       0,
+       config_of(3, 16, 1, 1),
+       bf,
+       true,
+       false},
+      {"DecodeRowsAndSeveralPrefillsH4Fp8",
+       {1, 1, 1, 900, 4096, 1, 5},
+       {7000, 129, 0, 30000, 4096, 70000, 0},
+       3,
+       config_of(4, 16, 1, 0),
+       f8,
+       true,
+       false},
+      {"Prefill8kAfter56kH4K32", {8192}, {65536}, 0, config_of(4, 32, 1, 0), bf, true, false},
+      {"Prefill4kAfter28kH4RandomData",
+       {4096},
+       {32768},
+       0,
+       config_of(4, 16, 1, 0),
+       bf,
+       false,
+       false},
+      {"Prefill4kAfter28kH4Fp8RandomData",
+       {4096},
+       {32768},
+       0,
+       config_of(4, 16, 1, 0),
+       f8,
+       false,
+       false},
+      {"Prefill2kAfter6kH1Fp8RandomData",
+       {2048},
+       {8192},
+       0,
+       config_of(1, 16, 1, 0),
+       f8,
+       false,
+       false},
+  };
+}
+
+BatchSpec spec_of(const PrefillCase& c, uint64_t seed) {
+  BatchSpec s;
+  s.q_lens = c.q_lens;
+  s.seq_lens = c.seq_lens;
+  s.num_decode = c.num_decode;
+  s.decode_q_len = 1;
+  s.index_heads = c.config.num_index_heads;
+  s.index_dtype = c.dtype;
+  s.seed = seed;
+  return s;
+}
+
+bool on_hopper() {
+  int major = 0, minor = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+
+// A plan of the named implementation, or nothing when it cannot run here (printed; on a Hopper
+// GPU every implementation must run).
+bool plan_named(const char* name, OpKind op, const MsaConfig& config, const SyntheticBatch& sb,
+                CudaRun* run) {
+  PlanRequest request = plan_request(op, config, sb, {Backend::cuda});
+  request.implementation = name;
+  const Status s = make_plan(request, &run->plan);
+  if (!s.ok()) {
+    std::printf("[ skip %s ] %s\n", name, s.to_string().c_str());
+    EXPECT_FALSE(on_hopper()) << name << " must run on compute capability 9.0";
+    return false;
+  }
+  run->workspace = device_workspace(run->plan);
+  EXPECT_TRUE(run->workspace.status().ok()) << run->workspace.status().to_string();
+  return true;
+}
+
+class GpuPrefillScorer : public ::testing::TestWithParam<PrefillCase> {};
+
+TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const PrefillCase& c = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  SyntheticBatch sb(spec_of(c, seed));
+  M3SA_ASSERT_OK(sb.status());
+  if (c.integers)
+    sb.fill_index_integers(seed, -3, 3);
+  else
+    sb.fill_index_random(seed);
+  const RunOptions oracle{c.use_reference ? Backend::reference : Backend::cpu};
+  HostTensor want_topk, want_scores;
+  M3SA_ASSERT_OK(run_index_topk(c.config, sb, oracle, &want_topk));
+  M3SA_ASSERT_OK(run_score_blocks(c.config, sb, oracle, &want_scores));
+  const DeviceBatch db(sb);
+  const SelectionRules rules = selection_rules(c.config, sb);
+  const int heads = c.config.num_index_heads;
+
+  for (const char* arch : {"sm80", "sm90"}) {
+    const std::string topk_name = std::string("cuda.index_topk.") + arch;
+    const std::string score_name = std::string("cuda.score_blocks.") + arch;
+    CudaRun topk_run, score_run;
+    if (!plan_named(topk_name.c_str(), OpKind::index_topk, c.config, sb, &topk_run) ||
+        !plan_named(score_name.c_str(), OpKind::score_blocks, c.config, sb, &score_run))
+      continue;
+    DeviceBuffer topk(DType::i32, {heads, sb.num_tokens(), c.config.top_k}, 0x5a);
+    DeviceBuffer scores(DType::f32, {heads, sb.num_tokens(), sb.width()}, 0xff);
+    M3SA_ASSERT_OK(index_topk(topk_run.plan,
+                              {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
+                              topk_run.workspace.workspace()));
+    M3SA_ASSERT_OK(score_blocks(
+        score_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), scores.view()},
+        score_run.workspace.workspace()));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(device_flags(topk_run), 0) << arch;
+    EXPECT_EQ(device_flags(score_run), 0) << arch;
+    const HostTensor got_topk = topk.download(), got_scores = scores.download();
+
+    // Every scorer sums exact products in fp32 (e4m3 widened to bf16 on Hopper): near-ties only.
+    const TopkComparison cmp = compare_topk(want_topk.view(), got_topk.view(),
+                                            c.integers ? TensorView{} : want_scores.view(), rules);
+    std::printf("[ %s %s ] %s: %s\n", c.name, arch, to_string(oracle.backend),
+                describe(cmp).c_str());
+    EXPECT_TRUE(cmp.ok()) << arch << ": " << describe(cmp);
+    if (c.integers) {
+      EXPECT_EQ(cmp.identical_rows, cmp.rows) << arch;
+      EXPECT_TRUE(same_bytes(want_scores, got_scores))
+          << arch << ": integer-valued scores must be bit-identical";
+    }
+    // Fused (index_topk) == export (score_blocks) + select_topk_blocks, bit for bit.
+    CudaRun select_run;
+    ASSERT_TRUE(plan_named("cuda.select_topk_blocks", OpKind::select_topk_blocks, c.config, sb,
+                           &select_run));
+    DeviceBuffer selected(DType::i32, {heads, sb.num_tokens(), c.config.top_k}, 0x5a);
+    M3SA_ASSERT_OK(select_topk_blocks(select_run.plan, {scores.view(), db.batch(), selected.view()},
+                                      select_run.workspace.workspace()));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bytes(selected.download(), got_topk)) << arch;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuPrefillScorer, ::testing::ValuesIn(prefill_cases()),
+                         [](const ::testing::TestParamInfo<PrefillCase>& param_info) {
+                           return std::string(param_info.param.name);
+                         });
+
+} // namespace
+} // namespace m3sa::testing
