@@ -14,6 +14,7 @@ from ._core import (  # noqa: F401  (the public API)
     Config,
     Plan,
     UnsupportedError,
+    read_device_errors,
     index_topk,
     insert_index_k,
     make_plan,
