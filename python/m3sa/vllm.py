@@ -69,6 +69,7 @@ __all__ = [
     "minimax_m3_sparse_attn",
     "minimax_m3_sparse_attn_decode",
     "norm_rope_insert",
+    "sparse_attention",
     "clear_caches",
     "plan_cache",
     "set_workspace_buffer",
@@ -92,6 +93,7 @@ _DTYPES = {  # str(array.dtype) -> m3sa dtype name, numpy and torch spellings
 }
 
 _plans = {}  # key -> (plan, workspace)
+_dtype_names = {}  # array dtype object -> m3sa dtype name
 _constants = {}  # cached index arrays (decode cu_q_lens) per (device, shape)
 _arena = []  # [buffer, next free byte] once set_workspace_buffer() named a caller's buffer
 
@@ -167,10 +169,13 @@ def _device(array, name):
 
 
 def _dtype(array, name):
-    dtype = _DTYPES.get(str(array.dtype))
+    dtype = _dtype_names.get(array.dtype)  # by the dtype object: str() of it is the slow part
     if dtype is None:
-        raise TypeError(f"m3sa.vllm: {name}: dtype {array.dtype} has no m3sa equivalent; expected "
-                        "bfloat16 (uint16 bits), float8_e4m3fn (uint8 bits), float32, int32 or int64")
+        dtype = _DTYPES.get(str(array.dtype))
+        if dtype is None:
+            raise TypeError(f"m3sa.vllm: {name}: dtype {array.dtype} has no m3sa equivalent; expected "
+                            "bfloat16 (uint16 bits), float8_e4m3fn (uint8 bits), float32, int32 or int64")
+        _dtype_names[array.dtype] = dtype
     return dtype
 
 
@@ -306,9 +311,8 @@ def _workspace(plan, device):
 def _run(op, device, plan_args, *args, **kwargs):
     """op's plan from the cache, then the op on args; keyword arrays (norm_rope_insert's) too."""
     plan, workspace = _plan(op, device, *plan_args)
-    if op == "norm_rope_insert":
-        kwargs = {name: value if isinstance(value, float) or value is None else _dl(value)
-                  for name, value in kwargs.items()}
+    if kwargs:
+        kwargs = {name: _dl(value) for name, value in kwargs.items()}
     getattr(_core, op)(plan, *[_dl(a) for a in args], workspace=_dl(workspace),
                        stream=_stream(device), **kwargs)
 
@@ -596,7 +600,10 @@ def minimax_m3_sparse_attn_decode(
                block_table)
 
 
-# --- the step before attention, in vLLM's layouts (not one of vLLM's ops) ----------------------
+# --- m3sa's own ops in m3sa's cache layout (not vLLM's ops) ------------------------------------
+# norm_rope_insert writes K and V, so it takes them as two caches [pages, 128, Hkv, 128]: the two
+# halves of vLLM's combined cache interleave, and m3sa rejects outputs whose byte ranges overlap.
+# sparse_attention reads such caches (and can return the lse).
 
 def norm_rope_insert(
     q,  # [total_q, num_heads, head_dim] bf16: the q projection
@@ -612,7 +619,8 @@ def norm_rope_insert(
     slot_mapping,  # [total_q] int64 KV-cache slot (page * 128 + offset); < 0 skips
     idx_slot_mapping,  # [total_q] int64 index-cache slot (may be slot_mapping)
     q_out,  # [total_q, num_heads, head_dim] bf16, written
-    kv_cache,  # [num_blocks, num_kv_heads, 128, 2*head_dim] bf16 or fp8 e4m3, written
+    k_cache,  # [num_blocks, 128, num_kv_heads, head_dim] bf16 or fp8 e4m3, written
+    v_cache,  # [num_blocks, 128, num_kv_heads, head_dim], k_cache's dtype, written
     idx_q_out,  # [total_q, num_idx_heads, head_dim] in the index cache's dtype, written
     index_kv_cache,  # [num_blocks, 128, head_dim] bf16 or fp8 e4m3, written
     cos_sin_cache=None,  # optional [max_pos, 64] bf16 or f32; None: from positions and rope_theta
@@ -622,14 +630,8 @@ def norm_rope_insert(
     v_scale: float = 1.0,
 ) -> None:
     """m3sa's fused norm_rope_insert (Gemma RMSNorm + partial NeoX RoPE on q, k, index q and index
-    k; q and index q out, k and v into vLLM's combined KV cache, index k into the index cache)."""
+    k; q and index q out, k and v into their caches, index k into the index cache)."""
     _check_head_dim(q, "q")
-    if not (len(kv_cache.shape) == 4 and kv_cache.shape[2] == SPARSE_BLOCK_SIZE
-            and kv_cache.shape[3] == 2 * HEAD_DIM):
-        _fail("kv_cache",
-              f"[num_blocks, num_kv_heads, {SPARSE_BLOCK_SIZE}, {2 * HEAD_DIM}] (K then V per row)",
-              f"shape {tuple(kv_cache.shape)}")
-    k_cache, v_cache = _kv_views(kv_cache)
     config = (("num_index_heads", int(idx_q.shape[1])), ("rms_norm_eps", float(rms_norm_eps)),
               ("rope_theta", float(rope_theta)))
     _run("norm_rope_insert", _device(q, "q"),
@@ -640,3 +642,30 @@ def norm_rope_insert(
          slot_mapping=slot_mapping, index_slot_mapping=idx_slot_mapping, q_out=q_out,
          k_cache=k_cache, v_cache=v_cache, index_q_out=idx_q_out, index_k_cache=index_kv_cache,
          cos_sin_cache=cos_sin_cache, k_scale=float(k_scale), v_scale=float(v_scale))
+
+
+def sparse_attention(
+    q,  # [total_q, num_heads, head_dim] bf16
+    k_cache,  # [num_blocks, 128, num_kv_heads, head_dim] bf16 or fp8 e4m3
+    v_cache,  # [num_blocks, 128, num_kv_heads, head_dim]
+    topk_idx,  # [num_kv_heads, total_q, topk] i32 from the index functions
+    cu_seqlens_q,  # [num_reqs + 1] int32
+    seq_lens,  # [num_reqs] int32 (token i of request r at seq_len - q_len + i)
+    block_table,  # [num_reqs, max_blocks]
+    output,  # [total_q, num_heads, head_dim] bf16, written
+    num_decode_requests: int = 0,  # the first requests are decode requests of decode_query_len
+    decode_query_len: int = 1,
+    lse=None,  # optional [total_q, num_heads] f32, written
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """m3sa's sparse_attention on m3sa's batch (contract §2) and cache layout."""
+    _check_head_dim(q, "q")
+    num_reqs = seq_lens.shape[0]
+    batch = _batch(cu_seqlens_q, seq_lens, block_table, num_tokens=q.shape[0],
+                   num_decode_requests=int(num_decode_requests), decode_q_len=int(decode_query_len))
+    _run("sparse_attention", _device(q, "q"),
+         (_index_config(topk_idx.shape[0], topk=topk_idx.shape[2]), num_reqs, q.shape[0],
+          block_table.shape[1], _dtype(k_cache, "k_cache")),
+         q, k_cache, v_cache, topk_idx, batch, output, lse=lse, k_scale=float(k_scale),
+         v_scale=float(v_scale))
