@@ -53,7 +53,8 @@ stage "build and install (CUDA, sm_90a, -j$jobs)"
 # build.targets=_core: the library and the extension only (not the tests' m3sa_testing).
 M3SA_ENABLE_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL="$jobs" timeout 420 "$py" -m pip install . -v \
   --no-build-isolation --no-deps --no-index --no-cache-dir \
-  -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a -C build.targets=_core > "$logs/build.log" 2>&1
+  -C build-dir="build/python-cuda/{wheel_tag}" -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a \
+  -C build.targets=_core > "$logs/build.log" 2>&1
 build_rc=$?
 summary "build rc=$build_rc ($(grep -c -E '\.cu\.o$|Building CUDA' "$logs/build.log") CUDA objects)"
 if [ $build_rc -ne 0 ]; then

@@ -485,12 +485,31 @@ def test_vllm_ops_match_vllms_triton_ops(torch, decode, index_dtype):
 
 # --- torch.ops.m3sa: opcheck, CUDA graphs, torch.compile -------------------------------------------
 
+TORCH_OPS = {"index_score", "index_topk", "index_decode", "sparse_attn", "sparse_attn_decode",
+             "norm_rope_insert", "sparse_attention"}
+
+
 def m3sa_torch_ops(torch):
+    """The ops registered under torch.ops.m3sa (from the dispatcher where it lists them)."""
     import m3sa.torch  # noqa: F401  (registers torch.ops.m3sa)
 
-    names = sorted(name.split("::")[1] for name in torch._C._dispatch_get_all_op_names()
-                   if name.startswith("m3sa::"))
-    return {name.split(".")[0] for name in names}
+    all_names = getattr(torch._C, "_dispatch_get_all_op_names", None)
+    if all_names is None:
+        return set(TORCH_OPS)
+    return {name.split("::")[1].split(".")[0] for name in all_names() if name.startswith("m3sa::")}
+
+
+def opcheck(torch, op, args):
+    """torch.library.opcheck; where torch's own checks cannot compare float8 tensors, the fake-kernel
+    check alone (returned: which checks ran)."""
+    try:
+        torch.library.opcheck(op, args)
+        return "all"
+    except Exception as exc:  # noqa: BLE001
+        if "float8" not in str(exc).lower():
+            raise
+    torch.library.opcheck(op, args, test_utils=("test_faketensor",))
+    return "test_faketensor (torch cannot compare float8 tensors)"
 
 
 def m3sa_caches(b):
@@ -547,6 +566,7 @@ def test_opcheck_every_torch_op(torch):
     for name, args in cases.items():
         torch.library.opcheck(getattr(ops, name).default, args)
         checked.add(name)
+    assert registered == TORCH_OPS, registered
     assert checked == registered, f"torch.ops.m3sa ops without an opcheck: {registered - checked}"
 
 
@@ -557,16 +577,18 @@ def test_opcheck_fp8_caches_with_scales(torch):
     args = (d.idx_q, d.index_kv_cache, d.block_table, d.seq_lens, d.max_seq_len, TOPK, INIT, LOCAL,
             d.heads, 1, 1)
     topk = ops.index_decode(*args)
-    torch.library.opcheck(ops.index_decode.default, args)
+    ran = {"index_decode": opcheck(torch, ops.index_decode.default, args)}
     attn = (d.q, d.kv_cache, topk, d.block_table, d.seq_lens, d.heads, SCALE, torch.zeros_like(d.q), 1,
             0.5, 0.25)
-    torch.library.opcheck(ops.sparse_attn_decode.default, attn)
+    ran["sparse_attn_decode"] = opcheck(torch, ops.sparse_attn_decode.default, attn)
     nr = norm_rope_args(torch, d)
-    torch.library.opcheck(ops.norm_rope_insert.default, tuple(nr.values()) + (None, 1e-6, 5e6, 0.5, 0.25))
+    ran["norm_rope_insert"] = opcheck(torch, ops.norm_rope_insert.default,
+                                      tuple(nr.values()) + (None, 1e-6, 5e6, 0.5, 0.25))
     cu = torch.arange(len(d.seq_lens) + 1, dtype=torch.int32, device="cuda")
-    torch.library.opcheck(ops.sparse_attention.default,
-                          (d.q, nr["k_cache"], nr["v_cache"], topk, cu, d.seq_lens, d.block_table,
-                           torch.zeros_like(d.q), len(d.seq_lens), 1, 0.5, 0.25))
+    ran["sparse_attention"] = opcheck(torch, ops.sparse_attention.default,
+                                      (d.q, nr["k_cache"], nr["v_cache"], topk, cu, d.seq_lens,
+                                       d.block_table, torch.zeros_like(d.q), len(d.seq_lens), 1, 0.5, 0.25))
+    record("opcheck_fp8", checks=ran)
 
 
 def rewrite_decode_inputs(torch, b, seed):
