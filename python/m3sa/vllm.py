@@ -100,6 +100,7 @@ _arena = []  # [buffer, next free byte] once set_workspace_buffer() named a call
 # torch, bound on the first torch tensor seen (m3sa.vllm never imports torch itself): tensors cross
 # into m3sa._core as DLPack capsules from torch.utils.dlpack.to_dlpack (one C call), not through
 # Tensor.__dlpack__ (Python code, several microseconds a tensor).
+_torch_module = None
 _tensor_type = None
 _to_dlpack = None
 _raw_stream = None
@@ -184,7 +185,9 @@ def _is_torch(array):
 
 
 def _torch():
-    global _tensor_type, _to_dlpack, _raw_stream, _fp8, _uint8
+    global _torch_module, _tensor_type, _to_dlpack, _raw_stream, _fp8, _uint8
+    if _torch_module is not None:
+        return _torch_module
     try:
         import torch
     except ImportError:
@@ -193,11 +196,12 @@ def _torch():
     if _tensor_type is None:
         from torch.utils.dlpack import to_dlpack
 
-        _to_dlpack = to_dlpack
+        _to_dlpack = getattr(torch._C, "_to_dlpack", None) or to_dlpack  # the C function itself
         # the current stream's handle without a Stream object (what torch.compile's code calls)
         _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         _fp8, _uint8 = getattr(torch, "float8_e4m3fn", None), torch.uint8
         _tensor_type = torch.Tensor
+    _torch_module = torch
     return torch
 
 

@@ -300,7 +300,11 @@ def vllm_signatures():
     import ast
     import pathlib
 
-    peer = pathlib.Path(__file__).resolve().parents[3] / "shared" / "peer" / "vllm_m3"
+    import os
+
+    named = os.environ.get("M3SA_PEER_DIR")
+    folder = pathlib.Path(named) if named else pathlib.Path(__file__).resolve().parents[3] / "shared" / "peer"
+    peer = folder / "vllm_m3"
     if not peer.is_dir():
         pytest.skip(f"vLLM's op sources are not at {peer}")
     signatures = {}
