@@ -17,7 +17,9 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 # device README
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=scripts/env.sh
+source scripts/env.sh # nvcc on PATH where the toolkit is installed but not on PATH
 out="${OUT:-/tmp/m3sa_python_gpu}"
 logs="$out/logs"
 mkdir -p "$logs"
@@ -44,7 +46,7 @@ cat "$logs/environment.txt"
 
 # The pinned build requirements (pyproject.toml) when they were carried; else the device's own.
 if compgen -G ".pydeps/*.whl" > /dev/null; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/m3sa_pydeps .pydeps/*.whl \
+  "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/m3sa_pydeps .pydeps/*.whl \
     && export PYTHONPATH="/tmp/m3sa_pydeps${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$py" -c "import nanobind, scikit_build_core; print('build with nanobind', nanobind.__version__, 'scikit-build-core', scikit_build_core.__version__)" | tee -a "$out/summary.txt"
@@ -53,8 +55,9 @@ stage "build and install (CUDA, sm_90a, -j$jobs)"
 # build.targets=_core: the library and the extension only (not the tests' m3sa_testing).
 M3SA_ENABLE_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL="$jobs" timeout 420 "$py" -m pip install . -v \
   --no-build-isolation --no-deps --no-index --no-cache-dir \
-  -C build-dir="build/python-cuda/{wheel_tag}" -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a \
-  -C build.targets=_core > "$logs/build.log" 2>&1
+  --config-settings=build-dir="build/python-cuda/{wheel_tag}" \
+  --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90a \
+  --config-settings=build.targets=_core > "$logs/build.log" 2>&1
 build_rc=$?
 summary "build rc=$build_rc ($(grep -c -E '\.cu\.o$|Building CUDA' "$logs/build.log") CUDA objects)"
 if [ $build_rc -ne 0 ]; then
