@@ -118,8 +118,9 @@ def main():
     out = torch.zeros_like(q)
     scale = 1 / math.sqrt(HEAD_DIM)
     decode_args = (idx_q, index_kv_cache, block_table, seq_lens, S, K, 0, 1, H, 1, 1)
-    topk = mv.minimax_m3_index_decode(*decode_args)
     attn_args = lambda t: (q, kv_cache, t, block_table, seq_lens, H, scale, out, 1)
+    topk = mv.minimax_m3_index_decode(*decode_args)  # makes the two plans the raw calls reuse
+    mv.minimax_m3_sparse_attn_decode(*attn_args(topk))
 
     # the raw API, with the plans and workspaces m3sa.vllm made (one plan each)
     plans = {key[0]: entry for key, entry in mv._plans.items()}
