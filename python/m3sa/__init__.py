@@ -19,6 +19,7 @@ from ._core import (  # noqa: F401  (the public API)
     make_plan,
     norm_rope_insert,
     prepare_workspace,
+    read_device_errors,
     score_blocks,
     select_topk_blocks,
     sparse_attention,

@@ -8,8 +8,20 @@ custom op's schema has no ``Tensor | float``; a scalar tensor would synchronise)
 (meta) kernel, so torch.compile traces it without running m3sa. Importable only where torch is
 installed.
 
-Not yet verified: this module has not run under torch (the CPU test machine has no torch);
-tests/python/test_torch.py runs opcheck and compares with m3sa.vllm where torch is installed.
+m3sa's own ops in m3sa's cache layout (separate K and V caches ``[pages, 128, Hkv, 128]``), as in
+m3sa.vllm: ``torch.ops.m3sa.norm_rope_insert`` (the fused step before attention) writes ``q_out``,
+``k_cache``, ``v_cache``, ``idx_q_out`` and ``index_kv_cache`` in place;
+``torch.ops.m3sa.sparse_attention`` (m3sa's batch: decode requests first) writes ``output`` (the
+lse: m3sa.vllm.sparse_attention or the plain API).
+
+Workspaces: each op's plan keeps one (m3sa.vllm's cache); ``m3sa.vllm.set_workspace_buffer(t)``
+makes them slices of a caller's uint8 tensor ``t`` instead. CUDA graphs: run each shape once
+eagerly before capturing (torch.cuda.graph's warm-up), so that the plans and workspaces the graph
+uses are the cached ones; the ops never synchronise (fp8 KV scales are floats here).
+
+tests/python/test_torch.py runs opcheck and compares with m3sa.vllm on CPU tensors where torch is
+installed; tests/python/test_gpu.py does the same on CUDA tensors, with CUDA graphs, torch.compile
+and vLLM's Triton ops (bench/python_gpu_check.sh runs it on the GPU machine).
 """
 from typing import Optional
 
@@ -105,4 +117,43 @@ def sparse_attn_decode(q: torch.Tensor, kv_cache: torch.Tensor, topk_idx: torch.
 def _(q, kv_cache, topk_idx, block_table, seq_lens, num_kv_heads, sm_scale, output,
       decode_query_len, k_scale=None, v_scale=None, query_start_loc=None,
       token_to_req_indices=None):
+    return None
+
+
+@torch.library.custom_op(f"{_LIB}::norm_rope_insert",
+                         mutates_args=("q_out", "k_cache", "v_cache", "idx_q_out", "index_kv_cache"))
+def norm_rope_insert(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx_q: torch.Tensor,
+                     idx_k: torch.Tensor, positions: torch.Tensor, q_norm_weight: torch.Tensor,
+                     k_norm_weight: torch.Tensor, idx_q_norm_weight: torch.Tensor,
+                     idx_k_norm_weight: torch.Tensor, slot_mapping: torch.Tensor,
+                     idx_slot_mapping: torch.Tensor, q_out: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, idx_q_out: torch.Tensor, index_kv_cache: torch.Tensor,
+                     cos_sin_cache: Optional[torch.Tensor] = None, rms_norm_eps: float = 1e-6,
+                     rope_theta: float = 5e6, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    _vllm.norm_rope_insert(q, k, v, idx_q, idx_k, positions, q_norm_weight, k_norm_weight,
+                           idx_q_norm_weight, idx_k_norm_weight, slot_mapping, idx_slot_mapping,
+                           q_out, k_cache, v_cache, idx_q_out, index_kv_cache, cos_sin_cache,
+                           rms_norm_eps, rope_theta, k_scale, v_scale)
+
+
+@norm_rope_insert.register_fake
+def _(q, k, v, idx_q, idx_k, positions, q_norm_weight, k_norm_weight, idx_q_norm_weight,
+      idx_k_norm_weight, slot_mapping, idx_slot_mapping, q_out, k_cache, v_cache, idx_q_out,
+      index_kv_cache, cos_sin_cache=None, rms_norm_eps=1e-6, rope_theta=5e6, k_scale=1.0,
+      v_scale=1.0):
+    return None
+
+
+@torch.library.custom_op(f"{_LIB}::sparse_attention", mutates_args=("output",))
+def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     topk_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                     block_table: torch.Tensor, output: torch.Tensor, num_decode_requests: int = 0,
+                     decode_query_len: int = 1, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    _vllm.sparse_attention(q, k_cache, v_cache, topk_idx, cu_seqlens_q, seq_lens, block_table,
+                           output, num_decode_requests, decode_query_len, None, k_scale, v_scale)
+
+
+@sparse_attention.register_fake
+def _(q, k_cache, v_cache, topk_idx, cu_seqlens_q, seq_lens, block_table, output,
+      num_decode_requests=0, decode_query_len=1, k_scale=1.0, v_scale=1.0):
     return None

@@ -68,8 +68,12 @@ __all__ = [
     "minimax_m3_index_decode",
     "minimax_m3_sparse_attn",
     "minimax_m3_sparse_attn_decode",
+    "norm_rope_insert",
+    "sparse_attention",
     "clear_caches",
     "plan_cache",
+    "set_workspace_buffer",
+    "device_errors",
 ]
 
 SPARSE_BLOCK_SIZE = 128
@@ -89,13 +93,55 @@ _DTYPES = {  # str(array.dtype) -> m3sa dtype name, numpy and torch spellings
 }
 
 _plans = {}  # key -> (plan, workspace)
+_dtype_names = {}  # array dtype object -> m3sa dtype name
 _constants = {}  # cached index arrays (decode cu_q_lens) per (device, shape)
+_arena = []  # [buffer, next free byte] once set_workspace_buffer() named a caller's buffer
+
+# torch, bound on the first torch tensor seen (m3sa.vllm never imports torch itself): tensors cross
+# into m3sa._core as DLPack capsules from torch.utils.dlpack.to_dlpack (one C call), not through
+# Tensor.__dlpack__ (Python code, several microseconds a tensor).
+_torch_module = None
+_tensor_type = None
+_to_dlpack = None
+_raw_stream = None
+_fp8 = _uint8 = None
 
 
 def clear_caches():
-    """Drops the cached plans, workspaces and index arrays."""
+    """Drops the cached plans, workspaces and index arrays (and rewinds a workspace buffer)."""
     _plans.clear()
     _constants.clear()
+    if _arena:
+        _arena[1] = 0
+
+
+def set_workspace_buffer(buffer):
+    """Plans made from now on carve their workspaces out of ``buffer``, a caller's contiguous 1-D
+    uint8 array (a torch CUDA tensor for CUDA arrays, numpy for host ones), 64-byte aligned, in
+    the order they are made; ``None`` goes back to allocating each. Drops the cached plans. A plan
+    whose workspace no longer fits raises ValueError naming ``workspace buffer``."""
+    clear_caches()
+    _arena.clear()
+    if buffer is None:
+        return
+    if not (str(buffer.dtype) in ("uint8", "torch.uint8") and len(buffer.shape) == 1):
+        _fail("workspace buffer", "a 1-D uint8 array",
+              f"dtype {buffer.dtype}, shape {tuple(buffer.shape)}")
+    _arena.extend([buffer, 0])
+
+
+def device_errors():
+    """{plan key: flags} for every cached CUDA plan whose runs set a device error flag (m3sa/ops.h:
+    1 page id out of range, 2 seq_len beyond the block table or q_len > seq_len, 4 bad slot, 8
+    decode q_len, 16 position), clearing them; {} when none did. Synchronises each plan's device's
+    current stream: call it outside CUDA graph capture, e.g. after a step in tests."""
+    errors = {}
+    for key, (plan, workspace) in list(_plans.items()):
+        if plan.backend == "cuda":
+            flags = _core.read_device_errors(plan, _dl(workspace), stream=_stream(key[2]))
+            if flags:
+                errors[key] = flags
+    return errors
 
 
 def plan_cache():
@@ -106,6 +152,12 @@ def plan_cache():
 # --- arrays -----------------------------------------------------------------------------------
 
 def _device(array, name):
+    if _tensor_type is not None and isinstance(array, _tensor_type):  # without Tensor.__dlpack_device__
+        device = array.device
+        if device.type == "cuda":
+            return _DLPACK_CUDA, device.index
+        if device.type == "cpu":
+            return _DLPACK_CPU, 0
     try:
         kind, ordinal = array.__dlpack_device__()
     except AttributeError:
@@ -118,10 +170,13 @@ def _device(array, name):
 
 
 def _dtype(array, name):
-    dtype = _DTYPES.get(str(array.dtype))
+    dtype = _dtype_names.get(array.dtype)  # by the dtype object: str() of it is the slow part
     if dtype is None:
-        raise TypeError(f"m3sa.vllm: {name}: dtype {array.dtype} has no m3sa equivalent; expected "
-                        "bfloat16 (uint16 bits), float8_e4m3fn (uint8 bits), float32, int32 or int64")
+        dtype = _DTYPES.get(str(array.dtype))
+        if dtype is None:
+            raise TypeError(f"m3sa.vllm: {name}: dtype {array.dtype} has no m3sa equivalent; expected "
+                            "bfloat16 (uint16 bits), float8_e4m3fn (uint8 bits), float32, int32 or int64")
+        _dtype_names[array.dtype] = dtype
     return dtype
 
 
@@ -130,12 +185,42 @@ def _is_torch(array):
 
 
 def _torch():
+    global _torch_module, _tensor_type, _to_dlpack, _raw_stream, _fp8, _uint8
+    if _torch_module is not None:
+        return _torch_module
     try:
         import torch
     except ImportError:
         raise UnsupportedError("m3sa.vllm: arrays on a CUDA device need torch for the workspace, "
                                "outputs and stream; torch is not installed") from None
+    if _tensor_type is None:
+        from torch.utils.dlpack import to_dlpack
+
+        _to_dlpack = getattr(torch._C, "_to_dlpack", None) or to_dlpack  # the C function itself
+        # the current stream's handle without a Stream object (what torch.compile's code calls)
+        _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _fp8, _uint8 = getattr(torch, "float8_e4m3fn", None), torch.uint8
+        _tensor_type = torch.Tensor
+    _torch_module = torch
     return torch
+
+
+def _dl(array):
+    """What m3sa._core takes for an array: a torch tensor as a DLPack capsule (float8_e4m3fn as its
+    uint8 bits, which every DLPack version can carry), anything else as it is."""
+    if _tensor_type is None:
+        if not _is_torch(array):
+            return array
+        _torch()
+    if isinstance(array, _tensor_type):
+        if array.dtype is _fp8:
+            array = array.view(_uint8)
+        return _to_dlpack(array)
+    return array
+
+
+def _batch(cu_q_lens, seq_lens, block_table, **kwargs):
+    return Batch(_dl(cu_q_lens), _dl(seq_lens), _dl(block_table), **kwargs)
 
 
 def _empty(like, shape, dtype, fill=None):
@@ -170,63 +255,91 @@ def _stream(device):
     if device[0] != _DLPACK_CUDA:
         return 0
     torch = _torch()
+    if _raw_stream is not None:
+        return _raw_stream(device[1])
     return torch.cuda.current_stream(device[1]).cuda_stream
 
 
 # --- plans and workspaces ---------------------------------------------------------------------
 
 def _plan(op, device, config, requests, tokens, blocks, dtype):
-    """The cached (plan, workspace) for this op; capacities rounded up to powers of two."""
-    if device[0] == _DLPACK_CUDA:
-        _torch()  # the workspace and the stream come from torch
+    """The cached (plan, workspace) for this op; capacities rounded up to powers of two. config is
+    a tuple of (name, value) pairs."""
     backend = "cuda" if device[0] == _DLPACK_CUDA else host_backend
     caps = (_pow2(requests), _pow2(tokens), _pow2(blocks))
-    key = (op, backend, device, tuple(config.items()), caps, dtype)
+    key = (op, backend, device, config, caps, dtype)
     entry = _plans.get(key)
     if entry is None:
-        plan = _core.make_plan(op, backend, Config(**config), Capacities(*caps), dtype,
+        capturing = device[0] == _DLPACK_CUDA and _torch().cuda.is_current_stream_capturing()
+        plan = _core.make_plan(op, backend, Config(**dict(config)), Capacities(*caps), dtype,
                                device_ordinal=device[1])
-        entry = _plans[key] = (plan, _workspace(plan, device))
+        entry = (plan, _workspace(plan, device))
+        # A workspace first made inside a CUDA graph capture comes from the graph's memory pool and
+        # is prepared only when the graph replays: right for that graph, wrong for a later eager
+        # call, so it is not cached (warming up before capturing, as torch.cuda.graph asks, makes
+        # the cached one, which the graph then uses).
+        if not capturing:
+            _plans[key] = entry
     return entry
 
 
 def _workspace(plan, device):
+    from . import WORKSPACE_ALIGNMENT
+
+    if _arena:
+        buffer, offset = _arena
+        base = buffer.data_ptr() if _is_torch(buffer) else buffer.ctypes.data
+        start = offset + (-(base + offset) % WORKSPACE_ALIGNMENT)
+        end = start + plan.workspace_bytes
+        if not (end <= buffer.shape[0]):
+            _fail("workspace buffer", f"at least {end} bytes (the cached "
+                  f"plans' workspaces, 64-byte aligned, {plan.implementation} needing "
+                  f"{plan.workspace_bytes})", f"{buffer.shape[0]} bytes")
+        workspace = buffer[start:end]
+        _core.prepare_workspace(plan, _dl(workspace), stream=_stream(device))
+        _arena[1] = end
+        return workspace
     if device[0] == _DLPACK_CPU:
         from . import allocate_workspace
 
         return allocate_workspace(plan)
     torch = _torch()
-    from . import WORKSPACE_ALIGNMENT
-
     raw = torch.empty(plan.workspace_bytes + WORKSPACE_ALIGNMENT, dtype=torch.uint8,
                       device=f"cuda:{device[1]}")
     start = -raw.data_ptr() % WORKSPACE_ALIGNMENT
     workspace = raw[start:start + plan.workspace_bytes]
-    _core.prepare_workspace(plan, workspace, stream=_stream(device))
+    _core.prepare_workspace(plan, _dl(workspace), stream=_stream(device))
     return workspace
 
 
 def _run(op, device, plan_args, *args, **kwargs):
+    """op's plan from the cache, then the op on args; keyword arrays (norm_rope_insert's) too."""
     plan, workspace = _plan(op, device, *plan_args)
-    getattr(_core, op)(plan, *args, workspace=workspace, stream=_stream(device), **kwargs)
+    if kwargs:
+        kwargs = {name: _dl(value) for name, value in kwargs.items()}
+    getattr(_core, op)(plan, *[_dl(a) for a in args], workspace=_dl(workspace),
+                       stream=_stream(device), **kwargs)
 
 
 # --- argument checks --------------------------------------------------------------------------
 
-def _check(condition, name, expected, got):
-    if not condition:
-        raise ValueError(f"m3sa.vllm: {name}: expected {expected}, got {got}")
+def _fail(name, expected, got):
+    """A ValueError naming the argument. Callers test first (`if not ...: _fail(...)`), so that
+    the messages are formatted only on failure (the calls are on an engine's hot path)."""
+    raise ValueError(f"m3sa.vllm: {name}: expected {expected}, got {got}")
 
 
 def _check_head_dim(array, name):
-    _check(len(array.shape) == 3 and array.shape[2] == HEAD_DIM, name,
-           f"[tokens, heads, {HEAD_DIM}] (m3sa's head dim is fixed at {HEAD_DIM})",
-           f"shape {tuple(array.shape)}")
+    if not (len(array.shape) == 3 and array.shape[2] == HEAD_DIM):
+        _fail(name,
+              f"[tokens, heads, {HEAD_DIM}] (m3sa's head dim is fixed at {HEAD_DIM})",
+              f"shape {tuple(array.shape)}")
 
 
 def _check_index_heads(idx_q, num_kv_heads):
-    _check(idx_q.shape[1] == num_kv_heads, "num_kv_heads",
-           f"idx_q's index heads ({idx_q.shape[1]}; M3 has one index head per KV head)", num_kv_heads)
+    if not (idx_q.shape[1] == num_kv_heads):
+        _fail("num_kv_heads",
+              f"idx_q's index heads ({idx_q.shape[1]}; M3 has one index head per KV head)", num_kv_heads)
 
 
 def _query_lens(cu_seqlens_q):
@@ -239,19 +352,21 @@ def _prefill_seq_lens(cu_seqlens_q, prefix_lens, seq_lens=None):
     if seq_lens is not None:
         host_derived, host_given = _host(derived), _host(seq_lens)
         if host_derived is not None and host_given is not None:
-            _check((host_derived == host_given).all(), "seq_lens",
-                   "prefix_lens + query lengths (vLLM places token i at prefix_len + i)",
-                   f"{host_given.tolist()} vs {host_derived.tolist()}")
+            if not ((host_derived == host_given).all()):
+                _fail("seq_lens",
+                      "prefix_lens + query lengths (vLLM places token i at prefix_len + i)",
+                      f"{host_given.tolist()} vs {host_derived.tolist()}")
     return derived
 
 
 def _decode_batch(queries, name, seq_lens, block_table, decode_query_len):
     """m3sa's batch for vLLM's uniform decode: num_reqs requests of decode_query_len rows."""
     total_q, num_reqs = queries.shape[0], seq_lens.shape[0]
-    _check(total_q == num_reqs * decode_query_len, name,
-           f"num_reqs x decode_query_len = {num_reqs * decode_query_len} tokens", total_q)
-    return Batch(_decode_cu_q_lens(seq_lens, num_reqs, decode_query_len), seq_lens, block_table,
-                 num_tokens=total_q, num_decode_requests=num_reqs, decode_q_len=decode_query_len)
+    if not (total_q == num_reqs * decode_query_len):
+        _fail(name,
+              f"num_reqs x decode_query_len = {num_reqs * decode_query_len} tokens", total_q)
+    return _batch(_decode_cu_q_lens(seq_lens, num_reqs, decode_query_len), seq_lens, block_table,
+                  num_tokens=total_q, num_decode_requests=num_reqs, decode_q_len=decode_query_len)
 
 
 def _decode_cu_q_lens(like, num_reqs, decode_query_len):
@@ -260,8 +375,11 @@ def _decode_cu_q_lens(like, num_reqs, decode_query_len):
     cu = _constants.get(key)
     if cu is None:
         if _is_torch(like):
-            cu = _torch().arange(0, (num_reqs + 1) * decode_query_len, decode_query_len,
-                                 dtype=_torch().int32, device=like.device)
+            torch = _torch()
+            cu = torch.arange(0, (num_reqs + 1) * decode_query_len, decode_query_len,
+                              dtype=torch.int32, device=like.device)
+            if like.is_cuda and torch.cuda.is_current_stream_capturing():
+                return cu  # written when the graph replays: not for eager calls (see _plan)
         else:
             import numpy as np
 
@@ -271,8 +389,9 @@ def _decode_cu_q_lens(like, num_reqs, decode_query_len):
 
 
 def _index_config(num_kv_heads, topk=16, init_blocks=0, local_blocks=1):
-    return {"top_k": int(topk), "init_blocks": int(init_blocks), "local_blocks": int(local_blocks),
-            "num_index_heads": int(num_kv_heads)}
+    """m3sa.Config's arguments as (name, value) pairs (hashable: part of the plan cache's key)."""
+    return (("top_k", int(topk)), ("init_blocks", int(init_blocks)),
+            ("local_blocks", int(local_blocks)), ("num_index_heads", int(num_kv_heads)))
 
 
 def _kv_views(kv_cache):
@@ -287,8 +406,9 @@ def _scale(value, name):
     if isinstance(value, (int, float)):
         return float(value)
     size = math.prod(value.shape)
-    _check(size == 1, name, "a per-tensor scale (one element); m3sa has no per-token/head KV "
-           "scales", f"shape {tuple(value.shape)}")
+    if not (size == 1):
+        _fail(name, "a per-tensor scale (one element); m3sa has no per-token/head KV "
+              "scales", f"shape {tuple(value.shape)}")
     return float(value.reshape(-1)[0])
 
 
@@ -303,20 +423,26 @@ def _kv_scales(kv_cache, k_scale, v_scale):
 
 def _check_attention(q, kv_cache, topk_idx, num_kv_heads, sm_scale, output):
     _check_head_dim(q, "q")
-    _check(len(kv_cache.shape) == 4 and kv_cache.shape[2] == SPARSE_BLOCK_SIZE
-           and kv_cache.shape[3] == 2 * HEAD_DIM, "kv_cache",
-           f"[num_blocks, num_kv_heads, {SPARSE_BLOCK_SIZE}, {2 * HEAD_DIM}] (K then V per row)",
-           f"shape {tuple(kv_cache.shape)}")
-    _check(math.isclose(float(sm_scale), SOFTMAX_SCALE, rel_tol=1e-6), "sm_scale",
-           f"1/sqrt({HEAD_DIM}) = {SOFTMAX_SCALE!r} (m3sa's softmax scale is fixed)", sm_scale)
-    _check(kv_cache.shape[1] == num_kv_heads, "num_kv_heads", f"kv_cache's heads "
-           f"({kv_cache.shape[1]})", num_kv_heads)
-    _check(len(topk_idx.shape) == 3 and topk_idx.shape[0] == num_kv_heads, "topk_idx",
-           f"[num_kv_heads={num_kv_heads}, total_q, topk]", f"shape {tuple(topk_idx.shape)}")
-    _check(q.shape[1] % num_kv_heads == 0, "num_kv_heads", f"a divisor of q's heads ({q.shape[1]})",
-           num_kv_heads)
-    _check(tuple(output.shape) == tuple(q.shape), "output", f"q's shape {tuple(q.shape)}",
-           f"shape {tuple(output.shape)}")
+    if not (len(kv_cache.shape) == 4 and kv_cache.shape[2] == SPARSE_BLOCK_SIZE
+            and kv_cache.shape[3] == 2 * HEAD_DIM):
+        _fail("kv_cache",
+              f"[num_blocks, num_kv_heads, {SPARSE_BLOCK_SIZE}, {2 * HEAD_DIM}] (K then V per row)",
+              f"shape {tuple(kv_cache.shape)}")
+    if not (math.isclose(float(sm_scale), SOFTMAX_SCALE, rel_tol=1e-6)):
+        _fail("sm_scale",
+              f"1/sqrt({HEAD_DIM}) = {SOFTMAX_SCALE!r} (m3sa's softmax scale is fixed)", sm_scale)
+    if not (kv_cache.shape[1] == num_kv_heads):
+        _fail("num_kv_heads", f"kv_cache's heads "
+              f"({kv_cache.shape[1]})", num_kv_heads)
+    if not (len(topk_idx.shape) == 3 and topk_idx.shape[0] == num_kv_heads):
+        _fail("topk_idx",
+              f"[num_kv_heads={num_kv_heads}, total_q, topk]", f"shape {tuple(topk_idx.shape)}")
+    if not (q.shape[1] % num_kv_heads == 0):
+        _fail("num_kv_heads", f"a divisor of q's heads ({q.shape[1]})",
+              num_kv_heads)
+    if not (tuple(output.shape) == tuple(q.shape)):
+        _fail("output", f"q's shape {tuple(q.shape)}",
+              f"shape {tuple(output.shape)}")
 
 
 def _attention(q, kv_cache, topk_idx, batch, num_reqs, num_kv_heads, output, k_scale, v_scale,
@@ -354,7 +480,7 @@ def minimax_m3_index_score(
     # vLLM's score has the columns of max_seq_len, m3sa's at least the block table's: the table's
     # columns past max_seq_len hold no block of this batch.
     table = block_table[:, :min(block_table.shape[1], max(max_block, 1))]
-    batch = Batch(cu_seqlens_q, m3sa_seq_lens, table, num_tokens=total_q)
+    batch = _batch(cu_seqlens_q, m3sa_seq_lens, table, num_tokens=total_q)
     _run("score_blocks", _device(idx_q, "idx_q"),
          (_index_config(num_kv_heads), num_reqs, total_q, block_table.shape[1],
           _dtype(index_kv_cache, "index_kv_cache")),
@@ -378,7 +504,7 @@ def minimax_m3_index_topk(
     # select_topk_blocks reads no page: a zero table of the scores' width bounds the seq_lens.
     table = _empty(score, (num_reqs, width), "int32", fill=0)
     topk_idx = _empty(score, (num_heads, total_q, topk), "int32")
-    batch = Batch(cu_seqlens_q, m3sa_seq_lens, table, num_tokens=total_q)
+    batch = _batch(cu_seqlens_q, m3sa_seq_lens, table, num_tokens=total_q)
     _run("select_topk_blocks", _device(score, "score"),
          (_index_config(num_heads, topk, init_blocks, local_blocks), num_reqs, total_q, width, "bf16"),
          score, batch, topk_idx)
@@ -401,8 +527,9 @@ def minimax_m3_index_decode(
     """topk_idx [num_kv_heads, total_q, topk] i32 for a uniform decode batch (score and top-k)."""
     _check_head_dim(idx_q, "idx_q")
     _check_index_heads(idx_q, num_kv_heads)
-    _check(decode_query_len <= max_decode_query_len, "decode_query_len",
-           f"<= max_decode_query_len ({max_decode_query_len})", decode_query_len)
+    if not (decode_query_len <= max_decode_query_len):
+        _fail("decode_query_len",
+              f"<= max_decode_query_len ({max_decode_query_len})", decode_query_len)
     total_q, num_reqs = idx_q.shape[0], seq_lens.shape[0]
     batch = _decode_batch(idx_q, "idx_q", seq_lens, block_table, decode_query_len)
     topk_idx = _empty(idx_q, (num_kv_heads, total_q, topk), "int32")
@@ -431,7 +558,7 @@ def minimax_m3_sparse_attn(
     """Block-sparse GQA attention over the selected blocks into output (in place)."""
     _check_attention(q, kv_cache, topk_idx, num_kv_heads, sm_scale, output)
     num_reqs = cu_seqlens_q.shape[0] - 1
-    batch = Batch(cu_seqlens_q, _prefill_seq_lens(cu_seqlens_q, prefix_lens, seq_lens), block_table,
+    batch = _batch(cu_seqlens_q, _prefill_seq_lens(cu_seqlens_q, prefix_lens, seq_lens), block_table,
                   num_tokens=q.shape[0])
     _attention(q, kv_cache, topk_idx, batch, num_reqs, num_kv_heads, output, k_scale, v_scale,
                block_table)
@@ -458,17 +585,91 @@ def minimax_m3_sparse_attn_decode(
     if query_start_loc is None:
         batch = _decode_batch(q, "q", seq_lens, block_table, decode_query_len)
     else:
-        _check(token_to_req_indices is not None, "token_to_req_indices",
-               "an array with query_start_loc", None)
-        _check(query_start_loc.shape[0] == num_reqs + 1, "query_start_loc",
-               f"[num_reqs + 1 = {num_reqs + 1}]", f"shape {tuple(query_start_loc.shape)}")
+        if not (token_to_req_indices is not None):
+            _fail("token_to_req_indices",
+                  "an array with query_start_loc", None)
+        if not (query_start_loc.shape[0] == num_reqs + 1):
+            _fail("query_start_loc",
+                  f"[num_reqs + 1 = {num_reqs + 1}]", f"shape {tuple(query_start_loc.shape)}")
         starts, owners = _host(query_start_loc), _host(token_to_req_indices)
         if starts is not None and owners is not None:
             import numpy as np
 
             want = np.repeat(np.arange(num_reqs), np.diff(starts))
-            _check(np.array_equal(owners[:len(want)], want), "token_to_req_indices",
-                   "the request of each token as query_start_loc says", owners.tolist())
-        batch = Batch(query_start_loc, seq_lens, block_table, num_tokens=total_q)
+            if not (np.array_equal(owners[:len(want)], want)):
+                _fail("token_to_req_indices",
+                      "the request of each token as query_start_loc says", owners.tolist())
+        batch = _batch(query_start_loc, seq_lens, block_table, num_tokens=total_q)
     _attention(q, kv_cache, topk_idx, batch, num_reqs, num_kv_heads, output, k_scale, v_scale,
                block_table)
+
+
+# --- m3sa's own ops in m3sa's cache layout (not vLLM's ops) ------------------------------------
+# norm_rope_insert writes K and V, so it takes them as two caches [pages, 128, Hkv, 128]: the two
+# halves of vLLM's combined cache interleave, and m3sa rejects outputs whose byte ranges overlap.
+# sparse_attention reads such caches (and can return the lse).
+
+def norm_rope_insert(
+    q,  # [total_q, num_heads, head_dim] bf16: the q projection
+    k,  # [total_q, num_kv_heads, head_dim] bf16
+    v,  # [total_q, num_kv_heads, head_dim] bf16
+    idx_q,  # [total_q, num_idx_heads, head_dim] bf16
+    idx_k,  # [total_q, head_dim] bf16
+    positions,  # [total_q] int64
+    q_norm_weight,  # [head_dim] bf16 or f32 (the checkpoint's Gemma gains, "+1" added here)
+    k_norm_weight,
+    idx_q_norm_weight,
+    idx_k_norm_weight,
+    slot_mapping,  # [total_q] int64 KV-cache slot (page * 128 + offset); < 0 skips
+    idx_slot_mapping,  # [total_q] int64 index-cache slot (may be slot_mapping)
+    q_out,  # [total_q, num_heads, head_dim] bf16, written
+    k_cache,  # [num_blocks, 128, num_kv_heads, head_dim] bf16 or fp8 e4m3, written
+    v_cache,  # [num_blocks, 128, num_kv_heads, head_dim], k_cache's dtype, written
+    idx_q_out,  # [total_q, num_idx_heads, head_dim] in the index cache's dtype, written
+    index_kv_cache,  # [num_blocks, 128, head_dim] bf16 or fp8 e4m3, written
+    cos_sin_cache=None,  # optional [max_pos, 64] bf16 or f32; None: from positions and rope_theta
+    rms_norm_eps: float = 1e-6,
+    rope_theta: float = 5e6,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """m3sa's fused norm_rope_insert (Gemma RMSNorm + partial NeoX RoPE on q, k, index q and index
+    k; q and index q out, k and v into their caches, index k into the index cache)."""
+    _check_head_dim(q, "q")
+    config = (("num_index_heads", int(idx_q.shape[1])), ("rms_norm_eps", float(rms_norm_eps)),
+              ("rope_theta", float(rope_theta)))
+    _run("norm_rope_insert", _device(q, "q"),
+         (config, 1, q.shape[0], 1, _dtype(index_kv_cache, "index_kv_cache")),
+         q=q, k=k, v=v, index_q=idx_q, index_k=idx_k, positions=positions,
+         q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
+         index_q_norm_weight=idx_q_norm_weight, index_k_norm_weight=idx_k_norm_weight,
+         slot_mapping=slot_mapping, index_slot_mapping=idx_slot_mapping, q_out=q_out,
+         k_cache=k_cache, v_cache=v_cache, index_q_out=idx_q_out, index_k_cache=index_kv_cache,
+         cos_sin_cache=cos_sin_cache, k_scale=float(k_scale), v_scale=float(v_scale))
+
+
+def sparse_attention(
+    q,  # [total_q, num_heads, head_dim] bf16
+    k_cache,  # [num_blocks, 128, num_kv_heads, head_dim] bf16 or fp8 e4m3
+    v_cache,  # [num_blocks, 128, num_kv_heads, head_dim]
+    topk_idx,  # [num_kv_heads, total_q, topk] i32 from the index functions
+    cu_seqlens_q,  # [num_reqs + 1] int32
+    seq_lens,  # [num_reqs] int32 (token i of request r at seq_len - q_len + i)
+    block_table,  # [num_reqs, max_blocks]
+    output,  # [total_q, num_heads, head_dim] bf16, written
+    num_decode_requests: int = 0,  # the first requests are decode requests of decode_query_len
+    decode_query_len: int = 1,
+    lse=None,  # optional [total_q, num_heads] f32, written
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """m3sa's sparse_attention on m3sa's batch (contract §2) and cache layout."""
+    _check_head_dim(q, "q")
+    num_reqs = seq_lens.shape[0]
+    batch = _batch(cu_seqlens_q, seq_lens, block_table, num_tokens=q.shape[0],
+                   num_decode_requests=int(num_decode_requests), decode_q_len=int(decode_query_len))
+    _run("sparse_attention", _device(q, "q"),
+         (_index_config(topk_idx.shape[0], topk=topk_idx.shape[2]), num_reqs, q.shape[0],
+          block_table.shape[1], _dtype(k_cache, "k_cache")),
+         q, k_cache, v_cache, topk_idx, batch, output, lse=lse, k_scale=float(k_scale),
+         v_scale=float(v_scale))

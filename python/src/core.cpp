@@ -10,6 +10,7 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -173,6 +174,26 @@ void run_op(Status (*op)(const OpPlan&, const Args&, Workspace, const ExecContex
 
 std::string implementation_of(const OpPlan& plan) { return implementation_name(plan); }
 
+// Host seconds of `iterations` calls of the op from C++ (arguments converted once, no
+// synchronisation): what a call costs without Python, for bench/python_overhead.py.
+template <typename Args>
+double time_calls(Status (*op)(const OpPlan&, const Args&, Workspace, const ExecContext&),
+                  const OpPlan& plan, const Args& args, const std::optional<OutputArray>& workspace,
+                  uintptr_t stream, int iterations) {
+  const Workspace ws = to_workspace(plan, workspace);
+  const ExecContext ctx{0, reinterpret_cast<void*>(stream)};
+  Status status;
+  std::chrono::steady_clock::time_point start, end;
+  {
+    nb::gil_scoped_release released;
+    start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iterations && status.ok(); ++i) status = op(plan, args, ws, ctx);
+    end = std::chrono::steady_clock::now();
+  }
+  raise_if_error(status);
+  return std::chrono::duration<double>(end - start).count();
+}
+
 } // namespace
 } // namespace m3sa
 
@@ -277,6 +298,25 @@ NB_MODULE(_core, m) {
       },
       "plan"_a, "workspace"_a.none(), "stream"_a = 0);
 
+  // The device error flags a CUDA plan's runs left in this workspace (m3sa/ops.h: bits 1 page
+  // id, 2 seq_len, 4 slot, 8 decode q_len, 16 position); reading clears them. Synchronises the
+  // stream: not inside a CUDA graph capture. Host plans: always 0.
+  m.def(
+      "read_device_errors",
+      [](const OpPlan& plan, std::optional<OutputArray> workspace, uintptr_t stream) {
+        int32_t flags = 0;
+        const Workspace ws = to_workspace(plan, workspace);
+        Status status;
+        {
+          nb::gil_scoped_release released;
+          status = read_device_errors(plan, ws, ExecContext{0, reinterpret_cast<void*>(stream)},
+                                      &flags);
+        }
+        raise_if_error(status);
+        return flags;
+      },
+      "plan"_a, "workspace"_a.none(), "stream"_a = 0);
+
   m.def("implementations", [] {
     std::vector<nb::dict> list;
     for (int i = 0; i < implementation_count(); ++i) {
@@ -310,6 +350,8 @@ NB_MODULE(_core, m) {
     bounds["near_tie_relative"] = testing::kNearTieRelative;
     bounds["attention_relative_l2"] = testing::kAttentionRelativeL2;
     bounds["attention_lse"] = testing::kAttentionLse;
+    bounds["gpu_attention_relative_l2"] = testing::kGpuAttentionRelativeL2;
+    bounds["gpu_attention_lse"] = testing::kGpuAttentionLse;
     return bounds;
   });
 
@@ -381,6 +423,31 @@ NB_MODULE(_core, m) {
       "plan"_a, "q"_a, "k_cache"_a, "v_cache"_a, "topk"_a, "batch"_a, "out"_a, nb::kw_only(),
       "lse"_a = nb::none(), "kv_block_table"_a = nb::none(), "k_scale"_a = 1.f,
       "v_scale"_a = 1.f, "workspace"_a = nb::none(), "num_threads"_a = 0, "stream"_a = 0);
+
+  // The C++ loops of bench/python_overhead.py (time_calls above).
+  m.def(
+      "time_index_topk",
+      [](const OpPlan& plan, InputArray index_q, InputArray index_k_cache, const Batch& batch,
+         OutputArray topk, std::optional<OutputArray> workspace, uintptr_t stream, int iterations) {
+        IndexTopkArgs args{to_view(index_q, "index_q"), to_view(index_k_cache, "index_k_cache"),
+                           batch.view(), to_view(topk, "topk")};
+        return time_calls(&index_topk, plan, args, workspace, stream, iterations);
+      },
+      "plan"_a, "index_q"_a, "index_k_cache"_a, "batch"_a, "topk"_a, "workspace"_a.none(),
+      "stream"_a, "iterations"_a);
+  m.def(
+      "time_sparse_attention",
+      [](const OpPlan& plan, InputArray q, InputArray k_cache, InputArray v_cache, InputArray topk,
+         const Batch& batch, OutputArray out, std::optional<OutputArray> workspace, uintptr_t stream,
+         int iterations) {
+        SparseAttentionArgs args{to_view(q, "q"),          to_view(k_cache, "k_cache"),
+                                 to_view(v_cache, "v_cache"), 1.f, 1.f, to_view(topk, "topk"),
+                                 batch.view(),               TensorView{}, to_view(out, "out"),
+                                 TensorView{}};
+        return time_calls(&sparse_attention, plan, args, workspace, stream, iterations);
+      },
+      "plan"_a, "q"_a, "k_cache"_a, "v_cache"_a, "topk"_a, "batch"_a, "out"_a, "workspace"_a.none(),
+      "stream"_a, "iterations"_a);
 
   m.def(
       "norm_rope_insert",

@@ -300,7 +300,11 @@ def vllm_signatures():
     import ast
     import pathlib
 
-    peer = pathlib.Path(__file__).resolve().parents[3] / "shared" / "peer" / "vllm_m3"
+    import os
+
+    named = os.environ.get("M3SA_PEER_DIR")
+    folder = pathlib.Path(named) if named else pathlib.Path(__file__).resolve().parents[3] / "shared" / "peer"
+    peer = folder / "vllm_m3"
     if not peer.is_dir():
         pytest.skip(f"vLLM's op sources are not at {peer}")
     signatures = {}
@@ -323,3 +327,72 @@ def test_signatures_are_vllms():
         got = inspect.signature(getattr(mv, name)).parameters.values()
         assert [(p.name, None if p.default is p.empty else p.default) for p in got] == params, name
         assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in got), name
+
+
+def test_m3sa_layout_ops_equal_the_plain_api():
+    """m3sa.vllm.norm_rope_insert and sparse_attention (m3sa's cache layout) = the plain API."""
+    b = VllmBatch(11, **PREFILL)
+    t, hq = b.total_q, HEADS * GQA
+    offsets = np.concatenate([np.arange(n) for n in b.q_lens])
+    requests = np.repeat(np.arange(len(b.q_lens)), b.q_lens)
+    positions = (b.prefix_lens[requests] + offsets).astype(np.int64)
+    slots = b.block_table[requests, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK
+    inputs = dict(q=random_bf16(b.rng, (t, hq, HEAD_DIM)), k=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
+                  v=random_bf16(b.rng, (t, HEADS, HEAD_DIM)), idx_q=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
+                  idx_k=random_bf16(b.rng, (t, HEAD_DIM)), positions=positions,
+                  **{n: (1 + 0.1 * b.rng.standard_normal(HEAD_DIM)).astype(np.float32)
+                     for n in ("q_norm_weight", "k_norm_weight", "idx_q_norm_weight", "idx_k_norm_weight")},
+                  slot_mapping=slots, idx_slot_mapping=slots)
+
+    def caches():
+        return dict(q_out=np.zeros((t, hq, HEAD_DIM), np.uint16),
+                    k_cache=np.zeros((b.num_pages, BLOCK, HEADS, HEAD_DIM), np.uint16),
+                    v_cache=np.zeros((b.num_pages, BLOCK, HEADS, HEAD_DIM), np.uint16),
+                    idx_q_out=np.zeros((t, HEADS, HEAD_DIM), np.uint16),
+                    index_kv_cache=np.zeros((b.num_pages, BLOCK, HEAD_DIM), np.uint16))
+
+    got = caches()
+    mv.norm_rope_insert(**inputs, **got)
+    want = caches()
+    plan = m3sa.make_plan("norm_rope_insert", "cpu", m3sa.Config(num_index_heads=HEADS),
+                          m3sa.Capacities(max_requests=1, max_tokens=t, max_blocks_per_request=1))
+    raw = {"idx_q": "index_q", "idx_k": "index_k", "idx_q_norm_weight": "index_q_norm_weight",
+           "idx_k_norm_weight": "index_k_norm_weight", "idx_slot_mapping": "index_slot_mapping",
+           "idx_q_out": "index_q_out", "index_kv_cache": "index_k_cache"}
+    m3sa.norm_rope_insert(plan, **{raw.get(n, n): a for n, a in {**inputs, **want}.items()},
+                          workspace=m3sa.allocate_workspace(plan))
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        assert np.count_nonzero(got[name]) > 0, name
+
+    topk = b.reference_topk()
+    out, lse = np.zeros((t, hq, HEAD_DIM), np.uint16), np.zeros((t, hq), np.float32)
+    mv.sparse_attention(got["q_out"], got["k_cache"], got["v_cache"], topk, b.cu_seqlens_q, b.seq_lens,
+                        b.block_table, out, lse=lse)
+    plan = b.plan("sparse_attention", "bf16", backend="cpu")
+    want_out, want_lse = np.zeros_like(out), np.zeros_like(lse)
+    m3sa.sparse_attention(plan, got["q_out"], got["k_cache"], got["v_cache"], topk, b.batch(), want_out,
+                          lse=want_lse, workspace=m3sa.allocate_workspace(plan))
+    np.testing.assert_array_equal(out, want_out)
+    np.testing.assert_array_equal(lse, want_lse)
+
+
+def test_workspace_buffer():
+    b = VllmBatch(12, **PREFILL)
+    want = prefill_topk(b)[1]
+    buffer = np.zeros(1 << 22, np.uint8)
+    mv.set_workspace_buffer(buffer)
+    try:
+        np.testing.assert_array_equal(prefill_topk(b)[1], want)
+        plans = list(mv._plans.values())
+        assert len(plans) == 2
+        for plan, workspace in plans:
+            start = workspace.ctypes.data - buffer.ctypes.data
+            assert 0 <= start and start + plan.workspace_bytes <= buffer.size and workspace.ctypes.data % 64 == 0
+        mv.set_workspace_buffer(buffer[:64])
+        with pytest.raises(ValueError, match="workspace buffer: expected at least"):
+            prefill_topk(b)
+        with pytest.raises(ValueError, match="workspace buffer: expected a 1-D uint8 array"):
+            mv.set_workspace_buffer(buffer.view(np.uint16))
+    finally:
+        mv.set_workspace_buffer(None)
