@@ -53,6 +53,11 @@ fi
 
 stage "build and install (CUDA, sm_90a, -j$jobs)"
 # build.targets=_core: the library and the extension only (not the tests' m3sa_testing).
+# The image's default g++ (/opt/gcc, GCC 13.3) linked libstdc++ statically into the extension, and
+# torch's shared libstdc++ in the same process then crashed on the first C++ exception (2026-12-01,
+# bench/NOTES.md): the system compilers, whose libstdc++ is the one torch loads, where present.
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+summary "host compiler: ${CXX:-$(command -v g++)}"
 M3SA_ENABLE_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL="$jobs" timeout 420 "$py" -m pip install . -v \
   --no-build-isolation --no-deps --no-index --no-cache-dir \
   --config-settings=build-dir="build/python-cuda/{wheel_tag}" \
@@ -60,6 +65,7 @@ M3SA_ENABLE_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL="$jobs" timeout 420 "$py" -m pip 
   --config-settings=build.targets=_core > "$logs/build.log" 2>&1
 build_rc=$?
 summary "build rc=$build_rc ($(grep -c -E '\.cu\.o$|Building CUDA' "$logs/build.log") CUDA objects)"
+summary "extension links: $(cd /tmp && "$py" -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('m3sa').origin); print(os.path.join(d, [f for f in os.listdir(d) if f.startswith('_core')][0]))" 2>/dev/null | xargs -r ldd | grep -E 'stdc|gomp|cudart' | awk '{print $1}' | tr '\n' ' ')"
 if [ $build_rc -ne 0 ]; then
   tail -40 "$logs/build.log"
   rc=$build_rc

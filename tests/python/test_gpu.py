@@ -398,6 +398,7 @@ def test_vllm_ops_on_cuda_match_the_cpu_backend(torch, decode, index_dtype, kv_d
     errors = attention_errors(out.cpu(), cpu_out)
     record("vllm_cuda_vs_cpu", decode=decode, index_dtype=index_dtype, kv_dtype=kv_dtype, **errors)
     assert errors["relative_l2"] <= GPU_ATTENTION_L2, errors
+    assert metrics["attention_m3sa_vs_vllm"]["max_abs"] <= ATTENTION_MAX_ABS, metrics
 
 
 def test_workspace_buffer_is_the_callers(torch):
@@ -476,11 +477,27 @@ def test_vllm_ops_match_vllms_triton_ops(torch, decode, index_dtype):
         peer.minimax_m3_sparse_attn(b.q, b.kv_cache, topk, b.block_table, b.cu_seqlens_q, b.seq_lens,
                                     b.prefix_lens, b.max_query_len, b.heads, SCALE, peer_out,
                                     k_scale, v_scale)
-    errors = attention_errors(out, peer_out)
-    metrics.update(attention=errors, exactly_identical_rows=exact["rows"] - exact["differing_rows"])
+    # Attention against the CPU backend on the same selections (fp32 throughout: the oracle): m3sa
+    # must hold its GPU bound; against vLLM, issue 14's 1e-2 max abs. vLLM's relative L2 to the
+    # oracle is reported, not asserted: its Triton prefill attention differed from m3sa by 2.4e-3
+    # relative L2 on the H200 (2026-12-01) while m3sa was within 1e-3 of the CPU backend.
+    cpu_out = torch.zeros_like(b.q).cpu()
+    cpu = [t.cpu() if t is not None else None for t in (b.q, b.kv_cache, topk, b.block_table)]
+    scales = [s.cpu() if s is not None else None for s in (k_scale, v_scale)]
+    if decode:
+        mv.minimax_m3_sparse_attn_decode(*cpu, b.seq_lens.cpu(), b.heads, SCALE, cpu_out, 1, *scales)
+    else:
+        mv.minimax_m3_sparse_attn(*cpu, b.cu_seqlens_q.cpu(), b.seq_lens.cpu(), b.prefix_lens.cpu(),
+                                  b.max_query_len, b.heads, SCALE, cpu_out, *scales)
+    errors = attention_errors(out.cpu(), cpu_out)
+    metrics.update(attention_m3sa_vs_cpu=errors,
+                   attention_vllm_vs_cpu=attention_errors(peer_out.cpu(), cpu_out),
+                   attention_m3sa_vs_vllm=attention_errors(out, peer_out),
+                   exactly_identical_rows=exact["rows"] - exact["differing_rows"])
     record("vllm_m3sa_vs_triton", decode=decode, index_dtype=index_dtype, **metrics)
     assert selections["mismatched_rows"] == 0, selections
-    assert errors["relative_l2"] <= GPU_ATTENTION_L2 and errors["max_abs"] <= ATTENTION_MAX_ABS, errors
+    assert errors["relative_l2"] <= GPU_ATTENTION_L2, errors
+    assert metrics["attention_m3sa_vs_vllm"]["max_abs"] <= ATTENTION_MAX_ABS, metrics
 
 
 # --- torch.ops.m3sa: opcheck, CUDA graphs, torch.compile -------------------------------------------
@@ -722,3 +739,4 @@ def test_torch_compile_fullgraph_layer(torch, backend):
     ops.sparse_attn_decode(args[12], kv, got, b.block_table, b.seq_lens, HEADS, SCALE, vllm_out, 1)
     errors = attention_errors(vllm_out, out)  # the same kernel: strided views vs dense caches
     assert errors["relative_l2"] <= GPU_ATTENTION_L2, errors
+    assert metrics["attention_m3sa_vs_vllm"]["max_abs"] <= ATTENTION_MAX_ABS, metrics
