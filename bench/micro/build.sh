@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the standalone page-stream microbenchmark into <repo>/.gpu/page_stream.
+# sm_90a only (H100/H200), static cudart and static libstdc++/libgcc so the binary built here runs
+# on the device machine's image. Prints ptxas' per-kernel registers / shared memory / spills.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+out="$root/.gpu"
+mkdir -p "$out"
+NVCC="${NVCC:-nvcc}"
+CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v "$NVCC")")")}"
+"$NVCC" -std=c++20 -O3 -lineinfo \
+  -gencode=arch=compute_90a,code=sm_90a \
+  -Xptxas -v -Xcompiler -Wall,-Wextra \
+  -c "$here/page_stream.cu" -o "$out/page_stream.o" 2> "$out/page_stream.ptxas.txt" || {
+  cat "$out/page_stream.ptxas.txt"; exit 1; }
+g++ -o "$out/page_stream" "$out/page_stream.o" \
+  -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/targets/x86_64-linux/lib" \
+  -lcudart_static -ldl -lpthread -lrt -static-libstdc++ -static-libgcc
+# Short per-kernel summary (demangled names, registers, smem, spills)
+python3 - "$out/page_stream.ptxas.txt" <<'PY' || true
+import re, subprocess, sys
+txt = open(sys.argv[1]).read().splitlines()
+name = None
+for line in txt:
+    m = re.search(r"Compiling entry function '([^']+)'", line)
+    if m:
+        name = subprocess.run(["c++filt", m.group(1)], capture_output=True, text=True).stdout.strip()
+        continue
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+    if m and name:
+        spill = m.groups()
+        continue
+    m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line) or re.search(r"Used (\d+) registers", line)
+    if m and name:
+        smem = re.search(r"(\d+) bytes smem", line)
+        print(f"{m.group(1):>4} regs  smem {smem.group(1) if smem else 0:>5} B  stack/spill {spill}  {name}")
+        name = None
+PY
+echo "built $out/page_stream"
