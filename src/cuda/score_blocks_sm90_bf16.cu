@@ -5,16 +5,9 @@
 namespace m3sa::cuda {
 cudaError_t launch_score_blocks_sm90_bf16(const ScoreBlocksSm90Params& p, int grid,
                                           cudaStream_t s) {
-  return launch_with_shared_memory(score_blocks_sm90_kernel<__nv_bfloat16>, dim3(grid),
-                                   kSm90ScoreThreads, Sm90ScoreTraits<__nv_bfloat16>::kSmemBytes, s,
-                                   p);
+  return launch_score_blocks_sm90<__nv_bfloat16>(p, grid, s);
 }
-// Built for sm_90a (a kernel JIT-compiled from the portable PTX has an empty body: ptxVersion 80),
-// with the launch allocation its register split assumes (score_blocks_sm90.cuh).
 bool score_blocks_sm90_bf16_has_sm90a_code() {
-  cudaFuncAttributes attributes{};
-  return cudaFuncGetAttributes(&attributes, score_blocks_sm90_kernel<__nv_bfloat16>) ==
-             cudaSuccess &&
-         attributes.ptxVersion >= 90 && attributes.numRegs >= kSm90LaunchRegisters;
+  return score_blocks_sm90_has_sm90a_code<__nv_bfloat16>();
 }
 } // namespace m3sa::cuda

@@ -21,7 +21,6 @@ class SyntheticBatch;
 // distinct scores on integer data (>= 1).
 inline constexpr double kNearTieRelative = 1e-5;
 
-
 // What the contract fixes about a row independently of its scores (§5): the causal block count
 // n = position / 128 + 1 and the forced blocks. Without positions only the format is checked.
 struct SelectionRules {

@@ -153,14 +153,8 @@ TEST_P(GpuIndexer, MatchesHostBackend) {
   BatchSpec spec = c.spec;
   spec.seed = seed;
   SyntheticBatch sb(spec);
-  if (c.integers)
-    sb.fill_index_integers(seed, -3, 3);
-  else
-    sb.fill_index_random(seed);
-  const RunOptions oracle{c.use_reference ? Backend::reference : Backend::cpu};
-  HostTensor want_topk, want_scores;
-  M3SA_ASSERT_OK(run_index_topk(c.config, sb, oracle, &want_topk));
-  M3SA_ASSERT_OK(run_score_blocks(c.config, sb, oracle, &want_scores));
+  const IndexerOracle oracle = indexer_oracle(c.config, sb, seed, c.integers, c.use_reference);
+  const HostTensor &want_topk = oracle.topk, &want_scores = oracle.scores;
 
   const DeviceBatch db(sb);
   const HostTensor got_topk = cuda_index_topk(c.config, sb, db);

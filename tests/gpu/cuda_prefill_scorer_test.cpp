@@ -151,14 +151,8 @@ TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   SyntheticBatch sb(spec_of(c, seed));
   M3SA_ASSERT_OK(sb.status());
-  if (c.integers)
-    sb.fill_index_integers(seed, -3, 3);
-  else
-    sb.fill_index_random(seed);
-  const RunOptions oracle{c.use_reference ? Backend::reference : Backend::cpu};
-  HostTensor want_topk, want_scores;
-  M3SA_ASSERT_OK(run_index_topk(c.config, sb, oracle, &want_topk));
-  M3SA_ASSERT_OK(run_score_blocks(c.config, sb, oracle, &want_scores));
+  const IndexerOracle oracle = indexer_oracle(c.config, sb, seed, c.integers, c.use_reference);
+  const HostTensor &want_topk = oracle.topk, &want_scores = oracle.scores;
   const DeviceBatch db(sb);
   const SelectionRules rules = selection_rules(c.config, sb);
   const int heads = c.config.num_index_heads;

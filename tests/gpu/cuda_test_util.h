@@ -6,6 +6,7 @@
 #include "cuda/cuda_status.h"
 #include "support/test_util.h"
 #include "testing/device_buffer.h"
+#include "testing/synthetic_batch.h"
 
 namespace m3sa::testing {
 
@@ -33,6 +34,26 @@ inline int32_t device_flags(const CudaRun& run) {
   const Status s = read_device_errors(run.plan, run.workspace.workspace(), {}, &flags);
   EXPECT_TRUE(s.ok()) << s.to_string();
   return flags;
+}
+
+// The indexer oracle of a GPU test: fills sb's index data (integers: every sum exact, so results
+// must match bit for bit; else random) and runs index_topk and score_blocks on the reference
+// (small batches) or the CPU backend, which the cpu suite holds to the reference.
+struct IndexerOracle {
+  Backend backend;
+  HostTensor topk, scores;
+};
+inline IndexerOracle indexer_oracle(const MsaConfig& config, SyntheticBatch& sb, uint64_t seed,
+                                    bool integers, bool use_reference) {
+  if (integers)
+    sb.fill_index_integers(seed, -3, 3);
+  else
+    sb.fill_index_random(seed);
+  IndexerOracle o{use_reference ? Backend::reference : Backend::cpu, {}, {}};
+  const RunOptions options{o.backend};
+  EXPECT_TRUE(run_index_topk(config, sb, options, &o.topk).ok());
+  EXPECT_TRUE(run_score_blocks(config, sb, options, &o.scores).ok());
+  return o;
 }
 
 } // namespace m3sa::testing

@@ -360,4 +360,18 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
 #endif
 }
 
+template <typename StoredT>
+cudaError_t launch_score_blocks_sm90(const ScoreBlocksSm90Params& p, int grid, cudaStream_t s) {
+  return launch_with_shared_memory(score_blocks_sm90_kernel<StoredT>, dim3(grid), kSm90ScoreThreads,
+                                   Sm90ScoreTraits<StoredT>::kSmemBytes, s, p);
+}
+
+// Built for sm_90a (a kernel JIT-compiled from the portable PTX has an empty body: ptxVersion
+// 80), with the launch register allocation the setmaxnreg split assumes.
+template <typename StoredT> bool score_blocks_sm90_has_sm90a_code() {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, score_blocks_sm90_kernel<StoredT>) == cudaSuccess &&
+         attributes.ptxVersion >= 90 && attributes.numRegs >= kSm90LaunchRegisters;
+}
+
 } // namespace m3sa::cuda
