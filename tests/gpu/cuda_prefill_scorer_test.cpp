@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/cuda_test_util.h"
@@ -197,6 +198,50 @@ TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
                                       select_run.workspace.workspace()));
     M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
     EXPECT_TRUE(same_bytes(selected.download(), got_topk)) << arch;
+  }
+}
+
+// Prefill metadata a scorer cannot serve is flagged by every scorer and never read (the name holds
+// "Small": compute-sanitizer's memcheck runs it, so a read of the bad page would show): a page id
+// out of range (bit 1), then a seq_len beyond the block table (bit 2).
+TEST(GpuPrefillScorerSmall, BadMetadataIsFlaggedNotReadByEveryScorer) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
+    const PrefillCase c{"", {300, 200}, {3000, 200}, 0, config_of(2, 16, 1, 0), dtype, true, false};
+    SyntheticBatch sb(spec_of(c, test_seed()));
+    M3SA_ASSERT_OK(sb.status());
+    sb.fill_index_integers(1, -2, 2);
+    for (const char* arch : {"sm80", "sm90"}) {
+      SCOPED_TRACE(std::string(arch) + (dtype == DType::bf16 ? " bf16" : " e4m3"));
+      const std::string topk_name = std::string("cuda.index_topk.") + arch;
+      const std::string score_name = std::string("cuda.score_blocks.") + arch;
+      CudaRun topk_run, score_run;
+      if (!plan_named(topk_name.c_str(), OpKind::index_topk, c.config, sb, &topk_run) ||
+          !plan_named(score_name.c_str(), OpKind::score_blocks, c.config, sb, &score_run))
+        continue;
+      const DeviceBatch db(sb);
+      DeviceBuffer topk(DType::i32, {2, sb.num_tokens(), 16}, 0x5a);
+      DeviceBuffer scores(DType::f32, {2, sb.num_tokens(), sb.width()}, 0xff);
+      const auto flags = [&] {
+        M3SA_EXPECT_OK(index_topk(
+            topk_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
+            topk_run.workspace.workspace()));
+        M3SA_EXPECT_OK(score_blocks(
+            score_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), scores.view()},
+            score_run.workspace.workspace()));
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        return std::make_pair(device_flags(topk_run), device_flags(score_run));
+      };
+      HostTensor table = db.block_table.download();
+      table.data<int32_t>()[5] = 1 << 20; // request 0, block 5
+      M3SA_ASSERT_OK(db.block_table.upload(table));
+      EXPECT_EQ(flags(), std::make_pair(1, 1));
+      M3SA_ASSERT_OK(db.block_table.upload(sb.block_table));
+      HostTensor lens = db.seq_lens.download();
+      lens.data<int32_t>()[1] = static_cast<int32_t>(sb.width()) * 128 + 1;
+      M3SA_ASSERT_OK(db.seq_lens.upload(lens));
+      EXPECT_EQ(flags(), std::make_pair(2, 2));
+    }
   }
 }
 
