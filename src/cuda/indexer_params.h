@@ -107,6 +107,9 @@ struct SelectTopkParams {
   SelectionRows rows;
   int32_t first_request; // rows of earlier requests (decode) are left to the decode kernel
   int32_t* error_flags;  // [1]
+  // 1: a first pass over each row bounds the K-th score from below (select_topk.cuh rank_floor)
+  // and only candidates above the bound are ranked. Same selections; off until measured on a GPU.
+  int32_t rank_floor;
 };
 
 // Decode rows of index_topk: scoring as above (tiles, num_tiles and scores unused; tiles are

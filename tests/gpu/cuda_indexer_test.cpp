@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cuda/indexer.h"
+#include "cuda/launchers.h"
 #include "gpu/cuda_test_util.h"
 #include "gpu/device_batch.h"
 #include "support/test_util.h"
@@ -235,6 +237,55 @@ TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
       const DeviceBatch db(sb);
       EXPECT_TRUE(same_bytes(want, cuda_select(config, sb, db, scores)))
           << "K " << config.top_k << " width " << sb.width();
+    }
+  }
+}
+
+// The select kernels with the rank-floor pass (SelectTopkParams::rank_floor) choose exactly what
+// they choose without it, on scores full of ties, NaN and infinities, in the warp-per-row kernel
+// (narrow rows) and the CTA-per-row one (few wide rows), and both equal the reference.
+TEST(GpuIndexerSmall, RankFloorSelectionEqualsTheFullRanking) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  for (std::vector<int32_t> lens : {std::vector<int32_t>{40 * 128, 3000, 129, 0, 1000, 77},
+                                    std::vector<int32_t>{300000, 40 * 128, 0}}) {
+    SyntheticBatch sb(decode_spec(lens, 2, DType::bf16));
+    Rng rng(test_seed());
+    for (const bool smooth : {false, true}) {
+      HostTensor scores(DType::f32, {2, sb.num_tokens(), sb.width()});
+      const float specials[] = {NAN, INFINITY, -INFINITY, 0.f, -0.f, 1.f, 2.f};
+      for (int64_t i = 0; i < scores.view().numel(); ++i)
+        scores.data<float>()[i] = smooth ? static_cast<float>(rng.uniform() * 100.0)
+                                  : rng.uniform() < 0.5
+                                      ? specials[rng.uniform_int(0, 6)]
+                                      : static_cast<float>(rng.uniform_int(-50, 50));
+      for (MsaConfig config : {cfg(2), cfg(2, 32, 3, 2), cfg(2, 5, 0, 0), cfg(2, 1, 1, 0)}) {
+        CudaRun run = cuda_plan(OpKind::select_topk_blocks, config, sb);
+        const DeviceBatch db(sb);
+        const DeviceBuffer d_scores(scores);
+        const DeviceBuffer flags(DType::i32, {1}, 0);
+        HostTensor got[2];
+        for (int floor = 0; floor < 2; ++floor) {
+          DeviceBuffer topk(DType::i32, {2, sb.num_tokens(), config.top_k}, 0x5a);
+          cuda::SelectTopkParams p{};
+          p.scores = d_scores.data_as<const float>();
+          p.score_stride_head = int64_t{sb.num_tokens()} * sb.width();
+          p.score_stride_token = sb.width();
+          p.score_stride_block = 1;
+          p.score_width = sb.width();
+          p.rows = cuda::selection_rows(run.plan, db.batch(), topk.view());
+          p.first_request = 0;
+          p.error_flags = flags.data_as<int32_t>();
+          p.rank_floor = floor;
+          M3SA_CUDA_ASSERT(cuda::launch_select_topk(p, nullptr));
+          M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+          got[floor] = topk.download();
+        }
+        HostTensor want;
+        M3SA_ASSERT_OK(run_select_topk_blocks(config, sb, scores, {Backend::reference}, &want));
+        EXPECT_TRUE(same_bytes(want, got[0])) << "K " << config.top_k << " width " << sb.width();
+        EXPECT_TRUE(same_bytes(got[0], got[1])) << "K " << config.top_k << " width " << sb.width();
+        EXPECT_EQ(flags.download().data<int32_t>()[0], 0);
+      }
     }
   }
 }

@@ -79,12 +79,37 @@ template <int MaxK> __device__ __forceinline__ void clear_list(uint64_t (&best)[
   for (int i = 0; i < MaxK; ++i) best[i] = 0;
 }
 
-// Candidates b = first, first + step, ... below `end`, ranked into the lane's list.
+// A lower bound of the fill-th largest score rank among a warp's candidates b = first + lane,
+// first + lane + step, ... below `end` (`first` taken at lane 0): the fill-th largest of the 32
+// lanes' maxima, since the lanes holding the fill largest maxima hold fill candidates at least
+// that large. Candidates ranked below it cannot be chosen and skip the list insertion, which on
+// scores without structure leaves one or two inserts a lane instead of ~27 (0 when fill is 0 or
+// fewer than fill lanes hold a candidate: then nothing is skipped).
+__device__ __forceinline__ uint32_t rank_floor(const float* scores, int64_t stride, int first,
+                                               int end, int step, int fill, int lane) {
+  uint32_t mine = 0;
+  for (int b = first; b < end; b += step) mine = max(mine, rank_key(scores[b * stride]));
+  if (fill <= 0) return 0;
+  int position = 0; // among the 32 maxima, ties ordered by lane
+  for (int j = 0; j < 32; ++j) {
+    const uint32_t other = __shfl_sync(0xffffffffu, mine, j);
+    position += other > mine || (other == mine && j < lane);
+  }
+  const unsigned holder = __ballot_sync(0xffffffffu, position == fill - 1);
+  return __shfl_sync(0xffffffffu, mine, __ffs(holder) - 1);
+}
+
+// Candidates b = first, first + step, ... below `end` whose rank is at least `floor`, ranked into
+// the lane's list.
 template <int MaxK>
 __device__ __forceinline__ void rank_candidates(uint64_t (&best)[MaxK], const float* scores,
-                                                int64_t stride, int first, int end, int step) {
+                                                int64_t stride, int first, int end, int step,
+                                                uint32_t floor = 0) {
   clear_list(best);
-  for (int b = first; b < end; b += step) insert_key(best, selection_key(scores[b * stride], b));
+  for (int b = first; b < end; b += step) {
+    const uint64_t key = selection_key(scores[b * stride], b);
+    if (static_cast<uint32_t>(key >> 32) >= floor) insert_key(best, key);
+  }
 }
 
 // Candidate lists l = 0 .. count-1, `list_stride` apart, `len` keys each (0 = empty slot): this
@@ -194,9 +219,14 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   if (!warp_row(p.rows, &h, &t)) return;
   SelectionRow row;
   if (begin_scored_row(p, h, t, lane, true, &row)) return;
+  const float* scores = row_scores(p, h, t);
+  const uint32_t floor = p.rank_floor
+                             ? rank_floor(scores, p.score_stride_block, row.init_blocks + lane,
+                                          row.local_begin, 32, row.fill, lane)
+                             : 0;
   uint64_t best[MaxK];
-  rank_candidates(best, row_scores(p, h, t), p.score_stride_block, row.init_blocks + lane,
-                  row.local_begin, 32);
+  rank_candidates(best, scores, p.score_stride_block, row.init_blocks + lane, row.local_begin, 32,
+                  floor);
   write_selection(row, merge_warp(best, row.fill, lane), lane);
 }
 
@@ -211,9 +241,15 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   if (h >= p.rows.heads || t >= p.rows.num_tokens) return;
   SelectionRow row;
   if (begin_scored_row(p, h, t, lane, warp == 0, &row)) return; // uniform across the CTA
+  const float* scores = row_scores(p, h, t);
+  const int first = row.init_blocks + warp * 32 + lane;
+  const uint32_t floor = p.rank_floor
+                             ? rank_floor(scores, p.score_stride_block, first, row.local_begin,
+                                          32 * kSelectWarps, row.fill, lane)
+                             : 0;
   uint64_t best[MaxK];
-  rank_candidates(best, row_scores(p, h, t), p.score_stride_block,
-                  row.init_blocks + warp * 32 + lane, row.local_begin, 32 * kSelectWarps);
+  rank_candidates(best, scores, p.score_stride_block, first, row.local_begin, 32 * kSelectWarps,
+                  floor);
   lists[warp][lane] = merge_warp(best, row.fill, lane); // lanes >= fill hold 0
   __syncthreads();
   if (warp != 0) return;
