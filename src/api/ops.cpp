@@ -112,7 +112,10 @@ Status norm_rope_insert(const OpPlan& plan, const NormRopeInsertArgs& args, Work
   return validate_and_run(OpKind::norm_rope_insert, plan, args, workspace, ctx);
 }
 
-Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecContext& ctx) {
+namespace {
+
+Status prepare_workspace_unprefixed(const OpPlan& plan, Workspace workspace,
+                                    const ExecContext& ctx) {
   const detail::Implementation* impl = nullptr;
   M3SA_RETURN_IF_ERROR(detail::sealed_implementation_of(plan, plan.request.op, &impl));
   M3SA_RETURN_IF_ERROR(detail::check_workspace(workspace, plan.workspace_bytes));
@@ -120,8 +123,8 @@ Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecCont
   return impl->prepare_workspace(plan, workspace, ctx.stream);
 }
 
-Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx,
-                          int32_t* flags) {
+Status read_device_errors_unprefixed(const OpPlan& plan, Workspace workspace,
+                                     const ExecContext& ctx, int32_t* flags) {
   if (flags == nullptr) return Status::invalid_argument("flags", "a non-null int32_t*", "nullptr");
   *flags = 0;
   const detail::Implementation* impl = nullptr;
@@ -129,6 +132,18 @@ Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecCon
   M3SA_RETURN_IF_ERROR(detail::check_workspace(workspace, plan.workspace_bytes));
   if (impl->read_device_errors == nullptr) return {};
   return impl->read_device_errors(plan, workspace, ctx.stream, flags);
+}
+
+} // namespace
+
+// Like the ops, the workspace entry points name the plan's op in every message (contract §9).
+Status prepare_workspace(const OpPlan& plan, Workspace workspace, const ExecContext& ctx) {
+  return with_op(plan.request.op, prepare_workspace_unprefixed(plan, workspace, ctx));
+}
+
+Status read_device_errors(const OpPlan& plan, Workspace workspace, const ExecContext& ctx,
+                          int32_t* flags) {
+  return with_op(plan.request.op, read_device_errors_unprefixed(plan, workspace, ctx, flags));
 }
 
 } // namespace m3sa

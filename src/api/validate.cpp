@@ -170,7 +170,7 @@ Status check_config(const MsaConfig& c) {
     return Status::invalid_argument("config.local_blocks", ">= 0", std::to_string(c.local_blocks));
   if (c.init_blocks < 0)
     return Status::invalid_argument("config.init_blocks", ">= 0", std::to_string(c.init_blocks));
-  if (c.local_blocks + c.init_blocks > c.top_k)
+  if (int64_t{c.local_blocks} + c.init_blocks > c.top_k) // both up to INT_MAX: sum in int64
     return Status::invalid_argument("config.local_blocks + config.init_blocks",
                                     detail::concat("<= config.top_k (", c.top_k, ")"),
                                     detail::concat(c.local_blocks, " + ", c.init_blocks));

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "support/test_util.h"
@@ -111,6 +113,52 @@ TEST(Api, HostWorkspacesNeedNoPreparationAndReportNoDeviceErrors) {
     }
     EXPECT_EQ(read_device_errors(plan, ws, {}, nullptr).code(), StatusCode::invalid_argument);
   }
+}
+
+// Found by tests/fuzz/fuzz_plan (UBSan, asan preset): local_blocks + init_blocks was summed in int,
+// which overflows for local_blocks = INT_MAX.
+TEST(Api, LocalPlusInitBlocksNearIntMaxIsRejectedWithoutOverflow) {
+  for (const auto& [local, init] : {std::pair{INT32_MAX, 1}, std::pair{1, INT32_MAX},
+                                    std::pair{INT32_MAX, INT32_MAX}}) {
+    PlanRequest request = small_request(OpKind::index_topk, Backend::cpu);
+    request.config.local_blocks = local;
+    request.config.init_blocks = init;
+    OpPlan plan;
+    const Status s = make_plan(request, &plan);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+    EXPECT_EQ(
+        s.message().rfind("m3sa::index_topk: config.local_blocks + config.init_blocks: expected ", 0),
+        0u)
+        << s.message();
+  }
+}
+
+// Found by tests/fuzz/fuzz_plan: prepare_workspace and read_device_errors returned
+// "workspace.bytes: ..." without the "m3sa::<op>: " prefix every other entry point carries.
+TEST(Api, WorkspaceEntryPointsNameTheirOp) {
+  OpPlan plan;
+  M3SA_ASSERT_OK(make_plan(small_request(OpKind::index_topk, Backend::cpu), &plan));
+  ASSERT_GT(plan.workspace_bytes, 0u);
+  std::vector<std::byte> memory(plan.workspace_bytes + 64);
+  void* aligned = memory.data();
+  size_t space = memory.size();
+  ASSERT_NE(std::align(64, plan.workspace_bytes, aligned, space), nullptr);
+  const Status short_workspace = prepare_workspace(plan, {aligned, plan.workspace_bytes - 1});
+  EXPECT_EQ(short_workspace.message().rfind("m3sa::index_topk: workspace.bytes: expected ", 0), 0u)
+      << short_workspace.message();
+  const Status misaligned =
+      prepare_workspace(plan, {static_cast<char*>(aligned) + 1, plan.workspace_bytes});
+  EXPECT_EQ(misaligned.message().rfind("m3sa::index_topk: workspace.data: expected ", 0), 0u)
+      << misaligned.message();
+  int32_t flags = 0;
+  const Status no_flags = read_device_errors(plan, {aligned, plan.workspace_bytes}, {}, nullptr);
+  EXPECT_EQ(no_flags.message().rfind("m3sa::index_topk: flags: expected ", 0), 0u)
+      << no_flags.message();
+  OpPlan edited = plan;
+  edited.num_threads += 1;
+  const Status edited_plan = read_device_errors(edited, {aligned, plan.workspace_bytes}, {}, &flags);
+  EXPECT_EQ(edited_plan.message().rfind("m3sa::index_topk: plan: expected ", 0), 0u)
+      << edited_plan.message();
 }
 
 TEST(Api, ShardsCoverEveryBlockOnceInGlobalOrder) {
