@@ -91,6 +91,11 @@ Status check_tensor(const TensorView& t, const TensorRule& rule, DeviceKind devi
   if (t.device.kind != device)
     return fail(detail::concat("memory on ", to_string(device), " for this backend"));
   if (t.data == nullptr && t.numel() > 0) return fail("a non-null data pointer");
+  // Backends read elements through typed pointers (an i64 slot, an f32 score): a pointer that
+  // is not a multiple of the element size is undefined behaviour on every read.
+  const size_t element_bytes = dtype_size(t.dtype);
+  if (t.numel() > 0 && reinterpret_cast<uintptr_t>(t.data) % element_bytes != 0)
+    return fail(detail::concat("data aligned to its ", element_bytes, "-byte elements"));
   // Every later size computation (offsets, byte ranges, page and slot counts) then fits in int64.
   if (t.numel() > 0 && byte_extent(t) > kMaxTensorBytes)
     return fail(

@@ -72,6 +72,15 @@ struct ValidSetup {
     outer.data = spare.data<char>();
     inner.data = spare.data<char>() + 64;
   }
+  // `view` (contiguous) copied into `spare`, `bytes` past a 64-byte boundary.
+  TensorView shifted_copy(const TensorView& view, int64_t bytes) {
+    const int64_t size = view.numel() * static_cast<int64_t>(dtype_size(view.dtype));
+    spare.reset(DType::i64, {size / 8 + 2});
+    std::memcpy(spare.data<char>() + bytes, view.data, size);
+    TensorView shifted = view;
+    shifted.data = spare.data<char>() + bytes;
+    return shifted;
+  }
   void set_batch(const std::function<void(BatchMetadata&)>& edit) {
     for (BatchMetadata* b : {&score.batch, &select.batch, &index.batch, &attention.batch}) edit(*b);
   }
@@ -389,6 +398,23 @@ const std::vector<InvalidCase>& cases() {
       {"CacheOf2To52Pages", O::index_topk,
        [](ValidSetup& s) { s.index.index_k_cache.shape[0] = int64_t{1} << 52; },
        "at most 2^48 bytes"},
+      // Found by tests/fuzz (UBSan): views whose data pointer is not a multiple of their element
+      // size were accepted and then read through misaligned i64 / i32 / f32 pointers.
+      {"SlotMappingMisaligned", O::insert_index_k,
+       [](ValidSetup& s) { s.insert.slot_mapping = s.shifted_copy(s.insert.slot_mapping, 1); },
+       "slot_mapping: expected i64 [num_tokens] (data aligned to its 8-byte elements)"},
+      {"SeqLensMisaligned", O::index_topk,
+       [](ValidSetup& s) {
+         const TensorView shifted = s.shifted_copy(s.index.batch.seq_lens, 2);
+         s.set_batch([&](BatchMetadata& b) { b.seq_lens = shifted; });
+       },
+       "batch.seq_lens: expected i32 [num_requests] (data aligned to its 4-byte elements)"},
+      {"ScoresMisaligned", O::select_topk_blocks,
+       [](ValidSetup& s) { s.select.scores = s.shifted_copy(s.select.scores, 3); },
+       "scores: expected f32 [num_index_heads, num_tokens, N] (data aligned to its 4-byte elements)"},
+      {"AttentionOutMisaligned", O::sparse_attention,
+       [](ValidSetup& s) { s.attention.out = s.shifted_copy(s.attention.out, 1); },
+       "out: expected bf16 [num_tokens, num_q_heads, 128] (data aligned to its 2-byte elements)"},
       // Issue 15: plans are range-checked and sealed.
       {"BackendOutOfRange", O::index_topk,
        [](ValidSetup& s) { s.request.backend = static_cast<Backend>(7); },
