@@ -221,7 +221,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                    kOp);
   // With NaN, inf or 2^100 in the data, fp32 and double part ways legitimately (overflowing
   // sums of squares): only the absence of sanitizer reports and stray writes is checked then.
-  if (mode.has_specials()) return 0;
+  // Inputs the input overlapped carry each other's bytes (an i64 position read as bf16 is 2^75),
+  // so the same holds for any broken layout.
+  if (mode.has_specials() || !arena.mutated().empty()) return 0;
   for (int id : {q_out, k_cache, v_cache, iq_out, index_cache})
     compare_within_one_ulp(arena, reference, id);
   return 0;

@@ -157,7 +157,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Status ref_status = sparse_attention(ref.plan, args(reference), ref.workspace);
   M3SA_FUZZ_CHECK(ref_status.ok(),
                   "the reference accepts what the cpu accepted: " + ref_status.to_string());
-  compare_outputs(arena, reference, out, lse, v_max);
+  // Overlapping inputs carry each other's bytes (metadata read as bf16 can be 2^100): the values
+  // are then no longer the bounded ones the tolerance is made for.
+  if (arena.mutated().empty()) compare_outputs(arena, reference, out, lse, v_max);
   check_same_bytes(arena, reference, {workspace.arena_id(), out, lse}, kOp);
   return 0;
 }

@@ -111,23 +111,9 @@ int64_t span_bytes(const TensorView& v) {
       return std::numeric_limits<int64_t>::max();
   }
   int64_t bytes;
-  if (__builtin_mul_overflow(last + 1, elem, &bytes)) return std::numeric_limits<int64_t>::max();
+  if (__builtin_add_overflow(last, 1, &last) || __builtin_mul_overflow(last, elem, &bytes))
+    return std::numeric_limits<int64_t>::max();
   return bytes;
-}
-
-void for_each_element(const TensorView& v, const std::function<void(int64_t)>& fn) {
-  const int64_t n = numel_of(v);
-  const int rank = stored_rank(v);
-  int64_t index[TensorView::kMaxRank] = {};
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t offset = 0;
-    for (int d = 0; d < rank; ++d) offset += index[d] * v.strides[d];
-    fn(offset);
-    for (int d = rank - 1; d >= 0; --d) {
-      if (++index[d] < v.shape[d]) break;
-      index[d] = 0;
-    }
-  }
 }
 
 // ---- arena ---------------------------------------------------------------------------------
@@ -222,7 +208,7 @@ int Arena::add(Input& in, const char* name, DType dtype, std::initializer_list<i
   case absurd:
     if (v.rank == 0) break;
     if (in.pick(2))
-      v.shape[0] = (int64_t{1} << 45) + in.pick(3);
+      v.shape[0] = (int64_t{1} << 49) + in.pick(3); // > 2^48 bytes in every dtype
     else
       v.strides[0] = (int64_t{1} << 50) + in.pick(3);
     mutated_.push_back(name);
@@ -401,7 +387,7 @@ WorkspaceBuffer::WorkspaceBuffer(Input& in, size_t bytes, Arena* arena) : bytes_
   case 3: // misaligned
     misalignment_ = 1 + in.pick(63);
     own_bytes_ = bytes + misalignment_;
-    broken_ = bytes > 0 ? "workspace.data" : "";
+    broken_ = "workspace.data"; // checked even when the plan needs no bytes
     break;
   case 4: // null
     null_ = true;
@@ -516,18 +502,38 @@ void check_rejection(const Status& status, OpKind op, std::initializer_list<cons
                   "the rejection names what the input broke (" + list + "): " + m);
 }
 
+namespace {
+
+// Fails with `what` at the first byte that differs between `a` and `b` (blocks of one layout)
+// outside the masked bytes; blocks that are equal as a whole are not masked at all.
+void compare_blocks(const Arena& arena, const std::function<const uint8_t*(int)>& other,
+                    const std::function<void(Arena::Snapshot*)>& mark, const std::string& what) {
+  Arena::Snapshot mask;
+  for (int k = 0; k < arena.blocks(); ++k) {
+    const size_t n = arena.block_size(k);
+    if (n == 0 || std::memcmp(arena.block(k), other(k), n) == 0) continue;
+    if (mask.empty()) {
+      for (int j = 0; j < arena.blocks(); ++j) mask.emplace_back(arena.block_size(j), 0);
+      mark(&mask);
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (!mask[k][i] && arena.block(k)[i] != other(k)[i])
+        fail(what + ": block " + std::to_string(k) + " byte " + std::to_string(i));
+  }
+}
+
+} // namespace
+
 void check_only_outputs_written(const Arena& arena, const Arena::Snapshot& before,
                                 std::initializer_list<int> outputs, int workspace_id, OpKind op) {
-  Arena::Snapshot mask = before;
-  for (auto& m : mask) std::fill(m.begin(), m.end(), 0);
-  for (int id : outputs) arena.mark(id, false, &mask);
-  if (workspace_id >= 0) arena.mark(workspace_id, true, &mask);
-  const Arena::Snapshot after = arena.snapshot();
-  for (size_t b = 0; b < after.size(); ++b)
-    for (size_t i = 0; i < after[b].size(); ++i)
-      if (!mask[b][i] && after[b][i] != before[b][i])
-        fail(std::string(to_string(op)) + " wrote outside its outputs: block " +
-             std::to_string(b) + " byte " + std::to_string(i));
+  const std::vector<int> ids(outputs);
+  compare_blocks(
+      arena, [&](int k) { return before[k].data(); },
+      [&](Arena::Snapshot* mask) {
+        for (int id : ids) arena.mark(id, false, mask);
+        if (workspace_id >= 0) arena.mark(workspace_id, true, mask);
+      },
+      std::string(to_string(op)) + " wrote outside its outputs");
 }
 
 bool check_outcome(const Status& status, OpKind op, std::initializer_list<const char*> arguments,
@@ -559,7 +565,8 @@ BatchCase BatchCase::draw(Input& in, int max_width, int max_pages) {
   const int capacity = b.width * 128;
   for (int r = 0; r < b.num_requests; ++r) {
     const int q_len = r < b.num_decode ? b.decode_q_len : in.pick(6);
-    int seq_len = q_len + static_cast<int>(in.range(0, capacity - q_len));
+    // Short contexts as often as any (cheaper runs, more executions), or anywhere up to capacity.
+    int seq_len = q_len + static_cast<int>(in.pick(2) ? in.range(0, capacity - q_len) : in.pick(4));
     if (in.one_in(6)) seq_len = 0; // padding row
     b.seq_lens.push_back(seq_len);
     for (int i = 0; i < q_len; ++i) b.positions.push_back(seq_len == 0 ? -1 : seq_len - q_len + i);
@@ -708,16 +715,14 @@ ExecContext draw_context(Input& in, std::vector<std::string>* blamed) {
 
 void check_same_bytes(const Arena& cpu, const Arena& reference, std::initializer_list<int> skip,
                       OpKind op) {
-  Arena::Snapshot mask = cpu.snapshot();
-  for (auto& m : mask) std::fill(m.begin(), m.end(), 0);
-  for (int id : skip)
-    if (id >= 0) cpu.mark(id, true, &mask);
-  const Arena::Snapshot a = cpu.snapshot(), b = reference.snapshot();
-  for (size_t k = 0; k < a.size(); ++k)
-    for (size_t i = 0; i < a[k].size(); ++i)
-      if (!mask[k][i] && a[k][i] != b[k][i])
-        fail(std::string(to_string(op)) + ": cpu and reference differ at block " +
-             std::to_string(k) + " byte " + std::to_string(i));
+  const std::vector<int> ids(skip);
+  compare_blocks(
+      cpu, [&](int k) { return reference.block(k); },
+      [&](Arena::Snapshot* mask) {
+        for (int id : ids)
+          if (id >= 0) cpu.mark(id, true, mask);
+      },
+      std::string(to_string(op)) + ": cpu and reference differ");
 }
 
 void check_plan_rejection(const Status& status, OpKind op) {

@@ -95,6 +95,9 @@ public:
   Arena clone() const; // the same layout over copies of the bytes
   Snapshot snapshot() const;
   bool equals(const Snapshot& other) const;
+  int blocks() const { return static_cast<int>(blocks_.size()); }
+  const uint8_t* block(int k) const { return blocks_[k].data.get(); }
+  size_t block_size(int k) const { return blocks_[k].size; }
 
   TensorView view(int id) const;
   const char* name(int id) const { return slots_[id].name; }
@@ -135,8 +138,27 @@ private:
 
 // Bytes a view spans from its first element (0 for an empty view, INT64_MAX when absurd).
 int64_t span_bytes(const TensorView& view);
-// Visits the element offsets of a view in row-major index order.
-void for_each_element(const TensorView& view, const std::function<void(int64_t)>& fn);
+// Visits the element offsets of a view in row-major index order (inline: the harnesses visit
+// every element of the caches on each input).
+template <typename Fn> void for_each_element(const TensorView& v, Fn&& fn) {
+  const int rank = v.rank < 0 ? 0 : v.rank > TensorView::kMaxRank ? TensorView::kMaxRank : v.rank;
+  if (v.rank <= 0) return;
+  for (int d = 0; d < rank; ++d)
+    if (v.shape[d] <= 0) return;
+  int64_t index[TensorView::kMaxRank] = {};
+  const int last = rank - 1;
+  for (;;) {
+    int64_t offset = 0;
+    for (int d = 0; d < last; ++d) offset += index[d] * v.strides[d];
+    for (int64_t i = 0; i < v.shape[last]; ++i) fn(offset + i * v.strides[last]);
+    int d = last - 1;
+    for (; d >= 0; --d) {
+      if (++index[d] < v.shape[d]) break;
+      index[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
 
 // Where the workspace of a call goes: an allocation of its own of exactly the plan's size (the
 // default), larger, too small, misaligned, null, or inside the arena over a tensor.
