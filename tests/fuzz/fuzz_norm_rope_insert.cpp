@@ -38,6 +38,7 @@ double value(DType dtype, const void* p) {
 void compare_within_one_ulp(const Arena& cpu, const Arena& reference, int id) {
   const TensorView a = cpu.view(id), b = reference.view(id);
   const int64_t elem = static_cast<int64_t>(dtype_size(a.dtype));
+  if (std::memcmp(a.data, b.data, span_bytes(a)) == 0) return; // most cache rows are unwritten
   for_each_element(a, [&](int64_t offset) {
     const char* x = static_cast<const char*>(a.data) + offset * elem;
     const char* y = static_cast<const char*>(b.data) + offset * elem;
