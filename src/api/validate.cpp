@@ -352,7 +352,8 @@ Status check_batch(const OpPlan& plan, const BatchMetadata& batch, DeviceKind de
     return Status::invalid_argument("batch.cu_q_lens", "cu_q_lens[0] == 0",
                                     std::to_string(host.q_begin(0)));
   for (int r = 0; r < r_count; ++r) {
-    const int32_t q_len = host.q_len(r), seq_len = host.seq_len(r);
+    const int64_t q_len = host.q_len(r);
+    const int32_t seq_len = host.seq_len(r);
     if (q_len < 0)
       return Status::invalid_argument("batch.cu_q_lens", "non-decreasing values",
                                       detail::concat("cu_q_lens[", r + 1,

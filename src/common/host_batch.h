@@ -12,7 +12,10 @@ struct HostBatch {
   int num_requests() const { return batch_.num_requests; }
   int num_tokens() const { return batch_.num_tokens; }
   int32_t q_begin(int r) const { return at(batch_.cu_q_lens, r); }
-  int32_t q_len(int r) const { return at(batch_.cu_q_lens, r + 1) - at(batch_.cu_q_lens, r); }
+  // In int64: before validation cu_q_lens holds anything, and INT32_MIN - 3 overflows int32.
+  int64_t q_len(int r) const {
+    return int64_t{at(batch_.cu_q_lens, r + 1)} - at(batch_.cu_q_lens, r);
+  }
   int32_t seq_len(int r) const { return at(batch_.seq_lens, r); }
   int64_t block_table_width() const { return batch_.block_table.shape[1]; }
   // The request that owns packed token t (cu_q_lens is non-decreasing: the last r with q_begin <=

@@ -245,6 +245,11 @@ const std::vector<InvalidCase>& cases() {
        [](ValidSetup& s) { i32(s.index.batch.cu_q_lens)[0] = 1; }, "cu_q_lens[0] == 0"},
       {"CuQLensDecreasing", O::index_topk,
        [](ValidSetup& s) { i32(s.index.batch.cu_q_lens)[2] = 0; }, "non-decreasing"},
+      // Found by tests/fuzz/fuzz_indexer (UBSan): q_len = cu_q_lens[r + 1] - cu_q_lens[r] was
+      // computed in int32, which overflows for INT32_MIN - 1 (and wrapped to a positive q_len).
+      {"CuQLensDropToInt32Min", O::index_topk,
+       [](ValidSetup& s) { i32(s.index.batch.cu_q_lens)[2] = INT32_MIN; },
+       "batch.cu_q_lens: expected non-decreasing values, got cu_q_lens[2] = -2147483648"},
       {"CuQLensTotalNotTokens", O::select_topk_blocks,
        [](ValidSetup& s) { i32(s.select.batch.cu_q_lens)[3] = 21; },
        "cu_q_lens[num_requests] == num_tokens"},
@@ -596,6 +601,7 @@ TEST(InvalidInputs, SyntheticBatchBeyondHostMemoryReportsAnAllocationFailure) {
 } // namespace
 } // namespace m3sa::testing
 
-// The test above needs a failed allocation to come back as null under ASan too (its default is to
-// abort), as it does from the plain allocator.
+// The test above needs a failed allocation to come back as null under ASan and TSan too (their
+// default is to abort), as it does from the plain allocator.
 extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
+extern "C" const char* __tsan_default_options() { return "allocator_may_return_null=1"; }
