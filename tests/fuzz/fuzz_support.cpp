@@ -10,6 +10,9 @@
 #include "m3sa/numeric.h"
 
 namespace m3sa::fuzz {
+namespace {
+constexpr int kMaxPlanThreads = 1024; // make_plan's cap (docs/contract.md §9)
+} // namespace
 
 void fail(const std::string& what) {
   std::fprintf(stderr, "\n[m3sa fuzz] %s\n", what.c_str());
@@ -687,8 +690,8 @@ RequestCase RequestCase::draw(Input& in, OpKind op, int64_t requests, int64_t to
     case 5:
       r.cache_dtype = static_cast<DType>(in.pick(256));
       break;
-    default:
-      r.num_threads = static_cast<int>(value);
+    default: // out of range only: up to 1024 valid threads would spawn that many per input
+      r.num_threads = in.pick(2) ? -1 - in.pick(4) : kMaxPlanThreads + 1 + in.pick(4);
       break;
     }
   }
