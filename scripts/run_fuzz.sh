@@ -3,9 +3,10 @@
 # <seconds-per-harness>, M3SA_FUZZ_PARALLEL (default 2) at a time, one core each:
 #   bash scripts/run_fuzz.sh 20            # the smoke run scripts/run_tests.sh makes
 #   bash scripts/run_fuzz.sh 600 fuzz_plan # one harness, ten minutes
-# Inputs start from the checked-in seeds (tests/fuzz/corpus/<harness>) plus what earlier runs
-# found (build-fuzz/corpus/<harness>); crashes land in build-fuzz/artifacts/<harness>/ and fail the
-# script. Each harness's log is build-fuzz/logs/<harness>.log; the summary prints executions,
+# Inputs start from the checked-in seeds (tests/fuzz/corpus/<harness>.b64: one base64 input per
+# line, a minimised corpus of the long runs; tests/fuzz/update_seeds.sh refreshes them) plus what
+# earlier runs found (build-fuzz/corpus/<harness>); crashes land in build-fuzz/artifacts/<harness>/
+# and fail the script. Each harness's log is build-fuzz/logs/<harness>.log; the summary prints executions,
 # coverage and findings per harness. Reproduce a crash: build-fuzz/tests/fuzz/<harness> <file>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,9 +25,15 @@ mv build-fuzz.log build-fuzz/build.log
 
 run_one() {
   local harness="$1" seconds="$2"
-  local corpus="build-fuzz/corpus/$harness" seeds="tests/fuzz/corpus/$harness"
+  local corpus="build-fuzz/corpus/$harness" seeds="build-fuzz/seeds/$harness"
   local artifacts="build-fuzz/artifacts/$harness/"
   mkdir -p "$corpus" "$artifacts" build-fuzz/logs "$seeds"
+  local n=0 line
+  if [ -f "tests/fuzz/corpus/$harness.b64" ]; then
+    while IFS= read -r line; do
+      [ -n "$line" ] && printf '%s' "$line" | base64 -d > "$seeds/seed-$((n++))"
+    done < "tests/fuzz/corpus/$harness.b64"
+  fi
   # One OpenMP thread pool per process that sleeps when idle: the harness plans 0..2 threads.
   # LeakSanitizer: libomp keeps its thread pool's descriptors past a unit (tests/fuzz/lsan.supp).
   LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0" \

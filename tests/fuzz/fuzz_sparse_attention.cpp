@@ -115,10 +115,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   b.write(in, &arena);
   static constexpr float kScales[] = {1.f, 0.5f, 2.f};
   float scales[2] = {kScales[in.pick(3)], kScales[in.pick(3)]};
+  bool bounded_scales = true;
   for (int i = 0; i < 2; ++i)
     if (in.one_in(24)) {
       scales[i] = in.raw_float();
       blamed.push_back("*");
+      bounded_scales = false;
     }
   if (b.corrupted) blamed.push_back("*");
   if (!workspace.broken().empty()) blamed.push_back(workspace.broken());
@@ -158,9 +160,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Status ref_status = sparse_attention(ref.plan, args(reference), ref.workspace);
   M3SA_FUZZ_CHECK(ref_status.ok(),
                   "the reference accepts what the cpu accepted: " + ref_status.to_string());
-  // Overlapping inputs carry each other's bytes (metadata read as bf16 can be 2^100): the values
-  // are then no longer the bounded ones the tolerance is made for.
-  if (arena.mutated().empty()) compare_outputs(arena, reference, out, lse, v_max);
+  // Overlapping inputs carry each other's bytes (metadata read as bf16 can be 2^100), and a raw
+  // scale (1e38) makes fp32 sums of V overflow where double ones do not: the values are then no
+  // longer the bounded ones the tolerance is made for.
+  if (arena.mutated().empty() && bounded_scales)
+    compare_outputs(arena, reference, out, lse, v_max);
   check_same_bytes(arena, reference, {workspace.arena_id(), out, lse}, kOp);
   return 0;
 }
