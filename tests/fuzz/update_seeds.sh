@@ -11,6 +11,7 @@ fi
 mkdir -p tests/fuzz/corpus
 for harness in "${harnesses[@]}"; do
   merged=$(mktemp -d)
+  mkdir -p "build-fuzz/seeds/$harness" "build-fuzz/corpus/$harness" build-fuzz/logs
   LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0" OMP_WAIT_POLICY=passive \
     "build-fuzz/tests/fuzz/$harness" -merge=1 -timeout=10 "$merged" "build-fuzz/corpus/$harness" \
     "build-fuzz/seeds/$harness" > "build-fuzz/logs/$harness.merge.log" 2>&1
