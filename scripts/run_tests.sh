@@ -2,7 +2,8 @@
 # Builds everything (every .cu included where nvcc exists), checks that a consumer project builds
 # against the installed package and that the CUDA-free configuration builds, then runs all tests
 # (the Python package's through scripts/run_python_tests.sh), and the CPU suite again under
-# AddressSanitizer + UBSan (the asan preset; any report is fatal).
+# AddressSanitizer + UBSan (the asan preset; any report is fatal) and under ThreadSanitizer (the
+# tsan preset), then every libFuzzer harness for M3SA_FUZZ_SECONDS (default 20) seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -36,3 +37,12 @@ echo "[m3sa] CPU tests under ASan + UBSan (asan preset)" >&2
 { cmake --preset asan -DM3SA_WERROR=ON && cmake --build --preset asan --target m3sa_cpu_tests -j "$M3SA_JOBS"; } \
     > build/asan.log 2>&1 || { cat build/asan.log; exit 1; }
 ctest --test-dir build-asan --output-on-failure -L cpu -j "$M3SA_JOBS"
+
+# Data races in the OpenMP CPU backend (clang + libomp, Archer: scripts/run_tsan.sh).
+echo "[m3sa] CPU tests under ThreadSanitizer (tsan preset)" >&2
+bash scripts/run_tsan.sh
+
+# The libFuzzer harnesses (tests/fuzz), each for a short smoke run from the checked-in seeds, so a
+# regression the seeds or a few thousand mutations reach fails CI (docs/testing.md has the long runs).
+echo "[m3sa] libFuzzer smoke run: each harness ${M3SA_FUZZ_SECONDS:-20} s (scripts/run_fuzz.sh)" >&2
+bash scripts/run_fuzz.sh "${M3SA_FUZZ_SECONDS:-20}"
