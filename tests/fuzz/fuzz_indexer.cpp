@@ -57,13 +57,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const RequestCase rc =
       RequestCase::draw(in, op, b.num_requests, b.num_tokens, b.width, 4, cache_dtype);
   OpPlan plan;
-  const Status planned = make_plan(rc.request, &plan);
-  if (!planned.ok()) {
-    M3SA_FUZZ_CHECK(rc.broken, "a valid request is planned: " + planned.to_string());
-    check_plan_rejection(planned, op);
-    return 0;
-  }
-  const PlanEdit edit = PlanEdit::apply(in, &plan);
+  PlanEdit edit;
+  if (!rc.plan(in, op, &plan, &edit)) return 0;
   const MsaConfig& config = rc.request.config;
   const int heads = config.num_index_heads, tokens = b.num_tokens;
 

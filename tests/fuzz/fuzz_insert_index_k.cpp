@@ -16,13 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const DType k_dtype = in.pick(2) ? DType::f32 : DType::bf16;
   const RequestCase rc = RequestCase::draw(in, kOp, 1, tokens, 1, 4, cache_dtype);
   OpPlan plan;
-  const Status planned = make_plan(rc.request, &plan);
-  if (!planned.ok()) {
-    M3SA_FUZZ_CHECK(rc.broken, "a valid request is planned: " + planned.to_string());
-    check_plan_rejection(planned, kOp);
-    return 0;
-  }
-  const PlanEdit edit = PlanEdit::apply(in, &plan);
+  PlanEdit edit;
+  if (!rc.plan(in, kOp, &plan, &edit)) return 0;
 
   Arena arena;
   const int k = arena.add(in, "index_k", k_dtype, {tokens, kHeadDim}, true);

@@ -85,13 +85,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     blamed.push_back("*");
   }
   OpPlan plan;
-  const Status planned = make_plan(rc.request, &plan);
-  if (!planned.ok()) {
-    M3SA_FUZZ_CHECK(rc.broken, "a valid request is planned: " + planned.to_string());
-    check_plan_rejection(planned, kOp);
-    return 0;
-  }
-  const PlanEdit edit = PlanEdit::apply(in, &plan);
+  PlanEdit edit;
+  if (!rc.plan(in, kOp, &plan, &edit)) return 0;
   const int index_heads = config.num_index_heads;
 
   Arena arena;

@@ -52,13 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const DType kv_dtype = in.pick(2) ? DType::fp8_e4m3 : DType::bf16;
   const RequestCase rc = RequestCase::draw(in, kOp, b.num_requests, b.num_tokens, b.width, 2, kv_dtype);
   OpPlan plan;
-  const Status planned = make_plan(rc.request, &plan);
-  if (!planned.ok()) {
-    M3SA_FUZZ_CHECK(rc.broken, "a valid request is planned: " + planned.to_string());
-    check_plan_rejection(planned, kOp);
-    return 0;
-  }
-  const PlanEdit edit = PlanEdit::apply(in, &plan);
+  PlanEdit edit;
+  if (!rc.plan(in, kOp, &plan, &edit)) return 0;
   const MsaConfig& config = rc.request.config;
   const int kv_heads = config.num_index_heads, group = 1 + in.pick(3);
   const int tokens = b.num_tokens, top_k = config.top_k;

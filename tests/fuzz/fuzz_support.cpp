@@ -728,6 +728,17 @@ void check_same_bytes(const Arena& cpu, const Arena& reference, std::initializer
       std::string(to_string(op)) + ": cpu and reference differ");
 }
 
+bool RequestCase::plan(Input& in, OpKind op, OpPlan* plan, PlanEdit* edit) const {
+  const Status planned = make_plan(request, plan);
+  if (!planned.ok()) {
+    M3SA_FUZZ_CHECK(broken, "a valid request is planned: " + planned.to_string());
+    check_plan_rejection(planned, op);
+    return false;
+  }
+  *edit = PlanEdit::apply(in, plan);
+  return true;
+}
+
 void check_plan_rejection(const Status& status, OpKind op) {
   check_rejection(status, op,
                   {"op", "backend", "config.top_k", "config.local_blocks", "config.init_blocks",

@@ -235,6 +235,9 @@ struct RequestCase {
   bool broken = false;
   static RequestCase draw(Input& in, OpKind op, int64_t requests, int64_t tokens, int64_t width,
                           int max_heads, DType cache_dtype);
+  // Plans the request into `plan`, then perhaps edits it (`edit`). False when make_plan refused
+  // it, after checking that only a broken request is refused and that the refusal names a field.
+  bool plan(Input& in, OpKind op, OpPlan* plan, PlanEdit* edit) const;
 };
 
 // The same plan request on the reference backend, planned, with a workspace of its own.
