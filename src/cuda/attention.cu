@@ -16,10 +16,13 @@ namespace m3sa::cuda {
 namespace {
 
 struct AttentionPlanInfo {
-  static constexpr uint32_t kVersion = 2;
+  static constexpr uint32_t kVersion = 3;
   int32_t sm_count;
   int32_t pass_tokens;     // prefill tokens per block-major pass
   int64_t sort_temp_bytes; // CUB's radix sort scratch for a pass's entries, asked once at plan time
+  // Decode clusters of 2, 4, 8, 16 CTAs the device holds at once ([i]: 2^(i+1) CTAs; all 0 where
+  // the splits merge in the workspace).
+  int32_t active_clusters[4];
 };
 
 // (token, KV head) pairs that may split their selection: at most the resident CTAs, since a
@@ -31,14 +34,14 @@ int64_t split_pairs(int sm_count) { return int64_t{kAttentionCtasPerSm} * sm_cou
 int32_t pass_tokens(const PlanRequest& request) {
   const int64_t per_token =
       int64_t{request.config.num_index_heads} * request.config.top_k * kCompactPartialBytes;
-  return static_cast<int32_t>(std::clamp<int64_t>((int64_t{1} << 30) / per_token, 1,
-                                                  std::max<int64_t>(1, request.capacities.max_tokens)));
+  return static_cast<int32_t>(std::clamp<int64_t>(
+      (int64_t{1} << 30) / per_token, 1, std::max<int64_t>(1, request.capacities.max_tokens)));
 }
 
 struct AttentionLayout {
-  ControlArea control;          // arrivals: [split pairs]
-  float* split_partials;        // [split pairs, kPartialFloats]
-  uint32_t* entry_keys;         // [pass entries] each: keys, values, sorted keys, sorted values
+  ControlArea control;   // arrivals: [split pairs]
+  float* split_partials; // [split pairs, kPartialFloats]
+  uint32_t* entry_keys;  // [pass entries] each: keys, values, sorted keys, sorted values
   uint32_t* entry_values;
   uint32_t* sorted_keys;
   uint32_t* sorted_values;
@@ -71,7 +74,10 @@ AttentionLayout run_layout(const OpPlan& plan, Workspace workspace) {
 }
 
 Status plan_attention(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
-  AttentionPlanInfo info{caps.sm_count, pass_tokens(request), 0};
+  AttentionPlanInfo info{caps.sm_count, pass_tokens(request), 0, {}};
+  for (int i = 0; i < 4 && caps.compute_capability >= 90; ++i)
+    info.active_clusters[i] = std::min(sparse_attention_decode_bf16_active_clusters(2 << i),
+                                       sparse_attention_decode_fp8_active_clusters(2 << i));
   size_t sort_bytes = 0;
   M3SA_CUDA_RETURN_IF_ERROR(selection_sort_temp_bytes(
       info.pass_tokens * request.config.num_index_heads * request.config.top_k, &sort_bytes));
@@ -88,15 +94,27 @@ Status prepare_attention(const OpPlan& plan, Workspace workspace, void* stream) 
   return initialise_control_area(run_layout(plan, workspace).control, stream);
 }
 
-// Selection ranges per (decode token, KV head): enough CTAs for every resident slot when the
-// decode rows are few, one range when they fill the GPU alone, and at least two selected blocks
-// per range: the last CTA's merge reads every range's 8 KB partial, and at batch 1 one block per
-// range (16 ranges) measured 14.8 us against 13.3 us with two (bench/NOTES.md).
-int decode_splits(const OpPlan& plan, const AttentionPlanInfo& info, int64_t decode_pairs) {
+// Selection ranges per (decode token, KV head), and whether they merge in a cluster: enough CTAs
+// for every resident slot when the decode rows are few, one range when they fill the GPU alone.
+// In clusters: the largest power of two up to top_k whose clusters, one per (token, KV head), the
+// device holds at once (batch 1: one selected block per CTA, so that every K/V byte is requested
+// at once; a second wave of clusters measured slower than the workspace merge, bench/NOTES.md).
+// In the workspace: at least two selected blocks per range, since the last CTA's merge reads every
+// range's 8 KB partial, and at batch 1 one block per range (16 ranges) measured 14.8 us against
+// 13.3 us with two.
+struct DecodeSplits {
+  int splits;
+  bool in_cluster;
+};
+DecodeSplits decode_splits(const OpPlan& plan, const AttentionPlanInfo& info,
+                           int64_t decode_pairs) {
   const int64_t resident = split_pairs(info.sm_count);
-  if (decode_pairs <= 0 || decode_pairs * 2 > resident) return 1;
-  return static_cast<int>(std::min<int64_t>(std::max(1, plan.request.config.top_k / 2),
-                                            resident / decode_pairs));
+  const int top_k = plan.request.config.top_k;
+  if (decode_pairs <= 0 || decode_pairs * 2 > resident) return {1, false};
+  for (int i = 3; i >= 0; --i)
+    if ((2 << i) <= top_k && decode_pairs <= info.active_clusters[i]) return {2 << i, true};
+  return {static_cast<int>(std::min<int64_t>(std::max(1, top_k / 2), resident / decode_pairs)),
+          false};
 }
 
 Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Workspace workspace,
@@ -144,10 +162,17 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
   const cudaStream_t s = as_stream(ctx.stream);
   if (decode_tokens > 0) {
     p.token_begin = 0, p.token_end = decode_tokens;
-    p.splits = decode_splits(plan, info, int64_t{decode_tokens} * p.kv_heads);
-    M3SA_CUDA_RETURN_IF_ERROR(
-        (fp8 ? launch_sparse_attention_decode_fp8 : launch_sparse_attention_decode_bf16)(
-            p, static_cast<int>(split_pairs(info.sm_count)), s));
+    const int64_t pairs = int64_t{decode_tokens} * p.kv_heads;
+    const DecodeSplits splits = decode_splits(plan, info, pairs);
+    p.splits = splits.splits;
+    p.cluster_merge = splits.in_cluster;
+    // Clustered: a whole number of clusters, no more CTAs than items.
+    const int cluster = p.cluster_merge ? p.splits : 1;
+    const int64_t resident = split_pairs(info.sm_count);
+    const int grid = static_cast<int>(
+        p.cluster_merge ? std::min(pairs * p.splits, resident / cluster * cluster) : resident);
+    M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_sparse_attention_decode_fp8
+                                   : launch_sparse_attention_decode_bf16)(p, grid, cluster, s));
   }
   if (tokens == decode_tokens) return {};
   // Keys (KV head, page) and the sentinel above them must fit the sort's 32 bits.
@@ -168,15 +193,13 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     p.token_begin = begin;
     p.token_end = static_cast<int>(std::min<int64_t>(tokens, int64_t{begin} + info.pass_tokens));
     p.entry_count = (p.token_end - p.token_begin) * p.kv_heads * p.top_k;
-    const int gather_grid =
-        static_cast<int>(std::min<int64_t>((p.entry_count + kGatherThreads - 1) / kGatherThreads,
-                                           8 * info.sm_count));
+    const int gather_grid = static_cast<int>(std::min<int64_t>(
+        (p.entry_count + kGatherThreads - 1) / kGatherThreads, 8 * info.sm_count));
     M3SA_CUDA_RETURN_IF_ERROR(launch_gather_selection_entries(p, gather_grid, s));
     M3SA_CUDA_RETURN_IF_ERROR(sort_selection_entries(p, l.sorted_keys, l.sorted_values, key_bits,
                                                      l.sort_temp, l.sort_temp_bytes, s));
-    M3SA_CUDA_RETURN_IF_ERROR(
-        (fp8 ? launch_attend_block_members_fp8 : launch_attend_block_members_bf16)(
-            p, info.sm_count, s));
+    M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_attend_block_members_fp8
+                                   : launch_attend_block_members_bf16)(p, info.sm_count, s));
     M3SA_CUDA_RETURN_IF_ERROR(launch_merge_token_partials(p, 4 * info.sm_count, s));
   }
   return {};

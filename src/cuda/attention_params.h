@@ -17,7 +17,7 @@ inline constexpr int kCompactPartialBytes = 3 * kAttentionRows * 4 + kAttentionR
 // Resident CTAs per SM (the kernel's launch bounds; its shared memory allows two): the persistent
 // grid and the plan's split and workspace sizes follow from it.
 inline constexpr int kAttentionCtasPerSm = 2;
-inline constexpr int kMaxSelection = 32; // top_k limit (config.h kMaxTopK)
+inline constexpr int kMaxSelection = 32;   // top_k limit (config.h kMaxTopK)
 inline constexpr int kGatherThreads = 256; // the prefill's entry gather: one thread per entry
 
 struct SparseAttentionParams {
@@ -40,22 +40,25 @@ struct SparseAttentionParams {
   int32_t decode_q_len;           // decode rows: token t belongs to request t / decode_q_len
   int32_t token_begin, token_end; // packed tokens this launch serves
   int32_t kv_heads, group, top_k;
-  int32_t splits; // selection ranges per (token, KV head); > 1 merges through `partials`
-  void* out;      // [T, Hq, 128] bf16
+  int32_t splits; // selection ranges per (token, KV head); > 1 merges them (log-sum-exp)
+  // 1: the splits of a (token, KV head) are the CTAs of one cluster (launched with cluster size
+  // `splits`) and merge through distributed shared memory; 0: through `partials` and `arrivals`.
+  int32_t cluster_merge;
+  void* out; // [T, Hq, 128] bf16
   int64_t out_stride_token, out_stride_head;
   float* lse; // [T, Hq] f32 natural log, or null
   int64_t lse_stride_token, lse_stride_head;
-  float* partials;      // [(token_end - token_begin) * Hkv * splits, kPartialFloats] when splits > 1
-  int32_t* arrivals;    // [(token_end - token_begin) * Hkv] zero on entry, left zero on exit
+  float* partials;   // [(token_end - token_begin) * Hkv * splits, kPartialFloats] when splits > 1
+  int32_t* arrivals; // [(token_end - token_begin) * Hkv] zero on entry, left zero on exit
   int32_t* error_flags; // [1]
   // Prefill (block-major) pass over tokens [token_begin, token_end): one entry per
   // (KV head, token, slot), keyed by KV head * num_pages + page (entry_sentinel: no visible block).
-  uint32_t* entry_keys;          // [entry_count]
-  uint32_t* entry_values;        // [entry_count] token in the pass, slot, visible keys
-  const uint32_t* sorted_keys;   // [entry_count] entry_keys sorted
-  const uint32_t* sorted_values; // [entry_count]
-  int32_t entry_count;           // (token_end - token_begin) * Hkv * top_k
-  uint32_t entry_sentinel;       // 2^key_bits - 1, above every key
+  uint32_t* entry_keys;            // [entry_count]
+  uint32_t* entry_values;          // [entry_count] token in the pass, slot, visible keys
+  const uint32_t* sorted_keys;     // [entry_count] entry_keys sorted
+  const uint32_t* sorted_values;   // [entry_count]
+  int32_t entry_count;             // (token_end - token_begin) * Hkv * top_k
+  uint32_t entry_sentinel;         // 2^key_bits - 1, above every key
   unsigned char* prefill_partials; // [token_end - token_begin, Hkv, top_k] compact partials
 };
 

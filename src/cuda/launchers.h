@@ -35,11 +35,15 @@ cudaError_t launch_norm_rope_insert(const NormRopeInsertParams& params, int toke
                                     int sm_count, cudaStream_t stream);
 cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity,
                                   cudaStream_t stream);
-// Sparse attention, decode rows: persistent grid, one token per CTA, selections split over CTAs.
+// Sparse attention, decode rows: persistent grid, one token per CTA, selections split over CTAs
+// (in clusters of `cluster` CTAs when params.cluster_merge; grid a multiple of it).
 cudaError_t launch_sparse_attention_decode_bf16(const SparseAttentionParams& params, int grid,
-                                                cudaStream_t stream);
+                                                int cluster, cudaStream_t stream);
 cudaError_t launch_sparse_attention_decode_fp8(const SparseAttentionParams& params, int grid,
-                                               cudaStream_t stream);
+                                               int cluster, cudaStream_t stream);
+// Clusters of `cluster` (2..16) decode CTAs the current device holds at once (0: none).
+int sparse_attention_decode_bf16_active_clusters(int cluster);
+int sparse_attention_decode_fp8_active_clusters(int cluster);
 // Sparse attention, prefill rows, block-major: gather (KV head, token, slot) entries, sort them by
 // (KV head, page), attend each page's member tokens, merge each token's partials.
 cudaError_t launch_gather_selection_entries(const SparseAttentionParams& params, int grid,

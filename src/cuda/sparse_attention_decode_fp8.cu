@@ -4,8 +4,10 @@
 
 namespace m3sa::cuda {
 cudaError_t launch_sparse_attention_decode_fp8(const SparseAttentionParams& p, int grid,
-                                               cudaStream_t s) {
-  return launch_with_shared_memory(sparse_attention_decode_kernel<true>, dim3(grid), kDecodeThreads,
-                                   kDecodeSmemBytes<true>, s, p);
+                                               int cluster, cudaStream_t s) {
+  return launch_decode_kernel<true>(p, grid, cluster, s);
+}
+int sparse_attention_decode_fp8_active_clusters(int cluster) {
+  return decode_kernel_active_clusters<true>(cluster);
 }
 } // namespace m3sa::cuda

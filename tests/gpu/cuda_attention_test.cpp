@@ -5,15 +5,17 @@
 // each request's seq_len hold NaN, so a read past the visible keys shows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "cuda/launchers.h"
 #include "gpu/cuda_test_util.h"
 
 namespace m3sa::testing {
 namespace {
-
 
 struct AttentionCase {
   const char* name;
@@ -116,7 +118,8 @@ TEST_P(CudaAttention, MatchesHostBackends) {
 
   DeviceAttention d(sb, topk);
   CudaRun run = attention_run(config, sb);
-  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(c.k_scale, c.v_scale), run.workspace.workspace()));
+  M3SA_ASSERT_OK(
+      sparse_attention(run.plan, d.args(c.k_scale, c.v_scale), run.workspace.workspace()));
   M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(device_flags(run), 0);
   const HostTensor out = d.out.download(), lse = d.lse.download();
@@ -145,8 +148,8 @@ const AttentionCase kCases[] = {
     {"SmallDecodeK8Group8", spec({1, 1, 1}, {3000, 900, 40}, 3, 1, 32, 4), 8, 1, 1, true},
     {"SmallDecodeShortContextsPadded", spec({1, 1, 1, 1}, {1, 129, 640, 0}, 4, 1, 64, 4), 16, 1, 1,
      true},
-    {"DecodeFp8Scales", spec({1, 1, 1}, {4000, 20000, 300}, 3, 1, 64, 4, DType::fp8_e4m3), 16,
-     0.5f, 2.f, true},
+    {"DecodeFp8Scales", spec({1, 1, 1}, {4000, 20000, 300}, 3, 1, 64, 4, DType::fp8_e4m3), 16, 0.5f,
+     2.f, true},
     {"DecodeFp8Batch1", spec({1}, {70000}, 1, 1, 16, 1, DType::fp8_e4m3), 16, 1.5f, 0.75f},
     {"PrefillNoPrefix", spec({700}, {700}, 0, 1, 16, 1), 16, 1, 1, true},
     {"PrefillUnalignedPrefix", spec({300}, {2333}, 0, 1, 64, 4), 16},
@@ -154,10 +157,10 @@ const AttentionCase kCases[] = {
     {"PrefillFp8", spec({513}, {5000}, 0, 1, 64, 4, DType::fp8_e4m3), 16, 0.25f, 4.f},
     {"SmallPrefillShortRequests", spec({3, 5, 1, 2, 7}, {3, 130, 1, 300, 7}, 0, 1, 16, 1), 16, 1, 1,
      true},
-    {"MixedBatchWithPadding",
-     spec({1, 1, 1, 260, 17, 0}, {5000, 0, 300, 2000, 17, 0}, 3, 1, 64, 4), 16, 1, 1, true},
-    {"MixedMtpBatchFp8", spec({2, 2, 200}, {3000, 90, 7000}, 2, 2, 32, 2, DType::fp8_e4m3), 16,
-     2.f, 0.5f},
+    {"MixedBatchWithPadding", spec({1, 1, 1, 260, 17, 0}, {5000, 0, 300, 2000, 17, 0}, 3, 1, 64, 4),
+     16, 1, 1, true},
+    {"MixedMtpBatchFp8", spec({2, 2, 200}, {3000, 90, 7000}, 2, 2, 32, 2, DType::fp8_e4m3), 16, 2.f,
+     0.5f},
     {"LongPrefixSpotCheck", spec({64}, {(1 << 20) - 16 * 1024 + 64}, 0, 1, 16, 1), 16},
 };
 
@@ -175,6 +178,31 @@ struct Fixture {
     sb.fill_attention_random(seed + 2);
   }
 };
+
+// On Hopper the decode kernel's splits merge in clusters (sparse_attention_decode.cuh): every
+// cluster size the plan may pick (2..16 CTAs) fits the device, larger clusters no more often than
+// smaller ones, and sizes outside 2..16 are refused. The counts pick the plan's split count
+// (attention.cu decode_splits); printed for bench/NOTES.md.
+TEST(CudaAttentionSmall, DecodeClustersFitOnHopper) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  int major = 0;
+  M3SA_CUDA_ASSERT(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major != 9) GTEST_SKIP() << "clusters of the decode kernel are compiled for SM90";
+  int previous = 1 << 30;
+  for (int cluster = 2; cluster <= 16; cluster *= 2) {
+    const int bf16 = cuda::sparse_attention_decode_bf16_active_clusters(cluster);
+    const int fp8 = cuda::sparse_attention_decode_fp8_active_clusters(cluster);
+    std::printf("  decode clusters of %2d CTAs held at once: bf16 %d, fp8 %d\n", cluster, bf16,
+                fp8);
+    EXPECT_GE(std::min(bf16, fp8), 1) << cluster;
+    EXPECT_LE(std::min(bf16, fp8), previous) << cluster;
+    previous = std::min(bf16, fp8);
+  }
+  for (int cluster : {0, 1, 32}) {
+    EXPECT_EQ(cuda::sparse_attention_decode_bf16_active_clusters(cluster), 0) << cluster;
+    EXPECT_EQ(cuda::sparse_attention_decode_fp8_active_clusters(cluster), 0) << cluster;
+  }
+}
 
 // vLLM keeps K and V of a token side by side ([pages, Hkv, 128, 2 * 128]): two strided views of
 // that buffer give what the separate caches give.

@@ -241,9 +241,10 @@ TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
   }
 }
 
-// The select kernels with the rank-floor pass (SelectTopkParams::rank_floor) choose exactly what
-// they choose without it, on scores full of ties, NaN and infinities, in the warp-per-row kernel
-// (narrow rows) and the CTA-per-row one (few wide rows), and both equal the reference.
+// The select kernels with the rank-floor pass (SelectTopkParams::rank_floor_min_per_lane) choose
+// exactly what they choose without it, on scores full of ties, NaN and infinities, in the
+// warp-per-row kernel (narrow rows) and the CTA-per-row one (few wide rows), and both equal the
+// reference.
 TEST(GpuIndexerSmall, RankFloorSelectionEqualsTheFullRanking) {
   M3SA_SKIP_WITHOUT_CUDA();
   for (std::vector<int32_t> lens : {std::vector<int32_t>{40 * 128, 3000, 129, 0, 1000, 77},
@@ -275,7 +276,7 @@ TEST(GpuIndexerSmall, RankFloorSelectionEqualsTheFullRanking) {
           p.rows = cuda::selection_rows(run.plan, db.batch(), topk.view());
           p.first_request = 0;
           p.error_flags = flags.data_as<int32_t>();
-          p.rank_floor = floor;
+          p.rank_floor_min_per_lane = floor; // 1: every row with a candidate a lane
           M3SA_CUDA_ASSERT(cuda::launch_select_topk(p, nullptr));
           M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
           got[floor] = topk.download();

@@ -22,7 +22,8 @@
 
 namespace m3sa::cuda {
 
-inline constexpr int kRowStride = 136; // bf16 per staged row: +16 B spreads ldmatrix rows over banks
+inline constexpr int kRowStride =
+    136; // bf16 per staged row: +16 B spreads ldmatrix rows over banks
 inline constexpr int kRowBytes = kRowStride * 2;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.69314718055994531f;
@@ -60,10 +61,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 // Rows at or past `visible` are zero-filled and not read: pages hold whatever the engine left
 // there, and 0 x NaN would poison the MMA.
 template <bool kFp8>
-__device__ __forceinline__ void copy_kv_rows(const SparseAttentionParams& p, int64_t page, int g,
-                                             int first_key, int rows, int visible,
-                                             unsigned char* k_dst, unsigned char* v_dst,
-                                             int thread, int threads) {
+__device__ __forceinline__ void
+copy_kv_rows(const SparseAttentionParams& p, int64_t page, int g, int first_key, int rows,
+             int visible, unsigned char* k_dst, unsigned char* v_dst, int thread, int threads) {
   constexpr int kElementBytes = kFp8 ? 1 : 2;
   constexpr int kChunks = 128 * kElementBytes / 16; // 16-byte chunks per row
   constexpr int kDstRowBytes = kFp8 ? 128 : kRowBytes;
@@ -118,16 +118,20 @@ __device__ __forceinline__ int64_t selected_page(const SparseAttentionParams& p,
 
 // Position of packed token t of `request`, or -1 (padding, or q_len > seq_len: flagged when
 // `flag_bad`, so that the many threads of one token can leave the flag to one of them).
-__device__ __forceinline__ int token_position(const SparseAttentionParams& p, int request, int t,
-                                              bool flag_bad = true) {
-  const int q_begin = p.cu_q_lens[request];
-  const int q_len = p.cu_q_lens[request + 1] - q_begin;
-  const int seq_len = p.seq_lens[request];
+// The same from the request's loaded q_begin = cu_q_lens[r], q_end = cu_q_lens[r + 1] and seq_len.
+__device__ __forceinline__ int token_position(const SparseAttentionParams& p, int q_begin,
+                                              int q_end, int seq_len, int t, bool flag_bad) {
+  const int q_len = q_end - q_begin;
   if (seq_len > 0 && q_len > seq_len) {
     if (flag_bad) atomicOr(p.error_flags, kSeqLenBeyondTable);
     return -1;
   }
   return seq_len > 0 ? seq_len - q_len + (t - q_begin) : -1;
+}
+__device__ __forceinline__ int token_position(const SparseAttentionParams& p, int request, int t,
+                                              bool flag_bad = true) {
+  return token_position(p, p.cu_q_lens[request], p.cu_q_lens[request + 1], p.seq_lens[request], t,
+                        flag_bad);
 }
 
 // One warp's running softmax state for its 16 rows: thread (gid, tid) holds rows gid and gid + 8.
@@ -223,10 +227,14 @@ __device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8]
     }
 #pragma unroll
   for (int r = 0; r < 2; ++r) st.l[r] = st.l[r] * scale[r] + sum[r];
+  // Past the first keys a row's max rarely grows: skip the 64 multiplies by 1 unless some row of
+  // the warp needs them (warp-uniform branch; the result is the same either way).
+  if (__any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) {
 #pragma unroll
-  for (int nt = 0; nt < 16; ++nt) {
-    st.o[nt][0] *= scale[0], st.o[nt][1] *= scale[0];
-    st.o[nt][2] *= scale[1], st.o[nt][3] *= scale[1];
+    for (int nt = 0; nt < 16; ++nt) {
+      st.o[nt][0] *= scale[0], st.o[nt][1] *= scale[0];
+      st.o[nt][2] *= scale[1], st.o[nt][3] *= scale[1];
+    }
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -404,7 +412,8 @@ __device__ __forceinline__ void store_merged_compact_partial(const MergedRow& me
     largest = fmaxf(largest, fmaxf(fmaxf(fabsf(merged.o[d].x), fabsf(merged.o[d].y)),
                                    fmaxf(fabsf(merged.o[d].z), fabsf(merged.o[d].w))));
 #pragma unroll
-  for (int o = 1; o < 8; o <<= 1) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, o));
+  for (int o = 1; o < 8; o <<= 1)
+    largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, o));
   const float a = power_of_two_at_least(largest), inverse = 1.f / a;
   if ((thread & 7) == 0) part.m[row] = merged.m, part.l[row] = merged.l, part.a[row] = a;
   uint32_t* po = reinterpret_cast<uint32_t*>(part.o + row * 128 + d0);

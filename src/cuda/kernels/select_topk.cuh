@@ -206,6 +206,14 @@ __device__ __forceinline__ bool warp_row(const SelectionRows& rows, int* h, int*
   return *h < rows.heads && *t < rows.num_tokens;
 }
 
+// Whether this row's candidates (init_blocks .. local_begin, `step` lanes apart) are enough per
+// lane for the rank-floor pass to pay for its second read of the scores. Uniform over the warp.
+__device__ __forceinline__ bool uses_rank_floor(const SelectTopkParams& p, const SelectionRow& row,
+                                                int step) {
+  return p.rank_floor_min_per_lane > 0 &&
+         row.local_begin - row.init_blocks >= p.rank_floor_min_per_lane * step;
+}
+
 __device__ __forceinline__ const float* row_scores(const SelectTopkParams& p, int h, int t) {
   return p.scores + h * p.score_stride_head + t * p.score_stride_token;
 }
@@ -220,7 +228,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   SelectionRow row;
   if (begin_scored_row(p, h, t, lane, true, &row)) return;
   const float* scores = row_scores(p, h, t);
-  const uint32_t floor = p.rank_floor
+  const uint32_t floor = uses_rank_floor(p, row, 32)
                              ? rank_floor(scores, p.score_stride_block, row.init_blocks + lane,
                                           row.local_begin, 32, row.fill, lane)
                              : 0;
@@ -243,7 +251,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   if (begin_scored_row(p, h, t, lane, warp == 0, &row)) return; // uniform across the CTA
   const float* scores = row_scores(p, h, t);
   const int first = row.init_blocks + warp * 32 + lane;
-  const uint32_t floor = p.rank_floor
+  const uint32_t floor = uses_rank_floor(p, row, 32 * kSelectWarps)
                              ? rank_floor(scores, p.score_stride_block, first, row.local_begin,
                                           32 * kSelectWarps, row.fill, lane)
                              : 0;

@@ -3,17 +3,23 @@
 // work item, so each item reads its own selected blocks once.
 //
 // Work item = (token, KV head, split): the token's selection is cut into `splits` ranges of
-// slots (batch 1 gets two selected blocks per CTA, a full batch one range), CTAs
+// slots (batch 1 gets one or two selected blocks per CTA, a full batch one range), CTAs
 // are persistent (as many as are resident) and stride over the items. A CTA's 4 warps share the
 // 16 query rows of the GQA group and take 16 keys each of every 64-key stage; K and V of a stage
 // arrive by cp.async, kStages - 1 stages ahead of the MMAs (bf16 3 stages, e4m3 4: its stages
 // are half the bytes, and the copy rate needs the bytes in flight). The warps merge their
-// (m, l, O) in shared memory; with splits, each CTA writes its merged partial to the workspace
-// and the last CTA to arrive for a (token, KV head) merges them (log-sum-exp) and writes the
-// output, then resets the arrival counter for the next launch.
+// (m, l, O) in shared memory. With splits on SM90 (p.cluster_merge), the splits of a (token, KV
+// head) are the CTAs of one thread-block cluster: each leaves its merged partial in its own
+// shared memory and, after a cluster barrier, every CTA merges a share of the 16 rows from all
+// the partials through distributed shared memory (one DSMEM round; no global traffic, fence or
+// atomic: the global merge below was ~6 us of batch 1, bench/NOTES.md). Elsewhere each CTA
+// writes its merged partial to the workspace and the last CTA to arrive for a (token, KV head)
+// merges them (log-sum-exp) and writes the output, then resets the arrival counter.
 // Keys past the token's position are zero-filled by the copy, never read. Bad metadata is
 // flagged (attention_common.cuh) and contributes no key.
 // fp8 KV: e4m3 stages are widened to one bf16 tile in shared memory (exact).
+#include <cooperative_groups.h>
+
 #include "cuda/kernels/attention_common.cuh"
 
 namespace m3sa::cuda {
@@ -22,14 +28,18 @@ inline constexpr int kDecodeThreads = 128;
 inline constexpr int kDecodeStageKeys = 64;
 template <bool kFp8> inline constexpr int kDecodeStages = kFp8 ? 4 : 3;
 template <bool kFp8>
-inline constexpr int kDecodeRawStageBytes = 2 * kDecodeStageKeys * (kFp8 ? 128 : kRowBytes); // K, V
+inline constexpr int kDecodeRawStageBytes = 2 * kDecodeStageKeys*(kFp8 ? 128 : kRowBytes); // K, V
 template <bool kFp8>
-inline constexpr int kDecodeSmemBytes =
-    kDecodeStages<kFp8> * kDecodeRawStageBytes<kFp8> +
-    (kFp8 ? 2 * kDecodeStageKeys * kRowBytes : 0); // + the widened bf16 K|V tile
-static_assert(kDecodeSmemBytes<true> >= 4 * kPartialFloats * 4 &&
-                  kDecodeSmemBytes<false> >= 4 * kPartialFloats * 4,
-              "the warps' partials reuse the stage buffers");
+inline constexpr int kDecodeSmemBytes = kDecodeStages<kFp8>* kDecodeRawStageBytes<kFp8> +
+                                        (kFp8 ? 2 * kDecodeStageKeys * kRowBytes
+                                              : 0); // + the widened bf16 K|V tile
+// Cluster merge: the CTA's partial (slot 4) after the four warps' partials (slots 0-3).
+inline constexpr int kClusterSlot = 4;
+inline constexpr int kMaxClusterSplits = 16; // the largest (non-portable) cluster on SM90
+static_assert(kDecodeSmemBytes<true> >= (kClusterSlot + 1) * kPartialFloats * 4 &&
+                  kDecodeSmemBytes<false> >= (kClusterSlot + 1) * kPartialFloats * 4,
+              "the warps' and the cluster's partials reuse the stage buffers");
+static_assert(kDecodeThreads == 128, "the cluster merge gives a thread one of a row's 128 dims");
 static_assert(kDecodeSmemBytes<true> <= 110 * 1024 && kDecodeSmemBytes<false> <= 110 * 1024,
               "two CTAs per SM (kAttentionCtasPerSm)");
 
@@ -49,14 +59,19 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
     // Every load that does not depend on another is issued at once: the selection slot, and the
     // request's bounds and length under the decode layout's guess (request t / decode_q_len),
     // which a binary search replaces only where the metadata does not follow that layout.
-    const int32_t block =
-        lane < p.top_k ? p.topk[g * p.topk_stride_head + int64_t{t} * p.topk_stride_token +
-                                lane * p.topk_stride_k]
-                       : -1;
+    const int32_t block = lane < p.top_k
+                              ? p.topk[g * p.topk_stride_head + int64_t{t} * p.topk_stride_token +
+                                       lane * p.topk_stride_k]
+                              : -1;
     int request = min(t / max(1, p.decode_q_len), p.num_requests - 1);
-    if (!(p.cu_q_lens[request] <= t && t < p.cu_q_lens[request + 1]))
+    int q_begin = p.cu_q_lens[request], q_end = p.cu_q_lens[request + 1];
+    int seq_len = p.seq_lens[request]; // with the guess's bounds: one round of loads
+    if (!(q_begin <= t && t < q_end)) {
       request = request_of_token(p.cu_q_lens, p.num_requests, t);
-    const int position = lane == 0 ? token_position(p, request, t) : 0;
+      q_begin = p.cu_q_lens[request], q_end = p.cu_q_lens[request + 1];
+      seq_len = p.seq_lens[request];
+    }
+    const int position = lane == 0 ? token_position(p, q_begin, q_end, seq_len, t, true) : 0;
     const int pos = __shfl_sync(0xffffffffu, position, 0);
     const int64_t page = lane < p.top_k ? selected_page(p, request, pos, block) : -1;
     const unsigned valid = __ballot_sync(0xffffffffu, page >= 0);
@@ -69,6 +84,57 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
   }
   __syncthreads();
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The splits of a (token, KV head) as the p.splits CTAs of this cluster: this CTA's merged
+// partial goes to `slot` (its shared memory), and rows rank, rank + splits, ... are merged from
+// every CTA's slot and written as token t's output (a thread per dim: one row per CTA and step).
+// Same order of terms as the workspace merge (merge_rows): split 0 first.
+__device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionParams& p,
+                                                        const MergedRow& mine, float* slot, int t,
+                                                        int g) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  store_merged_partial(mine, slot, threadIdx.x);
+  cluster.sync(); // every split's partial is in place
+  const int d = threadIdx.x, splits = p.splits;
+  const float* parts[kMaxClusterSplits];
+#pragma unroll
+  for (int i = 0; i < kMaxClusterSplits; ++i)
+    parts[i] = i < splits ? cluster.map_shared_rank(slot, i) : slot;
+  for (int row = static_cast<int>(cluster.block_rank()); row < p.group; row += splits) {
+    // Every split's m, l and O element in one round of DSMEM loads.
+    float m[kMaxClusterSplits], l[kMaxClusterSplits], o[kMaxClusterSplits];
+#pragma unroll
+    for (int i = 0; i < kMaxClusterSplits; ++i) {
+      m[i] = i < splits ? parts[i][row] : -INFINITY;
+      l[i] = i < splits ? parts[i][kAttentionRows + row] : 0.f;
+      o[i] = i < splits ? parts[i][2 * kAttentionRows + row * 128 + d] : 0.f;
+    }
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kMaxClusterSplits; ++i) m_max = fmaxf(m_max, m[i]);
+    const float m_use = m_max == -INFINITY ? 0.f : m_max;
+    float l_sum = 0.f, o_sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMaxClusterSplits; ++i) {
+      if (m[i] == -INFINITY) continue; // no key of this row in split i
+      const float w = exp2f(m[i] - m_use);
+      l_sum += w * l[i];
+      o_sum += w * o[i];
+    }
+    const float inverse = l_sum > 0.f ? p.v_scale / l_sum : 0.f;
+    const int64_t head = int64_t{g} * p.group + row;
+    static_cast<__nv_bfloat16*>(
+        p.out)[int64_t{t} * p.out_stride_token + head * p.out_stride_head + d] =
+        __float2bfloat16_rn(o_sum * inverse);
+    if (p.lse && d == 0)
+      p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] =
+          l_sum > 0.f ? (m_max + __log2f(l_sum)) * kLn2 : -INFINITY;
+  }
+  cluster.sync(); // the partials stay until every CTA of the cluster has read them
+}
+#endif
 
 template <bool kFp8>
 __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
@@ -134,6 +200,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     const MergedRow warps = merge_rows<false, false>(partials, kStride, 4, threadIdx.x);
     if (p.splits == 1) {
       store_output_row(p, warps, t, g, threadIdx.x);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    } else if (p.cluster_merge) {
+      merge_splits_in_cluster(p, warps, partials + kClusterSlot * kPartialFloats, t, g);
+#endif
     } else {
       store_merged_partial(warps, p.partials + (pair * p.splits + split) * kPartialFloats,
                            threadIdx.x);
@@ -155,6 +225,67 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     }
     __syncthreads(); // the selection and the buffers are reused by the next item
   }
+}
+
+// Host side, one instantiation per translation unit (sparse_attention_decode_{bf16,fp8}.cu).
+
+// The kernel's shared memory and, for clusters above the portable 8, the non-portable size.
+template <bool kFp8> cudaError_t set_decode_attributes(int cluster) {
+  const auto kernel = sparse_attention_decode_kernel<kFp8>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kDecodeSmemBytes<kFp8>);
+  if (e == cudaSuccess && cluster > 8)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  return e;
+}
+
+// `grid` CTAs in clusters of `cluster` (1: no cluster attribute); `attribute` outlives the config.
+template <bool kFp8>
+cudaLaunchConfig_t decode_launch_config(int grid, int cluster, cudaStream_t stream,
+                                        cudaLaunchAttribute* attribute) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(kDecodeThreads);
+  config.dynamicSmemBytes = kDecodeSmemBytes<kFp8>;
+  config.stream = stream;
+  *attribute = cudaLaunchAttribute{};
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute->val.clusterDim.y = attribute->val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = cluster > 1 ? 1 : 0;
+  return config;
+}
+
+// Launches over `grid` CTAs, in clusters of `cluster` CTAs when cluster > 1 (p.cluster_merge).
+template <bool kFp8>
+cudaError_t launch_decode_kernel(const SparseAttentionParams& p, int grid, int cluster,
+                                 cudaStream_t stream) {
+  const cudaError_t e = set_decode_attributes<kFp8>(cluster);
+  if (e != cudaSuccess) return e;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = decode_launch_config<kFp8>(grid, cluster, stream, &attribute);
+  return cudaLaunchKernelEx(&config, sparse_attention_decode_kernel<kFp8>, p);
+}
+
+// How many clusters of `cluster` CTAs (2..16) of this kernel the current device holds at once: 0
+// where the kernel has no SM90 code (the cluster merge is compiled for SM90 only) or the device
+// cannot run such a cluster. Plan time only.
+template <bool kFp8> int decode_kernel_active_clusters(int cluster) {
+  cudaFuncAttributes attributes{};
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      decode_launch_config<kFp8>(cluster, cluster, nullptr, &attribute);
+  int clusters = 0;
+  if (cluster < 2 || cluster > kMaxClusterSplits ||
+      cudaFuncGetAttributes(&attributes, sparse_attention_decode_kernel<kFp8>) != cudaSuccess ||
+      attributes.ptxVersion < 90 || set_decode_attributes<kFp8>(cluster) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&clusters, sparse_attention_decode_kernel<kFp8>, &config) !=
+          cudaSuccess) {
+    (void)cudaGetLastError(); // a refusal here only means: no cluster merge
+    return 0;
+  }
+  return clusters;
 }
 
 } // namespace m3sa::cuda
