@@ -398,7 +398,6 @@ def test_vllm_ops_on_cuda_match_the_cpu_backend(torch, decode, index_dtype, kv_d
     errors = attention_errors(out.cpu(), cpu_out)
     record("vllm_cuda_vs_cpu", decode=decode, index_dtype=index_dtype, kv_dtype=kv_dtype, **errors)
     assert errors["relative_l2"] <= GPU_ATTENTION_L2, errors
-    assert metrics["attention_m3sa_vs_vllm"]["max_abs"] <= ATTENTION_MAX_ABS, metrics
 
 
 def test_workspace_buffer_is_the_callers(torch):
@@ -739,4 +738,3 @@ def test_torch_compile_fullgraph_layer(torch, backend):
     ops.sparse_attn_decode(args[12], kv, got, b.block_table, b.seq_lens, HEADS, SCALE, vllm_out, 1)
     errors = attention_errors(vllm_out, out)  # the same kernel: strided views vs dense caches
     assert errors["relative_l2"] <= GPU_ATTENTION_L2, errors
-    assert metrics["attention_m3sa_vs_vllm"]["max_abs"] <= ATTENTION_MAX_ABS, metrics

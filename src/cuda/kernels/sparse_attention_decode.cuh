@@ -43,6 +43,57 @@ static_assert(kDecodeThreads == 128, "the cluster merge gives a thread one of a 
 static_assert(kDecodeSmemBytes<true> <= 110 * 1024 && kDecodeSmemBytes<false> <= 110 * 1024,
               "two CTAs per SM (kAttentionCtasPerSm)");
 
+// Issues the copy of keys first_row .. first_row + 63 of `page` (head g) into the stage's K and V
+// tiles (bf16: kRowBytes per row; e4m3: 128 B, widened later), rows at or past `visible` zero-
+// filled and not read. The thread's rows and chunk are fixed (rows row0 + j * kRowsPerPass, one
+// 16-byte chunk), so a row costs one pointer step per cache instead of copy_kv_rows' index math:
+// the copies were a third of the kernel's instructions (session 6 SASS, bench/NOTES.md).
+template <bool kFp8>
+__device__ __forceinline__ void copy_stage_rows(const SparseAttentionParams& p, int64_t page, int g,
+                                                int first_row, int visible, unsigned char* k_dst,
+                                                unsigned char* v_dst) {
+  constexpr int kElementBytes = kFp8 ? 1 : 2;
+  constexpr int kChunks = 128 * kElementBytes / 16; // 16-byte chunks per row
+  constexpr int kRowsPerPass = kDecodeThreads / kChunks;
+  constexpr int kDstRowBytes = kFp8 ? 128 : kRowBytes;
+  static_assert(kDecodeStageKeys % kRowsPerPass == 0, "whole passes per stage");
+  const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
+  const int64_t k_step = p.k_stride_token * kElementBytes * kRowsPerPass;
+  const int64_t v_step = p.v_stride_token * kElementBytes * kRowsPerPass;
+  const unsigned char* k_src =
+      static_cast<const unsigned char*>(p.k_cache) +
+      (page * p.k_stride_page + int64_t{first_row + row0} * p.k_stride_token +
+       g * p.k_stride_head) * kElementBytes + chunk * 16;
+  const unsigned char* v_src =
+      static_cast<const unsigned char*>(p.v_cache) +
+      (page * p.v_stride_page + int64_t{first_row + row0} * p.v_stride_token +
+       g * p.v_stride_head) * kElementBytes + chunk * 16;
+  k_dst += row0 * kDstRowBytes + chunk * 16;
+  v_dst += row0 * kDstRowBytes + chunk * 16;
+#pragma unroll
+  for (int j = 0; j < kDecodeStageKeys / kRowsPerPass; ++j) {
+    const bool fill = row0 + j * kRowsPerPass < visible; // else: zeros, the first row not read
+    cp_async_16(k_dst + j * kRowsPerPass * kDstRowBytes, fill ? k_src + j * k_step : k_src, fill);
+    cp_async_16(v_dst + j * kRowsPerPass * kDstRowBytes, fill ? v_src + j * v_step : v_src, fill);
+  }
+}
+
+// fp8: this warp's 16 K rows and 16 V rows of a stage (the only rows its MMAs read), widened from
+// the raw e4m3 stage (K rows, then V rows, 128 B each) into `widened` (same order, bf16 rows):
+// no barrier beyond the warp.
+__device__ __forceinline__ void widen_warp_rows(const unsigned char* raw, unsigned char* widened,
+                                                int warp, int lane) {
+  __syncwarp(); // the warp's MMAs of the previous stage have read these rows
+#pragma unroll
+  for (int i = lane; i < 2 * 16 * 8; i += 32) {
+    const int r = i / 8, chunk = i % 8; // r: K rows 0..15, then V rows
+    const int row = warp * 16 + r + (r < 16 ? 0 : kDecodeStageKeys - 16);
+    const uint4 bits = *reinterpret_cast<const uint4*>(raw + row * 128 + chunk * 16);
+    widen_e4m3x16_to_bf16(bits, reinterpret_cast<uint4*>(widened + row * kRowBytes + chunk * 32));
+  }
+  __syncwarp();
+}
+
 // The token's valid selected blocks in ascending order, with their pages.
 struct DecodeSelection {
   int32_t position;
@@ -168,9 +219,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
       if (s < stages) {
         const int b = b_begin + s / 2, first_key = sel.block[b] * 128 + (s % 2) * kDecodeStageKeys;
         unsigned char* dst = smem + (s % kStages) * kRawStageBytes;
-        copy_kv_rows<kFp8>(p, sel.page[b], g, (s % 2) * kDecodeStageKeys, kDecodeStageKeys,
-                           position - first_key + 1, dst, dst + kRawTileBytes, threadIdx.x,
-                           kDecodeThreads);
+        copy_stage_rows<kFp8>(p, sel.page[b], g, (s % 2) * kDecodeStageKeys,
+                              position - first_key + 1, dst, dst + kRawTileBytes);
       }
       cp_async_commit();
     };
@@ -182,8 +232,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
       issue(s + kStages - 1);
       const unsigned char* k_tile = smem + (s % kStages) * kRawStageBytes;
       if constexpr (kFp8) {
-        widen_rows(k_tile, widened, 2 * kDecodeStageKeys, threadIdx.x, kDecodeThreads);
-        __syncthreads();
+        widen_warp_rows(k_tile, widened, warp, threadIdx.x & 31);
         k_tile = widened;
       }
       const int first_key = sel.block[b_begin + s / 2] * 128 + (s % 2) * kDecodeStageKeys;
