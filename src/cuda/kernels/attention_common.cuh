@@ -22,8 +22,8 @@
 
 namespace m3sa::cuda {
 
-inline constexpr int kRowStride =
-    136; // bf16 per staged row: +16 B spreads ldmatrix rows over banks
+// bf16 per staged row: +16 B spreads ldmatrix rows over banks
+inline constexpr int kRowStride = 136;
 inline constexpr int kRowBytes = kRowStride * 2;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.69314718055994531f;

@@ -17,7 +17,7 @@
 // merges them (log-sum-exp) and writes the output, then resets the arrival counter.
 // Keys past the token's position are zero-filled by the copy, never read. Bad metadata is
 // flagged (attention_common.cuh) and contributes no key.
-// fp8 KV: e4m3 stages are widened to one bf16 tile in shared memory (exact).
+// fp8 KV: each warp widens the e4m3 rows its MMAs read into a bf16 tile in shared memory (exact).
 #include <cooperative_groups.h>
 
 #include "cuda/kernels/attention_common.cuh"
@@ -27,12 +27,15 @@ namespace m3sa::cuda {
 inline constexpr int kDecodeThreads = 128;
 inline constexpr int kDecodeStageKeys = 64;
 template <bool kFp8> inline constexpr int kDecodeStages = kFp8 ? 4 : 3;
+// clang-format reads the template arguments below as comparisons:
+// clang-format off
 template <bool kFp8>
-inline constexpr int kDecodeRawStageBytes = 2 * kDecodeStageKeys*(kFp8 ? 128 : kRowBytes); // K, V
+inline constexpr int kDecodeRawStageBytes = 2 * kDecodeStageKeys * (kFp8 ? 128 : kRowBytes); // K, V
 template <bool kFp8>
-inline constexpr int kDecodeSmemBytes = kDecodeStages<kFp8>* kDecodeRawStageBytes<kFp8> +
-                                        (kFp8 ? 2 * kDecodeStageKeys * kRowBytes
-                                              : 0); // + the widened bf16 K|V tile
+inline constexpr int kDecodeSmemBytes =
+    kDecodeStages<kFp8> * kDecodeRawStageBytes<kFp8> +
+    (kFp8 ? 2 * kDecodeStageKeys * kRowBytes : 0); // + the widened bf16 K|V tile
+// clang-format on
 // Cluster merge: the CTA's partial (slot 4) after the four warps' partials (slots 0-3).
 inline constexpr int kClusterSlot = 4;
 inline constexpr int kMaxClusterSplits = 16; // the largest (non-portable) cluster on SM90
@@ -63,11 +66,15 @@ __device__ __forceinline__ void copy_stage_rows(const SparseAttentionParams& p, 
   const unsigned char* k_src =
       static_cast<const unsigned char*>(p.k_cache) +
       (page * p.k_stride_page + int64_t{first_row + row0} * p.k_stride_token +
-       g * p.k_stride_head) * kElementBytes + chunk * 16;
+       g * p.k_stride_head) *
+          kElementBytes +
+      chunk * 16;
   const unsigned char* v_src =
       static_cast<const unsigned char*>(p.v_cache) +
       (page * p.v_stride_page + int64_t{first_row + row0} * p.v_stride_token +
-       g * p.v_stride_head) * kElementBytes + chunk * 16;
+       g * p.v_stride_head) *
+          kElementBytes +
+      chunk * 16;
   k_dst += row0 * kDstRowBytes + chunk * 16;
   v_dst += row0 * kDstRowBytes + chunk * 16;
 #pragma unroll
