@@ -18,12 +18,14 @@ std::vector<Case> cases(const std::string& set) {
   const DType dtypes[2] = {DType::bf16, DType::fp8_e4m3};
   for (DType d : dtypes) {
     const char* dn = d == DType::bf16 ? "bf16" : "fp8";
-    for (int b : {1, 32, 128})
-      for (int s : {8192, 32768, 131072})
-        if (set == "full" || (b != 32 && s != 8192))
-          all.push_back({std::string("decode ") + dn + " B=" + std::to_string(b) +
-                             " S=" + std::to_string(s / 1024) + "K H=1",
-                         true, b, s, 1, 1, d});
+    // H=4: TP1's four index heads per token (the peer's grid has both); quick keeps H=1.
+    for (int h : {1, 4})
+      for (int b : {1, 32, 128})
+        for (int s : {8192, 32768, 131072})
+          if (set == "full" ? true : h == 1 && b != 32 && s != 8192)
+            all.push_back({std::string("decode ") + dn + " B=" + std::to_string(b) +
+                               " S=" + std::to_string(s / 1024) + "K H=" + std::to_string(h),
+                           true, b, s, 1, h, d});
     all.push_back({std::string("decode ") + dn + " B=1 S=1M H=1", true, 1, 1 << 20, 1, 1, d});
     for (int h : {1, 4})
       for (int s : {8192, 32768, 131072})
