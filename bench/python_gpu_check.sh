@@ -3,7 +3,8 @@
 #   builds and installs m3sa with its CUDA backend (sm_90a only, every core, only the extension's
 #   targets), then runs tests/python (tests/python/test_gpu.py: opcheck, CUDA graphs, torch.compile,
 #   DLPack with torch and cupy on a side stream, bad arguments, and m3sa.vllm against vLLM's Triton
-#   ops from .peer/) and bench/python_overhead.py (per-call overhead, JSON).
+#   ops from .peer/), bench/python_overhead.py (per-call overhead, JSON) and
+#   bench/python_import_time.py (import time of the installed package, JSON).
 #
 # Prepare once on the build machine: `bash bench/python_gpu_prepare.sh` (copies ../shared/peer to
 # .peer/ and the pinned build requirements' wheels to .pydeps/, both git-ignored), then on the device:
@@ -12,8 +13,9 @@
 # comparisons skip (M3SA_PEER_DIR overrides the folder).
 #
 # What comes back ($OUT, at most 8 files): summary.txt, pytest.xml, gpu_report.jsonl,
-# python_overhead.json, logs.tgz (environment, build, pytest and overhead logs). Exit status: the
-# first failing stage's. Expected: ~1 min build, ~2-3 min tests, ~30 s overhead.
+# python_overhead.json, python_import_time.json, logs.tgz (environment, build, pytest and
+# overhead logs). Exit status: the first failing stage's. Expected: ~1 min build, ~2-3 min
+# tests, ~30 s overhead, ~30 s import time.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 # device README
@@ -96,4 +98,13 @@ overhead_rc=$?
 summary "overhead rc=$overhead_rc"
 tail -4 "$logs/overhead.log" | tee -a "$out/summary.txt"
 [ $overhead_rc -ne 0 ] && [ $rc -eq 0 ] && rc=$overhead_rc
+
+stage "import time"
+repo="$PWD"
+(cd /tmp && timeout 120 "$py" "$repo/bench/python_import_time.py" --out "$out/python_import_time.json") \
+  > "$logs/import_time.log" 2>&1
+import_rc=$?
+summary "import time rc=$import_rc"
+tee -a "$out/summary.txt" < "$logs/import_time.log"
+[ $import_rc -ne 0 ] && [ $rc -eq 0 ] && rc=$import_rc
 finish
