@@ -56,6 +56,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(s));
 }
 
+// Byte address of key `row` of `page`, head g, in a K or V cache (strides in elements).
+template <bool kFp8>
+__device__ __forceinline__ const unsigned char* cache_row(const void* cache, int64_t stride_page,
+                                                          int64_t stride_token, int64_t stride_head,
+                                                          int64_t page, int row, int g) {
+  return static_cast<const unsigned char*>(cache) +
+         (page * stride_page + int64_t{row} * stride_token + g * stride_head) * (kFp8 ? 1 : 2);
+}
+
 // Issues the copy of `rows` K and V rows (starting at key `first_key` of `page`, head g) into the
 // staged tiles k_dst / v_dst (bf16: kRowBytes per row; e4m3: 128 B per row, widened later).
 // Rows at or past `visible` are zero-filled and not read: pages hold whatever the engine left
@@ -67,14 +76,10 @@ copy_kv_rows(const SparseAttentionParams& p, int64_t page, int g, int first_key,
   constexpr int kElementBytes = kFp8 ? 1 : 2;
   constexpr int kChunks = 128 * kElementBytes / 16; // 16-byte chunks per row
   constexpr int kDstRowBytes = kFp8 ? 128 : kRowBytes;
-  const unsigned char* k_base =
-      static_cast<const unsigned char*>(p.k_cache) +
-      (page * p.k_stride_page + int64_t{first_key} * p.k_stride_token + g * p.k_stride_head) *
-          kElementBytes;
-  const unsigned char* v_base =
-      static_cast<const unsigned char*>(p.v_cache) +
-      (page * p.v_stride_page + int64_t{first_key} * p.v_stride_token + g * p.v_stride_head) *
-          kElementBytes;
+  const unsigned char* k_base = cache_row<kFp8>(p.k_cache, p.k_stride_page, p.k_stride_token,
+                                                p.k_stride_head, page, first_key, g);
+  const unsigned char* v_base = cache_row<kFp8>(p.v_cache, p.v_stride_page, p.v_stride_token,
+                                                p.v_stride_head, page, first_key, g);
   for (int i = thread; i < rows * kChunks; i += threads) {
     const int row = i / kChunks, chunk = i % kChunks;
     const bool fill = row < visible;

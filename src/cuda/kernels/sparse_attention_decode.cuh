@@ -63,18 +63,12 @@ __device__ __forceinline__ void copy_stage_rows(const SparseAttentionParams& p, 
   const int row0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
   const int64_t k_step = p.k_stride_token * kElementBytes * kRowsPerPass;
   const int64_t v_step = p.v_stride_token * kElementBytes * kRowsPerPass;
-  const unsigned char* k_src =
-      static_cast<const unsigned char*>(p.k_cache) +
-      (page * p.k_stride_page + int64_t{first_row + row0} * p.k_stride_token +
-       g * p.k_stride_head) *
-          kElementBytes +
-      chunk * 16;
-  const unsigned char* v_src =
-      static_cast<const unsigned char*>(p.v_cache) +
-      (page * p.v_stride_page + int64_t{first_row + row0} * p.v_stride_token +
-       g * p.v_stride_head) *
-          kElementBytes +
-      chunk * 16;
+  const unsigned char* k_src = cache_row<kFp8>(p.k_cache, p.k_stride_page, p.k_stride_token,
+                                               p.k_stride_head, page, first_row + row0, g) +
+                               chunk * 16;
+  const unsigned char* v_src = cache_row<kFp8>(p.v_cache, p.v_stride_page, p.v_stride_token,
+                                               p.v_stride_head, page, first_row + row0, g) +
+                               chunk * 16;
   k_dst += row0 * kDstRowBytes + chunk * 16;
   v_dst += row0 * kDstRowBytes + chunk * 16;
 #pragma unroll
