@@ -87,10 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   std::vector<std::string> blamed = arena.mutated();
   if (b.corrupted) blamed.push_back("*");
-  if (!workspace.broken().empty()) blamed.push_back(workspace.broken());
-  if (!edit.edited.empty()) blamed.push_back("plan");
-  if (rc.broken) blamed.push_back("*");
-  const ExecContext ctx = draw_context(in, &blamed);
+  const ExecContext ctx = draw_context(in, workspace, edit, rc, &blamed);
 
   const auto run = [&](const OpPlan& p, const Arena& a, Workspace ws, const ExecContext& c) {
     const BatchMetadata batch = b.metadata(a);

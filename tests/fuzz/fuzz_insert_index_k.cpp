@@ -44,10 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     arena.set_int(slots, t, values[in.pick(5)]);
     blamed.push_back("slot_mapping");
   }
-  if (!workspace.broken().empty()) blamed.push_back(workspace.broken());
-  if (!edit.edited.empty()) blamed.push_back("plan");
-  if (rc.broken) blamed.push_back("*");
-  const ExecContext ctx = draw_context(in, &blamed);
+  const ExecContext ctx = draw_context(in, workspace, edit, rc, &blamed);
 
   const InsertIndexKArgs args{arena.view(k), arena.view(slots), arena.view(cache)};
   Arena reference = arena.clone();

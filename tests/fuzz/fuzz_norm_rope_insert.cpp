@@ -156,18 +156,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       arena.set_int(id, in.pick(std::max(tokens, 1)), values[in.pick(7)]);
       blamed.push_back(shared_slots && id == slots ? "*" : name);
     }
-  static constexpr float kScales[] = {1.f, 0.5f, 2.f};
-  float scales[2] = {kScales[in.pick(3)], kScales[in.pick(3)]};
-  for (int i = 0; i < 2; ++i)
-    if (in.one_in(24)) {
-      scales[i] = in.raw_float();
-      blamed.push_back("*");
-    }
+  const KvScales scales = draw_kv_scales(in, &blamed);
   for (const std::string& m : arena.mutated()) blamed.push_back(m);
-  if (!workspace.broken().empty()) blamed.push_back(workspace.broken());
-  if (!edit.edited.empty()) blamed.push_back("plan");
-  if (rc.broken) blamed.push_back("*");
-  const ExecContext ctx = draw_context(in, &blamed);
+  const ExecContext ctx = draw_context(in, workspace, edit, rc, &blamed);
 
   const auto args = [&](const Arena& a) {
     NormRopeInsertArgs x;
@@ -187,8 +178,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     x.q_out = a.view(q_out);
     x.k_cache = a.view(k_cache);
     x.v_cache = a.view(v_cache);
-    x.k_scale = scales[0];
-    x.v_scale = scales[1];
+    x.k_scale = scales.k;
+    x.v_scale = scales.v;
     x.index_q_out = a.view(iq_out);
     x.index_k_cache = a.view(index_cache);
     return x;

@@ -108,28 +108,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   b.write(in, &arena);
-  static constexpr float kScales[] = {1.f, 0.5f, 2.f};
-  float scales[2] = {kScales[in.pick(3)], kScales[in.pick(3)]};
-  bool bounded_scales = true;
-  for (int i = 0; i < 2; ++i)
-    if (in.one_in(24)) {
-      scales[i] = in.raw_float();
-      blamed.push_back("*");
-      bounded_scales = false;
-    }
+  const KvScales scales = draw_kv_scales(in, &blamed);
   if (b.corrupted) blamed.push_back("*");
-  if (!workspace.broken().empty()) blamed.push_back(workspace.broken());
-  if (!edit.edited.empty()) blamed.push_back("plan");
-  if (rc.broken) blamed.push_back("*");
-  const ExecContext ctx = draw_context(in, &blamed);
+  const ExecContext ctx = draw_context(in, workspace, edit, rc, &blamed);
 
   const auto args = [&](const Arena& a) {
     SparseAttentionArgs x;
     x.q = a.view(q);
     x.k_cache = a.view(k);
     x.v_cache = a.view(v);
-    x.k_scale = scales[0];
-    x.v_scale = scales[1];
+    x.k_scale = scales.k;
+    x.v_scale = scales.v;
     x.topk = a.view(topk);
     x.batch = b.metadata(a);
     x.kv_block_table = a.view(table);
@@ -158,7 +147,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Overlapping inputs carry each other's bytes (metadata read as bf16 can be 2^100), and a raw
   // scale (1e38) makes fp32 sums of V overflow where double ones do not: the values are then no
   // longer the bounded ones the tolerance is made for.
-  if (arena.mutated().empty() && bounded_scales)
+  if (arena.mutated().empty() && scales.bounded)
     compare_outputs(arena, reference, out, lse, v_max);
   check_same_bytes(arena, reference, {workspace.arena_id(), out, lse}, kOp);
   return 0;

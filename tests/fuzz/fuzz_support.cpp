@@ -706,7 +706,11 @@ ReferencePlan::ReferencePlan(PlanRequest request) {
   workspace = {buffer.get(), plan.workspace_bytes};
 }
 
-ExecContext draw_context(Input& in, std::vector<std::string>* blamed) {
+ExecContext draw_context(Input& in, const WorkspaceBuffer& workspace, const PlanEdit& edit,
+                         const RequestCase& request, std::vector<std::string>* blamed) {
+  if (!workspace.broken().empty()) blamed->push_back(workspace.broken());
+  if (!edit.edited.empty()) blamed->push_back("plan");
+  if (request.broken) blamed->push_back("*");
   ExecContext ctx;
   ctx.num_threads = in.pick(3);
   if (in.one_in(24)) {
@@ -714,6 +718,18 @@ ExecContext draw_context(Input& in, std::vector<std::string>* blamed) {
     blamed->push_back("ctx.num_threads");
   }
   return ctx;
+}
+
+KvScales draw_kv_scales(Input& in, std::vector<std::string>* blamed) {
+  static constexpr float kScales[] = {1.f, 0.5f, 2.f};
+  KvScales drawn{kScales[in.pick(3)], kScales[in.pick(3)], true}; // braces: k's pick first
+  for (float* scale : {&drawn.k, &drawn.v})
+    if (in.one_in(24)) {
+      *scale = in.raw_float();
+      blamed->push_back("*");
+      drawn.bounded = false;
+    }
+  return drawn;
 }
 
 void check_same_bytes(const Arena& cpu, const Arena& reference, std::initializer_list<int> skip,

@@ -248,8 +248,18 @@ struct ReferencePlan {
   explicit ReferencePlan(PlanRequest request);
 };
 
-// Threads of a run (0..2), rarely a negative count (then `blamed` gets ctx.num_threads).
-ExecContext draw_context(Input& in, std::vector<std::string>* blamed);
+// Blames what the harness broke before the call (a misplaced workspace, an edited plan, a broken
+// request), then draws the run's threads: 0..2, rarely a negative count (then `blamed` gets
+// ctx.num_threads).
+ExecContext draw_context(Input& in, const WorkspaceBuffer& workspace, const PlanEdit& edit,
+                         const RequestCase& request, std::vector<std::string>* blamed);
+
+// k_scale and v_scale of a call: 1, 0.5 or 2 each, rarely a raw float (then `blamed` gets "*").
+struct KvScales {
+  float k = 1.f, v = 1.f;
+  bool bounded = true; // no raw float among them
+};
+KvScales draw_kv_scales(Input& in, std::vector<std::string>* blamed);
 
 // The cpu and reference arenas after the same accepted call are byte-identical outside `skip`
 // (whole regions: the workspace, outputs compared with a tolerance).
