@@ -126,11 +126,16 @@ Status make_context_parallel_plan(const PlanRequest& request, const ContextShard
   M3SA_RETURN_IF_ERROR(
       with_context(supports(Backend::cuda, OpKind::index_topk, decode.config, decode.cache_dtype)));
 #ifdef M3SA_HAVE_CUDA
-  decode.implementation = cuda::kContextParallelScoring;
   ContextParallelPlan result;
+  Status planned;
+  for (const char* implementation : cuda::kContextParallelScoring) {
+    decode.implementation = implementation;
+    planned = make_plan(decode, &result.scoring);
+    if (planned.ok()) break;
+  }
+  M3SA_RETURN_IF_ERROR(with_context(planned));
   result.request = decode;
   result.shard = shard;
-  M3SA_RETURN_IF_ERROR(with_context(make_plan(decode, &result.scoring)));
   M3SA_RETURN_IF_ERROR(with_context(cuda::size_context_parallel_plan(&result)));
   *plan = result;
   return {};

@@ -67,7 +67,7 @@ Status score_shard_candidates(const ContextParallelPlan& plan, const IndexTopkAr
                              : 0;
   p.candidates = candidates;
   p.candidate_token_capacity = static_cast<int32_t>(plan.request.capacities.max_tokens);
-  return launch_decode_topk(plan.scoring, p, args.index_k_cache.dtype, as_stream(stream));
+  return launch_decode_topk(plan.scoring, p, args.index_k_cache, as_stream(stream));
 }
 
 Status merge_shard_candidates(const ContextParallelPlan& plan, const uint64_t* gathered,

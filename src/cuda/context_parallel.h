@@ -6,8 +6,10 @@
 
 namespace m3sa::cuda {
 
-// The implementation whose decode kernels score a rank's shard (ContextParallelPlan::scoring).
-inline constexpr const char* kContextParallelScoring = "cuda.index_topk.sm80";
+// The implementations whose decode kernels score a rank's shard (ContextParallelPlan::scoring),
+// best first: the first that plans on the device is taken (sm90 streams the pages by TMA).
+inline constexpr const char* kContextParallelScoring[] = {"cuda.index_topk.sm90",
+                                                          "cuda.index_topk.sm80"};
 
 // Completes `plan` (request, shard and scoring already set): candidate and workspace sizes.
 Status size_context_parallel_plan(ContextParallelPlan* plan);

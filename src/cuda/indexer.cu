@@ -212,7 +212,9 @@ Status can_run_sm90(const PlanRequest& request, const detail::DeviceCaps& caps) 
     return Status::unsupported(detail::concat("compute capability ", caps.compute_capability / 10,
                                               ".", caps.compute_capability % 10),
                                "the wgmma / TMA scorer runs on 9.0 (sm_90a) only");
-  if (!score_blocks_sm90_bf16_has_sm90a_code() || !score_blocks_sm90_fp8_has_sm90a_code())
+  if (!score_blocks_sm90_bf16_has_sm90a_code() || !score_blocks_sm90_fp8_has_sm90a_code() ||
+      !decode_topk_sm90_bf16_k16_has_sm90a_code() || !decode_topk_sm90_bf16_k32_has_sm90a_code() ||
+      !decode_topk_sm90_fp8_k16_has_sm90a_code() || !decode_topk_sm90_fp8_k32_has_sm90a_code())
     return Status::unsupported("the library's CUDA code",
                                "built with sm_90a in CMAKE_CUDA_ARCHITECTURES");
   return {};
@@ -246,7 +248,7 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
   const cudaStream_t stream = as_stream(ctx.stream);
   if (args.batch.num_decode_requests > 0)
     M3SA_RETURN_IF_ERROR(launch_decode_topk(plan, decode_params(plan, splits_of(plan), args, l),
-                                            args.index_k_cache.dtype, stream));
+                                            args.index_k_cache, stream));
   if (args.batch.num_requests == args.batch.num_decode_requests) return {};
   const Capacities& cap = plan.request.capacities;
   const int64_t strides[3] = {cap.max_tokens * cap.max_blocks_per_request,
@@ -345,13 +347,33 @@ DecodeTopkParams decode_params(const OpPlan& plan, int splits, const IndexTopkAr
   return p;
 }
 
-// Decode rows: one launch scores and selects (no score matrix).
-Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, DType cache_dtype,
+// Decode rows: one launch scores and selects (no score matrix). An sm90 plan streams the cache
+// by TMA where a request's rows fit the Hopper kernel's one n8 MMA tile and TMA can address the
+// cache view; the portable kernel takes the rest.
+Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const TensorView& cache,
                           cudaStream_t stream) {
+  const bool fp8 = cache.dtype == DType::fp8_e4m3;
+  const bool short_lists = ranked_slots(plan.request.config) <= 16;
+  const ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(plan);
+  const int64_t rows = int64_t{p.decode_q_len} * plan.request.config.num_index_heads;
+  DecodeTopkSm90Params sm90{};
+  if (info.scorer == Scorer::sm90 && rows <= kDecodeSm90MaxRows &&
+      encode_index_k_map(cache, sm90.index_k_map)) {
+    // One CTA per SM's worth of ranges (never more than the workspace's p.scoring.splits).
+    sm90.decode = p;
+    sm90.decode.scoring.splits = static_cast<int32_t>(std::clamp<int64_t>(
+        int64_t{info.sm_count} * kDecodeSm90CtasPerSm / plan.request.capacities.max_requests, 1,
+        p.scoring.splits));
+    const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
+                    static_cast<unsigned>(sm90.decode.scoring.splits));
+    const auto launch =
+        fp8 ? (short_lists ? launch_decode_topk_sm90_fp8_k16 : launch_decode_topk_sm90_fp8_k32)
+            : (short_lists ? launch_decode_topk_sm90_bf16_k16 : launch_decode_topk_sm90_bf16_k32);
+    M3SA_CUDA_RETURN_IF_ERROR(launch(sm90, grid, stream));
+    return {};
+  }
   const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
                   static_cast<unsigned>(p.scoring.splits));
-  const bool fp8 = cache_dtype == DType::fp8_e4m3;
-  const bool short_lists = ranked_slots(plan.request.config) <= 16;
   const auto launch =
       fp8 ? (short_lists ? launch_decode_topk_fp8_k16 : launch_decode_topk_fp8_k32)
           : (short_lists ? launch_decode_topk_bf16_k16 : launch_decode_topk_bf16_k32);
@@ -421,8 +443,8 @@ const Implementation kCudaIndexTopkSm80 = {
 
 const Implementation kCudaIndexTopkSm90 = {
     "cuda.index_topk.sm90",
-    "decode: as sm80; prefill: the wgmma + TMA scorer (cuda.score_blocks.sm90), then "
-    "select_topk_blocks",
+    "decode: requests of <= 8 rows stream the index cache by TMA (decode_topk_sm90), others as "
+    "sm80; prefill: the wgmma + TMA scorer (cuda.score_blocks.sm90), then select_topk_blocks",
     Backend::cuda,
     OpKind::index_topk,
     1,

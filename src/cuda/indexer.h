@@ -48,7 +48,7 @@ int64_t decode_tile_capacity(const PlanRequest& request);
 
 DecodeTopkParams decode_params(const OpPlan& plan, int splits, const IndexTopkArgs& args,
                                const IndexerLayout& l);
-Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, DType cache_dtype,
+Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const TensorView& cache,
                           cudaStream_t stream);
 // Rows of `batch`, written to `topk`, with the plan's K, init and local blocks.
 SelectionRows selection_rows(const OpPlan& plan, const BatchMetadata& batch,

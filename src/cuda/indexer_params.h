@@ -130,6 +130,14 @@ struct DecodeTopkParams {
   int64_t topk_stride_head, topk_stride_token, topk_stride_k;
 };
 
+// The Hopper decode kernel (decode_topk_sm90.cuh): `decode` as for the portable kernel (splits:
+// one CTA per SM's worth), the index cache through a TMA descriptor.
+struct DecodeTopkSm90Params {
+  // CUtensorMap (opaque, 128 B, 64-aligned) of index_k_cache, as ScoreBlocksSm90Params's.
+  alignas(64) uint64_t index_k_map[16];
+  DecodeTopkParams decode;
+};
+
 // Merge of per-rank candidate keys [ranks, H, T, ranked slots] into final selections.
 struct MergeCandidatesParams {
   const uint64_t* candidates;

@@ -55,8 +55,11 @@ int run_bench(const BenchOptions& options) {
   print_header(run, ceilings, have_bf16_gemm, have_fp8_gemm);
   std::vector<Record> records;
   int failures = 0;
+  // "^text": names that start with it ("^decode " is the decode indexer, not attention decode).
   const auto selected = [&](const std::string& name) {
-    return options.filter.empty() || name.find(options.filter) != std::string::npos;
+    if (!options.filter.empty() && options.filter[0] == '^')
+      return name.compare(0, options.filter.size() - 1, options.filter, 1) == 0;
+    return name.find(options.filter) != std::string::npos;
   };
   for (const Case& c : cases(options.set))
     if (selected(c.name) && !succeeded(c.name, run_case(c, stream, ceilings, &records))) ++failures;

@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--set", bench.set, "full or quick")
       ->check(CLI::IsMember({"full", "quick"}));
   bench_cmd->add_option("--json", bench.json_path, "also write the records as JSON to this file");
-  bench_cmd->add_option("--filter", bench.filter, "only cases whose name contains this text");
+  bench_cmd->add_option("--filter", bench.filter,
+                        "only cases whose name contains this text (\"^text\": starts with it)");
 
   app.add_subcommand("info",
                      "Show the build, the visible devices and every registered implementation");

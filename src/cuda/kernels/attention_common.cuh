@@ -32,17 +32,6 @@ __device__ __forceinline__ float logit_scale_log2(float k_scale) {
   return k_scale * 0.08838834764831845f * kLog2e; // 1/sqrt(128), log2 domain
 }
 
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool fill) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  // src-size 0 writes zeros and reads nothing.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
-               "r"(fill ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int kPending> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

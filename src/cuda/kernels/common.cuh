@@ -41,6 +41,18 @@ __device__ __forceinline__ int request_of_token(const int32_t* cu_q_lens, int nu
   return found;
 }
 
+// 16 bytes global -> shared through L2 only (never a stale L1 line of data another SM wrote),
+// asynchronously (cp.async, SM80+); fill false writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool fill) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+               "r"(fill ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
 // Exact widening of 2 stored values to a bf16 pair (e4m3 and bf16 both fit bf16 exactly).
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -19,6 +19,11 @@ inline constexpr int kScoringCtasPerSm = 3;
 
 inline int tile_tokens(int heads) { return std::max(1, kTileRows / heads); }
 
+// The Hopper decode kernel (decode_topk_sm90.cuh): requests of at most this many rows (q_len x H:
+// one n8 MMA tile), one CTA per SM (its ring takes most of the shared memory).
+inline constexpr int kDecodeSm90MaxRows = 8;
+inline constexpr int kDecodeSm90CtasPerSm = 1;
+
 // The SM90 scorer (score_blocks_sm90.cuh): 256 query rows a tile, 256 / H tokens.
 inline constexpr int kSm90TileRows = 256;
 inline int sm90_tile_tokens(int heads) { return std::max(1, kSm90TileRows / heads); }

@@ -114,10 +114,12 @@ __device__ __forceinline__ void rank_candidates(uint64_t (&best)[MaxK], const fl
 
 // Candidate lists l = 0 .. count-1, `list_stride` apart, `len` keys each (0 = empty slot): this
 // lane takes keys first, first + step, ... of the count x len, four independent loads in flight.
-template <int MaxK>
+// kShared: the lists were staged in shared memory; else they are in global memory. Keys below
+// `floor` (lists_floor) are skipped.
+template <int MaxK, bool kShared = false>
 __device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const uint64_t* lists,
                                            int64_t list_stride, int len, int count, int first,
-                                           int step) {
+                                           int step, uint64_t floor = 0) {
   clear_list(best);
   const int total = count * len;
   for (int base = first; base < total; base += 4 * step) {
@@ -126,11 +128,37 @@ __device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const uint64_
     for (int u = 0; u < 4; ++u) {
       const int i = base + u * step;
       // Written by other CTAs of this launch: read through L2, never a stale L1 line.
-      keys[u] = i < total ? __ldcg(lists + (i / len) * list_stride + i % len) : 0;
+      const uint64_t* key = lists + (i / len) * list_stride + i % len;
+      keys[u] = i >= total ? 0 : (kShared ? *key : __ldcg(key));
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) insert_key(best, keys[u]);
+    for (int u = 0; u < 4; ++u)
+      if (keys[u] >= floor) insert_key(best, keys[u]);
   }
+}
+
+// A lower bound of the fill-th largest key of `count` descending lists, `list_stride` apart: the
+// fill-th largest of the 32 lanes' maxima over the lists' heads (lane l: lists l, l + 32, ...),
+// since the lanes holding the fill largest maxima hold fill keys at least that large (as
+// rank_floor; 0 when fewer than fill lanes hold a list). Keys below it cannot be chosen: each
+// skips a 16- or 32-step insertion chain, which on a batch-1 row of 132 ranges x 8 keys was most
+// of the merge. Uniform over the warp.
+template <bool kShared = false>
+__device__ __forceinline__ uint64_t lists_floor(const uint64_t* lists, int64_t list_stride,
+                                                int count, int fill, int lane) {
+  if (fill <= 0) return 0;
+  uint64_t mine = 0;
+  for (int l = lane; l < count; l += 32) {
+    const uint64_t* head = lists + l * list_stride;
+    mine = max(mine, kShared ? *head : __ldcg(head));
+  }
+  int position = 0; // among the 32 maxima, ties ordered by lane
+  for (int j = 0; j < 32; ++j) {
+    const uint64_t other = __shfl_sync(0xffffffffu, mine, j);
+    position += other > mine || (other == mine && j < lane);
+  }
+  const unsigned holder = __ballot_sync(0xffffffffu, position == fill - 1);
+  return __shfl_sync(0xffffffffu, mine, __ffs(holder) - 1);
 }
 
 // `fill` rounds of "the largest list head wins, its lane pops it": lane i returns round i's key.

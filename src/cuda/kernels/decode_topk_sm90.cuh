@@ -1,0 +1,272 @@
+#pragma once
+// Decode rows of index_topk on Hopper: the index cache streamed by TMA (cuda.index_topk.sm90,
+// decode requests of at most kDecodeSm90MaxRows rows).
+//
+// Contract: as decode_topk_kernel (decode_topk.cuh), whose tile bookkeeping and publish / merge
+// tail it shares: for each decode request's q_len x H rows, the selection of contract §5 over the
+// blocks' scale x max of q . k (keys at positions <= the row's; NaN propagates), or the rank's
+// candidate keys for a context-parallel shard. Page ids outside [0, num_pages) are flagged
+// (kPageOutOfRange) and never read; bad tiles are flagged and give -1 rows.
+//
+// Why: decode scoring reads every request's whole index cache each step, so it is an HBM stream,
+// and the portable kernel keeps one 16-32 KB page in flight per CTA through registers with three
+// CTA barriers a page: e4m3 pages (16 KB) reached 57 % of the copy rate (bench/NOTES.md). Here
+// pages arrive by TMA (the cache's 128 B-swizzled tensor map, as the SM90 prefill scorer's: a box
+// is 128 tokens x 128 B, so an e4m3 page is one box and a bf16 page two), 12 boxes (192 KB) per SM
+// are in flight or being read, and no CTA barrier runs while they stream.
+//
+// Mapping: grid (tiles, splits) as the portable kernel, one CTA of 4 warps per SM. Each warp is
+// independent until the end: it takes a contiguous quarter of the CTA's block range and streams
+// it through its own ring of kSlots boxes (one mbarrier each). Lane 0 issues a box and, once the
+// warp has read it, the box kSlots further on into the same slot, so a slot's phases advance only
+// as its own warp consumes them (no empty barriers, no producer warp). The MMA is "swapped"
+// (mma.sync with keys as M and query rows as N): rows <= 8 fill one n8 tile instead of 1/16 .. 1/2
+// of an m16 one, so a page costs the warp 64 bf16 m16n8k16 (32 e4m3 m16n8k32), with A fragments
+// by ldmatrix from the swizzled box (conflict-free) and the queries' B fragments held in registers.
+// A query row's block max is a max over the 8 m-tiles' accumulators, then over the 8 lanes of its
+// column; the causal mask runs only on a block that reaches past the tile's first position. Lane i
+// keeps row i's candidate list ([warp][8 rows][fill] in shared memory); at the end the four
+// warps' lists merge into one per row and the shared tail publishes them.
+#include "cuda/kernels/decode_topk.cuh"
+#include "cuda/kernels/sm90/hopper.cuh"
+
+namespace m3sa::cuda {
+
+template <typename StoredT> struct DecodeSm90Traits {
+  static constexpr bool kFp8 = std::is_same_v<StoredT, __nv_fp8_e4m3>;
+  static constexpr int kBoxBytes = 128 * 128;        // one TMA box: 128 tokens x 128 B
+  static constexpr int kBoxesPerPage = kFp8 ? 1 : 2; // bf16: dims 0-63, then 64-127
+  static constexpr int kStepsPerBox = 4;             // m16n8k16 bf16 / m16n8k32 e4m3 k-steps
+  static constexpr int kSlots = 3;                   // boxes per warp
+  static constexpr int kWarps = kScoreThreads / 32;
+  static constexpr int kRingBytes = kWarps * kSlots * kBoxBytes;
+  static constexpr int kListBytes = kWarps * kDecodeSm90MaxRows * 32 * 8;
+  // The ring at a 1024-byte boundary (the swizzle atom), then the lists (the staged queries
+  // before them), the barriers and the last-CTA flag.
+  static constexpr int kSmemBytes = 1024 + kRingBytes + kListBytes + kWarps * kSlots * 8 + 16;
+};
+static_assert(DecodeSm90Traits<__nv_bfloat16>::kSmemBytes <= 227 * 1024);
+static_assert(DecodeSm90Traits<__nv_fp8_e4m3>::kSmemBytes <= 227 * 1024);
+// The shared tail's scratch ([4 warps][32] keys) and the staged queries ([8][256 B]) fit the
+// list area.
+static_assert(kDecodeMergeWarps * 32 * 8 <= DecodeSm90Traits<__nv_bfloat16>::kListBytes);
+static_assert(kDecodeSm90MaxRows * 256 <= DecodeSm90Traits<__nv_bfloat16>::kListBytes);
+
+// A fragments of keys key0 .. key0 + 15 x k-step ks of a 128 B-swizzled box (16 B chunks 2 ks and
+// 2 ks + 1 of each 128 B row): lane l addresses row key0 + (l / 8 % 2) * 8 + l % 8, chunk
+// 2 ks + l / 16, so a0..a3 come out in the m16 A order (rows 0-7 / 8-15, then the k half).
+__device__ __forceinline__ void load_key_fragments(uint32_t (&a)[4], uint32_t box_address, int key0,
+                                                   int ks, int lane) {
+  const int row = key0 + ((lane >> 3) & 1) * 8 + (lane & 7);
+  const uint32_t address = box_address + sm90::swizzled_offset(row, 2 * ks + (lane >> 4));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(address));
+}
+
+// Diagnostic builds only (never in the library): 1 = no page is read (the fixed cost: launch,
+// tile set-up, publish and merge), 2 = nothing after the stream (no publish, no merge).
+#ifndef M3SA_DECODE_SM90_VARIANT
+#define M3SA_DECODE_SM90_VARIANT 0
+#endif
+
+template <typename StoredT, int MaxK>
+__global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
+    decode_topk_sm90_kernel(const __grid_constant__ DecodeTopkSm90Params params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Traits = DecodeSm90Traits<StoredT>;
+  constexpr int kSlots = Traits::kSlots, kBoxesPerPage = Traits::kBoxesPerPage;
+  const DecodeTopkParams& p = params.decode;
+  const ScoreBlocksParams& s = p.scoring;
+  DecodeTile t;
+  if (!begin_decode_tile(p, &t)) return;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* ring = smem_raw + ((1024 - (sm90::shared_address(smem_raw) & 1023)) & 1023);
+  uint64_t* lists = reinterpret_cast<uint64_t*>(ring + Traits::kRingBytes);
+  uint64_t* full = lists + Traits::kListBytes / 8; // [warp][slot]
+  int* is_last = reinterpret_cast<int*>(full + Traits::kWarps * kSlots);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rows = t.geo.rows, fill = t.fill, heads = s.heads;
+  const int n_local = shard_local_count(s, t.geo.n_max); // this rank's blocks (all, unsharded)
+  // This warp's blocks: a contiguous quarter of the CTA's range.
+  const BlockRange range = split_block_range(n_local, s.splits);
+  const int count = max(0, range.end - range.begin);
+  const int per_warp = (count + Traits::kWarps - 1) / Traits::kWarps;
+  const int first = range.begin + warp * per_warp;
+  const int blocks =
+      M3SA_DECODE_SM90_VARIANT == 1 ? 0 : max(0, min(count - warp * per_warp, per_warp));
+  const int boxes = blocks * kBoxesPerPage;
+  const int* table = s.block_table + t.geo.request * s.block_table_stride;
+  const auto page_valid = [&](int page) { return page >= 0 && page < s.num_pages; };
+  uint8_t* my_ring = ring + warp * kSlots * Traits::kBoxBytes;
+  uint64_t* my_full = full + warp * kSlots;
+
+  // Box u of this warp: dims [64 (u % 2), +64) of block u / 2 (bf16), block u (e4m3). An invalid
+  // page completes its slot's phase without bytes; the readers skip it.
+  const auto issue = [&](int u) {
+    const int slot = u % kSlots;
+    const int page = table[first + u / kBoxesPerPage];
+    if (!page_valid(page)) {
+      sm90::mbarrier_arrive(&my_full[slot]);
+      return;
+    }
+    sm90::mbarrier_arrive_expect_tx(&my_full[slot], Traits::kBoxBytes);
+    sm90::tma_load_3d(my_ring + slot * Traits::kBoxBytes, params.index_k_map, &my_full[slot],
+                      (u % kBoxesPerPage) * 64, 0, page);
+  };
+  if (lane == 0) {
+    for (int i = 0; i < kSlots; ++i) sm90::mbarrier_init(&my_full[i], 1);
+    sm90::fence_barrier_init();
+    if (boxes > 0) sm90::prefetch_tensor_map(params.index_k_map);
+    for (int u = 0; u < min(boxes, kSlots); ++u) issue(u);
+  }
+
+  // Queries, while the first boxes fly: rows staged as plain 256 B rows (zeros past `rows`), then
+  // each lane takes its B fragments: query row g = lane / 4, words 8 ks + c and 8 ks + c + 4 of
+  // the 16 B chunks of each box's dims (c = lane % 4).
+  {
+    uint4* q_s = reinterpret_cast<uint4*>(lists);
+    constexpr int kQueryChunks = Traits::kFp8 ? 8 : 16;
+    const StoredT* q = static_cast<const StoredT*>(s.index_q);
+    for (int i = threadIdx.x; i < kDecodeSm90MaxRows * kQueryChunks; i += kScoreThreads) {
+      const int row = i / kQueryChunks, chunk = i % kQueryChunks;
+      q_s[row * 16 + chunk] =
+          row < rows ? load_chunk(q + (t.tile.token_begin + row / heads) * s.q_stride_token +
+                                      (row % heads) * s.q_stride_head,
+                                  chunk)
+                     : make_uint4(0, 0, 0, 0);
+    }
+  }
+  __syncthreads();
+  const int g = lane >> 2, c = lane & 3;
+  uint32_t b[kBoxesPerPage][Traits::kStepsPerBox][2];
+  {
+    const uint32_t* q_s = reinterpret_cast<const uint32_t*>(lists) + g * 64;
+#pragma unroll
+    for (int box = 0; box < kBoxesPerPage; ++box)
+#pragma unroll
+      for (int ks = 0; ks < Traits::kStepsPerBox; ++ks) {
+        b[box][ks][0] = q_s[box * 32 + ks * 8 + c];
+        b[box][ks][1] = q_s[box * 32 + ks * 8 + c + 4];
+      }
+  }
+  __syncthreads(); // every warp holds its fragments: the lists may overwrite the queries
+  uint64_t* own_list = lists + (warp * kDecodeSm90MaxRows + lane) * fill;
+  for (int i = lane; i < kDecodeSm90MaxRows * fill; i += 32)
+    lists[warp * kDecodeSm90MaxRows * fill + i] = 0;
+  __syncwarp();
+  const bool owns_row = lane < rows;
+  const SelectionRow own = t.selection_row(owns_row ? lane : 0);
+  uint64_t entry_bar = 0;
+  // Positions of this lane's query columns 2c and 2c + 1 (columns past `rows` are never reported).
+  const int pos0 = t.geo.first_pos + (2 * c) / heads, pos1 = t.geo.first_pos + (2 * c + 1) / heads;
+  const uint32_t ring_address = sm90::shared_address(my_ring);
+
+  for (int k = 0; k < blocks; ++k) {
+    const int j = first + k, block = shard_global(s, j);
+    const bool valid = page_valid(table[j]);
+    float acc[8][4];
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+#pragma unroll
+    for (int box = 0; box < kBoxesPerPage; ++box) {
+      const int u = k * kBoxesPerPage + box, slot = u % kSlots;
+      sm90::mbarrier_wait(&my_full[slot], (u / kSlots) & 1);
+      if (valid) {
+        const uint32_t box_address = ring_address + slot * Traits::kBoxBytes;
+        // A k-step's eight ldmatrix are issued while the previous step's MMAs run: the asm
+        // statements keep their order, and one warp per scheduler has nothing else to hide an
+        // ldmatrix -> MMA wait behind.
+        uint32_t a[2][8][4];
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) load_key_fragments(a[0][mt], box_address, mt * 16, 0, lane);
+#pragma unroll
+        for (int ks = 0; ks < Traits::kStepsPerBox; ++ks) {
+          if (ks + 1 < Traits::kStepsPerBox)
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt)
+              load_key_fragments(a[(ks + 1) & 1][mt], box_address, mt * 16, ks + 1, lane);
+#pragma unroll
+          for (int mt = 0; mt < 8; ++mt) {
+            if constexpr (Traits::kFp8)
+              mma_e4m3_16832(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
+            else
+              mma_bf16_16816(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
+          }
+        }
+      }
+      __syncwarp(); // every lane's ldmatrix of the slot has returned: it may be refilled
+      if (lane == 0 && u + kSlots < boxes) issue(u + kSlots);
+    }
+    if (!valid) {
+      if (lane == 0) atomicOr(s.error_flags, kPageOutOfRange);
+      continue;
+    }
+    // acc[mt]: keys mt * 16 + g ([0], [1]) and + 8 ([2], [3]) x columns 2c ([0], [2]), 2c + 1.
+    float m0 = -INFINITY, m1 = -INFINITY;
+    if (block * 128 + 127 <= t.geo.first_pos) { // every key visible to every row
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        m0 = nan_propagating_max(m0, nan_propagating_max(acc[mt][0], acc[mt][2]));
+        m1 = nan_propagating_max(m1, nan_propagating_max(acc[mt][1], acc[mt][3]));
+      }
+    } else { // keys past a row's position (and past seq_len) do not count
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int key = block * 128 + mt * 16 + g + 8 * h;
+          if (key <= pos0) m0 = nan_propagating_max(m0, acc[mt][2 * h]);
+          if (key <= pos1) m1 = nan_propagating_max(m1, acc[mt][2 * h + 1]);
+        }
+    }
+#pragma unroll
+    for (int offset = 4; offset < 32; offset <<= 1) {
+      m0 = nan_propagating_max(m0, __shfl_xor_sync(0xffffffffu, m0, offset));
+      m1 = nan_propagating_max(m1, __shfl_xor_sync(0xffffffffu, m1, offset));
+    }
+    // Row r's max sits in lane r / 2 (c = r / 2, g = 0), column parity r % 2.
+    const float even = __shfl_sync(0xffffffffu, m0, (lane >> 1) & 3);
+    const float odd = __shfl_sync(0xffffffffu, m1, (lane >> 1) & 3);
+    if (owns_row && fill > 0) {
+      const uint64_t key = selection_key((lane & 1 ? odd : even) * s.scale, block);
+      if (key > entry_bar && own.is_candidate(block)) {
+        insert_sorted(own_list, fill, key);
+        entry_bar = own_list[fill - 1];
+      }
+    }
+  }
+  if (M3SA_DECODE_SM90_VARIANT == 2) return;
+  __syncthreads();
+  // Row r's lists of warps 1-3 into warp 0's, which is [rows][fill] at `lists`: what the tail
+  // publishes.
+  if (static_cast<int>(threadIdx.x) < rows && fill > 0) {
+    uint64_t* merged = lists + threadIdx.x * fill;
+    for (int w = 1; w < Traits::kWarps; ++w) {
+      const uint64_t* other = lists + (w * kDecodeSm90MaxRows + threadIdx.x) * fill;
+      for (int k = 0; k < fill && other[k] > merged[fill - 1]; ++k)
+        insert_sorted(merged, fill, other[k]);
+    }
+  }
+  __syncthreads();
+  publish_and_merge<MaxK>(t, lists, n_local, is_last, reinterpret_cast<uint64_t*>(ring),
+                          Traits::kRingBytes / 8);
+#endif
+}
+
+template <typename StoredT, int MaxK>
+cudaError_t launch_decode_topk_sm90(const DecodeTopkSm90Params& p, dim3 grid, cudaStream_t s) {
+  return launch_with_shared_memory(decode_topk_sm90_kernel<StoredT, MaxK>, grid, kScoreThreads,
+                                   DecodeSm90Traits<StoredT>::kSmemBytes, s, p);
+}
+
+// Built for sm_90a (from the portable PTX the kernel body is empty: ptxVersion 80).
+template <typename StoredT, int MaxK> bool decode_topk_sm90_has_sm90a_code() {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, decode_topk_sm90_kernel<StoredT, MaxK>) ==
+             cudaSuccess &&
+         attributes.ptxVersion >= 90;
+}
+
+} // namespace m3sa::cuda
