@@ -535,6 +535,42 @@ TEST(GpuDecodeIndexerRuns, DecodeStridedCacheViews) {
     }
 }
 
+// Equal scores everywhere (all index data 0): the contract ranks ties by block id, so every split's
+// list holds its range's lowest ids and every key of the first fill - 1 ranges lies above the
+// floor the last CTA's merge derives from the lists' heads - hundreds of survivors at K = 32, more
+// than the survivor ranking holds, so the merge takes its full ranking; K = 16 stays below its
+// capacity. Both must equal the CPU backend bit for bit.
+TEST(GpuDecodeIndexerRuns, DecodeTiedScoresDefeatTheMergeFloor) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const DecodeCase cases[] = {
+      decode_case("B1H1K32", {split_len(40, 0)}, 1, cfg(1, 32, 1, 0), DType::bf16),
+      decode_case("B1H4K32Init2Fp8", {split_len(33, -5)}, 1, cfg(4, 32, 1, 2), DType::fp8_e4m3),
+      decode_case("B1H2Mtp2K16", {split_len(20, 7)}, 2, cfg(2, 16, 1, 0), DType::bf16),
+      decode_case("B3H1K32PlannedForTwoSplits", {131072, 0, 20000}, 1, cfg(1, 32, 0, 0),
+                  DType::bf16, true, false, 2),
+  };
+  for (const DecodeCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int64_t plan_requests = plan_requests_of(c);
+    SyntheticBatch sb(spec_of(c, sm90_splits(plan_requests), test_seed()));
+    M3SA_ASSERT_OK(sb.status());
+    sb.fill_index_integers(1, 0, 0);
+    HostTensor want;
+    M3SA_ASSERT_OK(run_index_topk(c.config, sb, {Backend::cpu}, &want));
+    const DeviceBatch db(sb);
+    for (const char* arch : kArchs) {
+      CudaRun run;
+      if (!plan_named(arch, c.config, sb, plan_requests, &run)) continue;
+      const HostTensor got = run_topk(run, c.config, db, db.index_k_cache.view());
+      EXPECT_EQ(device_flags(run), 0) << arch;
+      EXPECT_TRUE(same_bytes(want, got))
+          << arch << ": "
+          << describe(compare_topk(want.view(), got.view(), TensorView{},
+                                   selection_rules(c.config, sb)));
+    }
+  }
+}
+
 // The Hopper kernel's result does not depend on which split finishes last: twenty runs on random
 // data (no exact ties to hide a race) are bit-identical, at batch 1 (the most splits a request)
 // and at batch 128 (two splits, many requests merging at once).

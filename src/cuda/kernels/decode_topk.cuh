@@ -20,6 +20,12 @@ inline constexpr int kDecodeSmemBytes = kScoreSmemBytes;
 static_assert(kTileRows * 32 * sizeof(uint64_t) <= kReusableSmemBytes);
 // Warps of a decode CTA that publish and merge (the Hopper kernel's producer warp only waits).
 inline constexpr int kDecodeMergeWarps = kScoreThreads / 32;
+// The last CTA's merge scratch a warp, in 8-byte words: survivors, chosen, live list ids (int32).
+inline constexpr int kSurvivorCapacity = 224;
+inline constexpr int kLiveListCapacity = 256;
+inline constexpr int kMergeScratchKeys = kSurvivorCapacity + 32 + kLiveListCapacity / 2;
+static_assert(kDecodeMergeWarps * kMergeScratchKeys * sizeof(uint64_t) <= kReusableSmemBytes);
+static_assert(kSurvivorCapacity % 8 == 0, "rank_survivors pads to 8 keys");
 
 // Inserts `key` into a row's descending list of `len` keys (one thread per row).
 __device__ __forceinline__ void insert_sorted(uint64_t* list, int len, uint64_t key) {
@@ -98,43 +104,94 @@ __device__ __forceinline__ bool begin_decode_tile(const DecodeTopkParams& p, Dec
   return false;
 }
 
-// After scoring: `lists` ([64 rows][fill] in shared memory, row i's best keys of this CTA's range,
-// descending, 0-padded) go to the workspace; the last CTA of the tile merges every range's lists
-// into the rows' selections. Every thread of the CTA calls it (it holds CTA barriers); warps
-// >= kDecodeMergeWarps only wait. `is_last`: one shared int. `stage` (may be null): shared memory
-// for `stage_keys` keys, free by now, where the last CTA gathers every range's lists at once
-// (cp.async: all of a thread's loads in flight, where a ranking warp keeps four) before ranking
-// them, when they fit.
-template <int MaxK>
-__device__ __forceinline__ void publish_and_merge(const DecodeTile& t, uint64_t* lists, int n_local,
-                                                  int* is_last, uint64_t* stage = nullptr,
-                                                  int64_t stage_keys = 0) {
+// Where a decode CTA keeps its candidate lists: kLists lists a row (the Hopper kernel: one per
+// warp; the portable kernel: one), list w of row r at lists + (w * row_capacity + r) * fill, each
+// descending and 0-padded.
+template <int kLists> struct CtaLists {
+  uint64_t* lists;
+  int row_capacity;
+};
+
+// Shared memory the last CTA's merge may use: `stage` (may be null) holds `stage_keys` keys, where
+// every range's lists are gathered at once (cp.async: all of a thread's loads in flight) when they
+// fit; `scratch` [kDecodeMergeWarps][kMergeScratchKeys] keys for the ranking. Free once the CTA has
+// published (the portable kernel: its candidate lists) or, where the CTA merges its own lists
+// (splits == 1), disjoint from them (the Hopper kernel: the end of its page ring).
+struct MergeMemory {
+  uint64_t* stage;
+  int64_t stage_keys;
+  uint64_t* scratch;
+};
+
+// Row `row`'s selection from `count` descending lists (list l at lists + (l / per_split) *
+// split_stride + (l % per_split) * list_stride, `len` keys each), by one warp: the survivors of
+// the lists' floor ranked among themselves, all keys through the register lists when too many
+// survive (keys built against the floor).
+template <int MaxK, bool kShared, int kPerSplit>
+__device__ __forceinline__ void merge_row(const DecodeTile& t, int row,
+                                          const ListSet<kPerSplit>& set, uint64_t* scratch,
+                                          int lane) {
+  const int fill = t.fill;
+  uint64_t* chosen = scratch + kSurvivorCapacity;
+  int32_t* live = reinterpret_cast<int32_t*>(chosen + 32);
+  const uint64_t floor = lists_floor<kShared>(set, fill, lane);
+  if (rank_survivors<kShared>(set, fill, floor, scratch, kSurvivorCapacity, chosen, live,
+                              kLiveListCapacity, lane)) {
+    t.emit(row, true, lane < fill ? chosen[lane] : 0, lane);
+    return;
+  }
+  uint64_t best[MaxK];
+  rank_lists<MaxK, kShared>(best, set, lane, 32, floor);
+  t.emit(row, true, merge_warp(best, fill, lane), lane);
+}
+
+// After scoring: the CTA's lists go to the workspace, and the last CTA of the tile merges every
+// range's lists into the rows' selections (or, with one split, the CTA merges its own). Every
+// thread of the CTA calls it (it holds CTA barriers); warps >= kDecodeMergeWarps only wait.
+// `is_last`: one shared int.
+template <int MaxK, int kLists>
+__device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<kLists> cta,
+                                                  int n_local, int* is_last, MergeMemory memory) {
   const DecodeTopkParams& p = *t.p;
   const ScoreBlocksParams& s = p.scoring;
   const int rows = t.geo.rows, fill = t.fill;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool worker = warp < kDecodeMergeWarps;
-  if (s.splits == 1) { // the CTA holds the whole tile (batches of >= 1 request per SM): its lists
-    if (worker)        // are the rows' candidates, sorted: lane i takes the i-th, no workspace
-      for (int row = warp; row < rows; row += kDecodeMergeWarps)
-        t.emit(row, t.selection_row(row).n > p.top_k, lane < fill ? lists[row * fill + lane] : 0,
-               lane);
+  uint64_t* scratch = memory.scratch + warp * kMergeScratchKeys;
+  const auto short_row = [&](int row) { return t.selection_row(row).n <= p.top_k; };
+  if (s.splits ==
+      1) { // the CTA holds the whole tile (batches of >= 1 request per SM): no workspace
+    if (!worker) return;
+    for (int row = warp; row < rows; row += kDecodeMergeWarps) {
+      if (short_row(row)) {
+        t.emit(row, false, 0, lane);
+      } else if constexpr (kLists == 1) { // sorted already: lane i takes the i-th
+        t.emit(row, true, lane < fill ? cta.lists[row * fill + lane] : 0, lane);
+      } else {
+        const ListSet<kLists> set{cta.lists + row * fill, 0, int64_t{cta.row_capacity} * fill,
+                                  kLists, fill};
+        merge_row<MaxK, true>(t, row, set, scratch, lane);
+      }
+    }
     return;
   }
-  // Publish the best `len` of each row's list, packed ([tile][split][rows][len] within a
+  // Publish the best `len` of each row's lists, packed ([tile][split][list][rows][len] within a
   // [64][fill] slot of the workspace, a 0 key after an odd count so that 16-byte chunks read only
-  // written keys): a range of n blocks has at most n candidates, so short ranges publish short
+  // written keys): a list of n blocks has at most n candidates, so short ranges publish short
   // lists.
+  static_assert(kLists * kDecodeSm90MaxRows <= kTileRows || kLists == 1);
   const int per_split = (n_local + s.splits - 1) / s.splits;
-  const int len = min(fill, per_split);
+  const int len = min(fill, (per_split + kLists - 1) / kLists);
   const int active_splits = per_split == 0 ? 0 : (n_local + per_split - 1) / per_split;
-  const int64_t list_stride = int64_t{kTileRows} * fill;
-  const int packed = rows * len, chunks = (packed + 1) / 2; // keys, 16-byte chunks a range
-  uint64_t* tile_lists = p.partial_lists + int64_t{blockIdx.x} * s.splits * list_stride;
-  uint64_t* mine = tile_lists + blockIdx.y * list_stride;
+  const int64_t split_stride = int64_t{kTileRows} * fill;
+  const int packed = kLists * rows * len, chunks = (packed + 1) / 2; // keys, 16-byte chunks
+  uint64_t* tile_lists = p.partial_lists + int64_t{blockIdx.x} * s.splits * split_stride;
+  uint64_t* mine = tile_lists + blockIdx.y * split_stride;
   if (worker)
-    for (int i = threadIdx.x; i < 2 * chunks; i += kScoreThreads)
-      mine[i] = i < packed ? lists[(i / len) * fill + i % len] : 0;
+    for (int i = threadIdx.x; i < 2 * chunks; i += kScoreThreads) {
+      const int list = i / (rows * len), at = i % (rows * len);
+      mine[i] = i < packed ? cta.lists[(list * cta.row_capacity + at / len) * fill + at % len] : 0;
+    }
   __syncthreads();
   if (threadIdx.x == 0) {
     // Release: the CTA's lists (ordered before by the barrier) are visible device-wide before the
@@ -151,59 +208,30 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, uint64_t*
 
   // Only the worker warps are here from now on: they meet at named barrier 1.
   constexpr int kWarps = kDecodeMergeWarps;
-  const auto sync_workers = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory"); };
-  const bool staged = stage != nullptr && int64_t{active_splits} * 2 * chunks <= stage_keys;
+  const bool staged =
+      memory.stage != nullptr && int64_t{active_splits} * 2 * chunks <= memory.stage_keys;
   if (staged) {
     for (int i = threadIdx.x; i < active_splits * chunks; i += kWarps * 32)
-      cp_async_16(stage + 2 * i, tile_lists + (i / chunks) * list_stride + 2 * (i % chunks), true);
+      cp_async_16(memory.stage + 2 * i, tile_lists + (i / chunks) * split_stride + 2 * (i % chunks),
+                  true);
     cp_async_commit();
     cp_async_wait<0>();
-    sync_workers();
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory");
   }
-  // Row `row`'s keys first, first + step, ... over every range, into `best` (whole warps).
-  const auto rank_row = [&](uint64_t(&best)[MaxK], int row, int first, int step) {
-    if (staged) {
-      const uint64_t* lists_s = stage + row * len;
-      const uint64_t floor = lists_floor<true>(lists_s, 2 * chunks, active_splits, fill, lane);
-      rank_lists<MaxK, true>(best, lists_s, 2 * chunks, len, active_splits, first, step, floor);
-    } else {
-      const uint64_t* lists_g = tile_lists + row * len;
-      const uint64_t floor = lists_floor(lists_g, list_stride, active_splits, fill, lane);
-      rank_lists<MaxK>(best, lists_g, list_stride, len, active_splits, first, step, floor);
+  // A warp per row, over its kLists lists of every range.
+  for (int row = warp; row < rows; row += kWarps) {
+    if (short_row(row)) {
+      t.emit(row, false, 0, lane);
+      continue;
     }
-  };
-  if (rows > kWarps / 2) { // three rows or more: a warp per row
-    for (int row = warp; row < rows; row += kWarps) {
-      if (t.selection_row(row).n <= p.top_k) {
-        t.emit(row, false, 0, lane);
-        continue;
-      }
-      uint64_t best[MaxK];
-      rank_row(best, row, lane, 32);
-      t.emit(row, true, merge_warp(best, fill, lane), lane);
-    }
-    return;
+    const ListSet<kLists> set{(staged ? memory.stage : tile_lists) + row * len,
+                              staged ? 2 * chunks : split_stride, int64_t{rows} * len,
+                              active_splits * kLists, len};
+    if (staged)
+      merge_row<MaxK, true>(t, row, set, scratch, lane);
+    else
+      merge_row<MaxK, false>(t, row, set, scratch, lane);
   }
-  // Fewer rows than warps (batch-1 decode): the warps of a row split its keys, then the first
-  // merges their lists (the candidate-list smem is free again).
-  const int warps_per_row = rows == 1 ? kWarps : kWarps / 2;
-  const int row = warp / warps_per_row, sub = warp % warps_per_row;
-  const bool ranked = row < rows;
-  const bool short_row = !ranked || t.selection_row(row).n <= p.top_k;
-  uint64_t best[MaxK];
-  clear_list(best);
-  if (!short_row) rank_row(best, row, sub * 32 + lane, 32 * warps_per_row);
-  const uint64_t chosen = short_row ? 0 : merge_warp(best, fill, lane);
-  lists[warp * 32 + lane] = chosen;
-  sync_workers();
-  if (!ranked || sub != 0) return;
-  if (short_row) {
-    t.emit(row, false, 0, lane);
-    return;
-  }
-  clear_list(best);
-  for (int w = 0; w < warps_per_row; ++w) insert_key(best, lists[(warp + w) * 32 + lane]);
-  t.emit(row, true, merge_warp(best, fill, lane), lane);
 }
 
 // MaxK: 16 or 32, the register list length of the final merge (>= the ranked slots).
@@ -237,7 +265,8 @@ __global__ void __launch_bounds__(kScoreThreads)
         entry_bar = own_list[fill - 1];
       });
   __syncthreads();
-  publish_and_merge<MaxK>(t, lists, n_local, &is_last);
+  publish_and_merge<MaxK>(t, CtaLists<1>{lists, kTileRows}, n_local, &is_last,
+                          MergeMemory{nullptr, 0, lists});
 }
 
 } // namespace m3sa::cuda

@@ -25,8 +25,8 @@
 // by ldmatrix from the swizzled box (conflict-free) and the queries' B fragments held in registers.
 // A query row's block max is a max over the 8 m-tiles' accumulators, then over the 8 lanes of its
 // column; the causal mask runs only on a block that reaches past the tile's first position. Lane i
-// keeps row i's candidate list ([warp][8 rows][fill] in shared memory); at the end the four
-// warps' lists merge into one per row and the shared tail publishes them.
+// keeps row i's candidate list ([warp][8 rows][fill] in shared memory); at the end the shared tail
+// publishes the four warps' lists as they are (with one split, ranks them in place).
 #include "cuda/kernels/decode_topk.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 
@@ -41,15 +41,15 @@ template <typename StoredT> struct DecodeSm90Traits {
   static constexpr int kWarps = kScoreThreads / 32;
   static constexpr int kRingBytes = kWarps * kSlots * kBoxBytes;
   static constexpr int kListBytes = kWarps * kDecodeSm90MaxRows * 32 * 8;
+  // After the stream the ring holds the last CTA's staged lists, then the merge scratch.
+  static constexpr int kStageKeys = kRingBytes / 8 - kDecodeMergeWarps * kMergeScratchKeys;
   // The ring at a 1024-byte boundary (the swizzle atom), then the lists (the staged queries
   // before them), the barriers and the last-CTA flag.
   static constexpr int kSmemBytes = 1024 + kRingBytes + kListBytes + kWarps * kSlots * 8 + 16;
 };
 static_assert(DecodeSm90Traits<__nv_bfloat16>::kSmemBytes <= 227 * 1024);
 static_assert(DecodeSm90Traits<__nv_fp8_e4m3>::kSmemBytes <= 227 * 1024);
-// The shared tail's scratch ([4 warps][32] keys) and the staged queries ([8][256 B]) fit the
-// list area.
-static_assert(kDecodeMergeWarps * 32 * 8 <= DecodeSm90Traits<__nv_bfloat16>::kListBytes);
+// The staged queries ([8][256 B]) fit the list area.
 static_assert(kDecodeSm90MaxRows * 256 <= DecodeSm90Traits<__nv_bfloat16>::kListBytes);
 
 // A fragments of keys key0 .. key0 + 15 x k-step ks of a 128 B-swizzled box (16 B chunks 2 ks and
@@ -115,30 +115,28 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
     sm90::tma_load_3d(my_ring + slot * Traits::kBoxBytes, params.index_k_map, &my_full[slot],
                       (u % kBoxesPerPage) * 64, 0, page);
   };
+  // The queries' loads go out first, so that their latency overlaps lane 0's page-id load and
+  // TMA issue (warp 0's other lanes wait for lane 0): rows staged as plain 256 B rows (zeros past
+  // `rows`), one 16-byte chunk a thread.
+  constexpr int kQueryChunks = Traits::kFp8 ? 8 : 16;
+  static_assert(kDecodeSm90MaxRows * kQueryChunks <= kScoreThreads);
+  const int q_row = threadIdx.x / kQueryChunks, q_chunk = threadIdx.x % kQueryChunks;
+  uint4 q_raw = make_uint4(0, 0, 0, 0);
+  if (q_row < rows)
+    q_raw = load_chunk(static_cast<const StoredT*>(s.index_q) +
+                           (t.tile.token_begin + q_row / heads) * s.q_stride_token +
+                           (q_row % heads) * s.q_stride_head,
+                       q_chunk);
   if (lane == 0) {
     for (int i = 0; i < kSlots; ++i) sm90::mbarrier_init(&my_full[i], 1);
     sm90::fence_barrier_init();
     if (boxes > 0) sm90::prefetch_tensor_map(params.index_k_map);
     for (int u = 0; u < min(boxes, kSlots); ++u) issue(u);
   }
-
-  // Queries, while the first boxes fly: rows staged as plain 256 B rows (zeros past `rows`), then
-  // each lane takes its B fragments: query row g = lane / 4, words 8 ks + c and 8 ks + c + 4 of
-  // the 16 B chunks of each box's dims (c = lane % 4).
-  {
-    uint4* q_s = reinterpret_cast<uint4*>(lists);
-    constexpr int kQueryChunks = Traits::kFp8 ? 8 : 16;
-    const StoredT* q = static_cast<const StoredT*>(s.index_q);
-    for (int i = threadIdx.x; i < kDecodeSm90MaxRows * kQueryChunks; i += kScoreThreads) {
-      const int row = i / kQueryChunks, chunk = i % kQueryChunks;
-      q_s[row * 16 + chunk] =
-          row < rows ? load_chunk(q + (t.tile.token_begin + row / heads) * s.q_stride_token +
-                                      (row % heads) * s.q_stride_head,
-                                  chunk)
-                     : make_uint4(0, 0, 0, 0);
-    }
-  }
+  if (q_row < kDecodeSm90MaxRows) reinterpret_cast<uint4*>(lists)[q_row * 16 + q_chunk] = q_raw;
   __syncthreads();
+  // Each lane's B fragments: query row g = lane / 4, words 8 ks + c and 8 ks + c + 4 of the 16 B
+  // chunks of each box's dims (c = lane % 4).
   const int g = lane >> 2, c = lane & 3;
   uint32_t b[kBoxesPerPage][Traits::kStepsPerBox][2];
   {
@@ -239,19 +237,12 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
   }
   if (M3SA_DECODE_SM90_VARIANT == 2) return;
   __syncthreads();
-  // Row r's lists of warps 1-3 into warp 0's, which is [rows][fill] at `lists`: what the tail
-  // publishes.
-  if (static_cast<int>(threadIdx.x) < rows && fill > 0) {
-    uint64_t* merged = lists + threadIdx.x * fill;
-    for (int w = 1; w < Traits::kWarps; ++w) {
-      const uint64_t* other = lists + (w * kDecodeSm90MaxRows + threadIdx.x) * fill;
-      for (int k = 0; k < fill && other[k] > merged[fill - 1]; ++k)
-        insert_sorted(merged, fill, other[k]);
-    }
-  }
-  __syncthreads();
-  publish_and_merge<MaxK>(t, lists, n_local, is_last, reinterpret_cast<uint64_t*>(ring),
-                          Traits::kRingBytes / 8);
+  // The four warps' lists go out as they are and the merge ranks kWarps lists a range: merging
+  // them here first took 1.4-2.5 us after the stream (bench/NOTES.md s8 r2).
+  uint64_t* ring_keys = reinterpret_cast<uint64_t*>(ring);
+  publish_and_merge<MaxK>(
+      t, CtaLists<Traits::kWarps>{lists, kDecodeSm90MaxRows}, n_local, is_last,
+      MergeMemory{ring_keys, Traits::kStageKeys, ring_keys + Traits::kStageKeys});
 #endif
 }
 

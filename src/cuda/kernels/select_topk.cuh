@@ -112,24 +112,41 @@ __device__ __forceinline__ void rank_candidates(uint64_t (&best)[MaxK], const fl
   }
 }
 
-// Candidate lists l = 0 .. count-1, `list_stride` apart, `len` keys each (0 = empty slot): this
-// lane takes keys first, first + step, ... of the count x len, four independent loads in flight.
-// kShared: the lists were staged in shared memory; else they are in global memory. Keys below
-// `floor` (lists_floor) are skipped.
-template <int MaxK, bool kShared = false>
-__device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const uint64_t* lists,
-                                           int64_t list_stride, int len, int count, int first,
-                                           int step, uint64_t floor = 0) {
+// Candidate lists: `count` descending lists of `len` keys each (0 = an empty slot), list l at
+// base + (l / kPerSplit) * split_stride + (l % kPerSplit) * list_stride - a decode row's lists,
+// kPerSplit from each range (one per warp of the Hopper kernel), or one list a context-parallel
+// rank.
+template <int kPerSplit> struct ListSet {
+  const uint64_t* base;
+  int64_t split_stride;
+  int64_t list_stride;
+  int count;
+  int len;
+
+  __device__ const uint64_t* list(int l) const {
+    return base + (l / kPerSplit) * split_stride + (l % kPerSplit) * list_stride;
+  }
+};
+
+// A key of a list that is in shared memory (kShared) or was written to global memory by other
+// CTAs of this launch (read through L2, never a stale L1 line).
+template <bool kShared> __device__ __forceinline__ uint64_t list_key(const uint64_t* key) {
+  return kShared ? *key : __ldcg(key);
+}
+
+// The lists' keys first, first + step, ... of the count x len, ranked into the lane's list, four
+// independent loads in flight; keys below `floor` (lists_floor) are skipped.
+template <int MaxK, bool kShared = false, int kPerSplit>
+__device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const ListSet<kPerSplit>& set,
+                                           int first, int step, uint64_t floor = 0) {
   clear_list(best);
-  const int total = count * len;
+  const int total = set.count * set.len;
   for (int base = first; base < total; base += 4 * step) {
     uint64_t keys[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int i = base + u * step;
-      // Written by other CTAs of this launch: read through L2, never a stale L1 line.
-      const uint64_t* key = lists + (i / len) * list_stride + i % len;
-      keys[u] = i >= total ? 0 : (kShared ? *key : __ldcg(key));
+      keys[u] = i >= total ? 0 : list_key<kShared>(set.list(i / set.len) + i % set.len);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u)
@@ -137,28 +154,102 @@ __device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const uint64_
   }
 }
 
-// A lower bound of the fill-th largest key of `count` descending lists, `list_stride` apart: the
-// fill-th largest of the 32 lanes' maxima over the lists' heads (lane l: lists l, l + 32, ...),
-// since the lanes holding the fill largest maxima hold fill keys at least that large (as
-// rank_floor; 0 when fewer than fill lanes hold a list). Keys below it cannot be chosen: each
-// skips a 16- or 32-step insertion chain, which on a batch-1 row of 132 ranges x 8 keys was most
-// of the merge. Uniform over the warp.
-template <bool kShared = false>
-__device__ __forceinline__ uint64_t lists_floor(const uint64_t* lists, int64_t list_stride,
-                                                int count, int fill, int lane) {
+// A lower bound of the fill-th largest key of the lists: the fill-th largest of the 32 lanes'
+// maxima over the lists' heads (lane l: lists l, l + 32, ...), since the lanes holding the fill
+// largest maxima hold fill keys at least that large (as rank_floor; 0 when fewer than fill lanes
+// hold a list). Keys below it cannot be chosen. Uniform over the warp.
+template <bool kShared = false, int kPerSplit>
+__device__ __forceinline__ uint64_t lists_floor(const ListSet<kPerSplit>& set, int fill, int lane) {
   if (fill <= 0) return 0;
   uint64_t mine = 0;
-  for (int l = lane; l < count; l += 32) {
-    const uint64_t* head = lists + l * list_stride;
-    mine = max(mine, kShared ? *head : __ldcg(head));
-  }
+  for (int l = lane; l < set.count; l += 32) mine = max(mine, list_key<kShared>(set.list(l)));
   int position = 0; // among the 32 maxima, ties ordered by lane
+#pragma unroll 8
   for (int j = 0; j < 32; ++j) {
     const uint64_t other = __shfl_sync(0xffffffffu, mine, j);
     position += other > mine || (other == mine && j < lane);
   }
   const unsigned holder = __ballot_sync(0xffffffffu, position == fill - 1);
   return __shfl_sync(0xffffffffu, mine, __ffs(holder) - 1);
+}
+
+// The fill best keys of the lists into chosen[0 .. fill), descending, 0 past the last key there
+// is, by one warp. Every chosen key is at or above `floor` (lists_floor), so only the lists whose
+// head is (`live`, up to `live_capacity` list ids, else every list) are read, their keys at or
+// above it - on scores without structure, a few more than fill - gathered into `survivors`
+// (16-byte aligned, `capacity` a multiple of 8), and each takes the slot of its rank among them.
+// The loops keep their loads independent: the lanes tile the live lists (a power of two >= len
+// lanes a list, four passes of loads in flight), and a rank is a sum over 16-byte broadcast reads
+// (bench/NOTES.md s8 r2: loops over dependent loads took 2-5 us where a last CTA had a few dozen
+// keys; s8 r3: reading every list instead of the live ones cost 1M-token rows 20 us). Returns
+// false, with nothing written to `chosen`, when more than `capacity` keys survive (keys built to
+// defeat the floor): the caller ranks them all instead.
+template <bool kShared = false, int kPerSplit>
+__device__ __forceinline__ bool
+rank_survivors(const ListSet<kPerSplit>& set, int fill, uint64_t floor, uint64_t* survivors,
+               int capacity, uint64_t* chosen, int32_t* live, int live_capacity, int lane) {
+  __syncwarp(); // a previous call's `chosen` and `live` have been read by every lane
+  const unsigned lower_lanes = (1u << lane) - 1;
+  int live_lists = 0;
+  for (int first = 0; first < set.count; first += 4 * 32) {
+    uint64_t heads[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int l = first + u * 32 + lane;
+      heads[u] = l < set.count ? list_key<kShared>(set.list(l)) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const bool keep = heads[u] != 0 && heads[u] >= floor;
+      const unsigned kept = __ballot_sync(0xffffffffu, keep);
+      const int at = live_lists + __popc(kept & lower_lanes);
+      if (keep && at < live_capacity) live[at] = first + u * 32 + lane;
+      live_lists += __popc(kept);
+    }
+  }
+  const bool all_lists = live_lists > live_capacity;
+  const int lists = all_lists ? set.count : live_lists;
+  __syncwarp();
+  const int shift = set.len <= 1 ? 0 : 32 - __clz(set.len - 1); // log2 of the lanes a list
+  const int lists_a_pass = 32 >> shift, k = lane & ((1 << shift) - 1), sub = lane >> shift;
+  int held = 0;
+  for (int first = 0; first < lists; first += 4 * lists_a_pass) {
+    uint64_t keys[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = first + u * lists_a_pass + sub;
+      keys[u] =
+          i < lists && k < set.len ? list_key<kShared>(set.list(all_lists ? i : live[i]) + k) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const bool keep = keys[u] != 0 && keys[u] >= floor;
+      const unsigned kept = __ballot_sync(0xffffffffu, keep);
+      const int at = held + __popc(kept & lower_lanes);
+      if (keep && at < capacity) survivors[at] = keys[u];
+      held += __popc(kept);
+    }
+  }
+  if (held > capacity) return false;
+  const int padded = (held + 7) & ~7; // <= capacity; the 0 keys rank below every key
+  for (int i = held + lane; i < padded; i += 32) survivors[i] = 0;
+  for (int i = lane; i < fill; i += 32) chosen[i] = 0;
+  __syncwarp();
+  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(survivors);
+  for (int i = lane; i < held; i += 32) { // keys are unique (they hold the block id)
+    const uint64_t key = survivors[i];
+    int rank = 0;
+    for (int j = 0; j < padded / 2; j += 4) {
+      ulonglong2 pair[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) pair[u] = pairs[j + u];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) rank += (pair[u].x > key) + (pair[u].y > key);
+    }
+    if (rank < fill) chosen[rank] = key;
+  }
+  __syncwarp();
+  return true;
 }
 
 // `fill` rounds of "the largest list head wins, its lane pops it": lane i returns round i's key.
