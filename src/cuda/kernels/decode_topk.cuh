@@ -22,7 +22,7 @@ static_assert(kTileRows * 32 * sizeof(uint64_t) <= kReusableSmemBytes);
 inline constexpr int kDecodeMergeWarps = kScoreThreads / 32;
 // The last CTA's merge scratch a warp, in 8-byte words: survivors, chosen, live list ids (int32).
 inline constexpr int kSurvivorCapacity = 224;
-inline constexpr int kLiveListCapacity = 256;
+inline constexpr int kLiveListCapacity = kSurvivorCapacity;
 inline constexpr int kMergeScratchKeys = kSurvivorCapacity + 32 + kLiveListCapacity / 2;
 static_assert(kDecodeMergeWarps * kMergeScratchKeys * sizeof(uint64_t) <= kReusableSmemBytes);
 static_assert(kSurvivorCapacity % 8 == 0, "rank_survivors pads to 8 keys");

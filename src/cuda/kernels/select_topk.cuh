@@ -175,7 +175,7 @@ __device__ __forceinline__ uint64_t lists_floor(const ListSet<kPerSplit>& set, i
 
 // The fill best keys of the lists into chosen[0 .. fill), descending, 0 past the last key there
 // is, by one warp. Every chosen key is at or above `floor` (lists_floor), so only the lists whose
-// head is (`live`, up to `live_capacity` list ids, else every list) are read, their keys at or
+// head is (`live`, up to `live_capacity` <= `capacity` list ids) are read, their keys at or
 // above it - on scores without structure, a few more than fill - gathered into `survivors`
 // (16-byte aligned, `capacity` a multiple of 8), and each takes the slot of its rank among them.
 // The loops keep their loads independent: the lanes tile the live lists (a power of two >= len
@@ -207,19 +207,19 @@ rank_survivors(const ListSet<kPerSplit>& set, int fill, uint64_t floor, uint64_t
       live_lists += __popc(kept);
     }
   }
-  const bool all_lists = live_lists > live_capacity;
-  const int lists = all_lists ? set.count : live_lists;
+  // A live list holds at least one survivor: with more live lists than `capacity` keys, more
+  // keys survive too.
+  if (live_lists > live_capacity) return false;
   __syncwarp();
   const int shift = set.len <= 1 ? 0 : 32 - __clz(set.len - 1); // log2 of the lanes a list
   const int lists_a_pass = 32 >> shift, k = lane & ((1 << shift) - 1), sub = lane >> shift;
   int held = 0;
-  for (int first = 0; first < lists; first += 4 * lists_a_pass) {
+  for (int first = 0; first < live_lists; first += 4 * lists_a_pass) {
     uint64_t keys[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int i = first + u * lists_a_pass + sub;
-      keys[u] =
-          i < lists && k < set.len ? list_key<kShared>(set.list(all_lists ? i : live[i]) + k) : 0;
+      keys[u] = i < live_lists && k < set.len ? list_key<kShared>(set.list(live[i]) + k) : 0;
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
