@@ -1,0 +1,64 @@
+// One warp runs the decode indexer's list merge (decode_topk.cuh merge_row without the selection
+// write) on the probe's lists: lists_floor, then rank_survivors with the kernels' capacities, and
+// where it declines, the register lists and merge_warp.
+#include "gpu/list_merge_probe.h"
+
+#include "cuda/kernels/decode_topk.cuh"
+
+namespace m3sa::testing {
+namespace {
+
+using cuda::kLiveListCapacity;
+using cuda::kMergeScratchKeys;
+using cuda::kSurvivorCapacity;
+using cuda::ListSet;
+
+template <bool kShared, int kPerSplit>
+__global__ void __launch_bounds__(32) list_merge_probe_kernel(const ListMergeProbe p) {
+  extern __shared__ __align__(16) uint64_t smem[]; // [kMergeScratchKeys] scratch, then the stage
+  const int lane = threadIdx.x;
+  uint64_t* survivors = smem;
+  uint64_t* chosen = survivors + kSurvivorCapacity;
+  int32_t* live = reinterpret_cast<int32_t*>(chosen + 32);
+  const uint64_t* base = p.lists;
+  if (kShared) {
+    uint64_t* stage = smem + kMergeScratchKeys;
+    for (int64_t i = lane; i < p.extent; i += 32) stage[i] = p.lists[i];
+    __syncwarp();
+    base = stage;
+  }
+  const ListSet<kPerSplit> set{base, p.split_stride, p.list_stride, p.count, p.len};
+  const uint64_t floor = cuda::lists_floor<kShared>(set, p.fill, lane);
+  const bool ranked = cuda::rank_survivors<kShared>(
+      set, p.fill, floor, survivors, kSurvivorCapacity, chosen, live, kLiveListCapacity, lane);
+  uint64_t mine = ranked && lane < p.fill ? chosen[lane] : 0;
+  if (!ranked) {
+    uint64_t best[32];
+    cuda::rank_lists<32, kShared>(best, set, lane, 32, floor);
+    mine = cuda::merge_warp(best, p.fill, lane);
+  }
+  p.chosen[lane] = lane < p.fill ? mine : 0;
+  if (lane == 0) *p.floor = floor, *p.ranked = ranked ? 1 : 0;
+}
+
+template <bool kShared, int kPerSplit> cudaError_t launch(const ListMergeProbe& p) {
+  const auto kernel = list_merge_probe_kernel<kShared, kPerSplit>;
+  const int bytes = static_cast<int>((kMergeScratchKeys + (kShared ? p.extent : 0)) * 8);
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) return e;
+  kernel<<<1, 32, bytes>>>(p);
+  return cudaGetLastError();
+}
+
+} // namespace
+
+cudaError_t run_list_merge_probe(const ListMergeProbe& p) {
+  if ((p.per_split != 1 && p.per_split != 4) || p.fill < 0 || p.fill > 32 ||
+      (p.shared && p.extent > kListMergeProbeMaxStagedKeys))
+    return cudaErrorInvalidValue;
+  if (p.per_split == 1) return p.shared ? launch<true, 1>(p) : launch<false, 1>(p);
+  return p.shared ? launch<true, 4>(p) : launch<false, 4>(p);
+}
+
+} // namespace m3sa::testing

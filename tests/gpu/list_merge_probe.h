@@ -1,0 +1,30 @@
+#pragma once
+// A one-warp probe of the candidate-list merge that the decode indexer's last CTA runs
+// (kernels/select_topk.cuh: lists_floor, rank_survivors, and the register-list fallback), so
+// that tests can give it lists no kernel schedule produces on purpose. Built in
+// list_merge_probe.cu; plain C++ here.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace m3sa::testing {
+
+struct ListMergeProbe {
+  const uint64_t* lists; // device: list l at lists + (l / per_split) * split_stride +
+                         // (l % per_split) * list_stride, `len` keys each, descending, 0-padded
+  int64_t split_stride, list_stride;
+  int64_t extent;       // keys of `lists` the set spans (what the shared variant stages)
+  int per_split;        // 1 or 4
+  int count, len, fill; // fill <= 32
+  bool shared;          // stage the lists in shared memory first (the last CTA's staged path)
+  uint64_t* chosen;     // device [32]: the fill best keys, descending, 0 after the last
+  uint64_t* floor;      // device [1]: lists_floor's bound
+  int32_t* ranked;      // device [1]: 1 = rank_survivors served it, 0 = the register-list fallback
+};
+
+// Largest `extent` the shared variant stages.
+inline constexpr int64_t kListMergeProbeMaxStagedKeys = 16384;
+
+cudaError_t run_list_merge_probe(const ListMergeProbe& probe);
+
+} // namespace m3sa::testing
