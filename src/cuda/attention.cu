@@ -1,7 +1,9 @@
-// CUDA sparse_attention host side. Implementation: cuda.sparse_attention.sm80 (mma.sync, SM80+).
+// CUDA sparse_attention host side. Implementations: cuda.sparse_attention.sm80 (mma.sync, SM80+)
+// and cuda.sparse_attention.sm90 (the same, but decode rows stream K/V by TMA:
+// sparse_attention_decode_sm90.cuh, where the caches' views allow it).
 // Decode rows run token-major (sparse_attention_decode.cuh): one token per CTA, its selection
-// split over CTAs when the decode rows alone cannot fill the GPU, merged by the last CTA to
-// arrive. Prefill rows run block-major (sparse_attention_prefill.cuh) in passes whose
+// split over CTAs when the decode rows alone cannot fill the GPU, merged in a cluster or by the
+// last CTA to arrive. Prefill rows run block-major (sparse_attention_prefill.cuh) in passes whose
 // per-(token, KV head, slot) partials fit the workspace. Grids depend on the plan only (the SM
 // count); live counts travel as values and lengths, selections and tables are read on the device.
 #include <algorithm>
@@ -10,19 +12,23 @@
 #include "cuda/control.h"
 #include "cuda/launch.h"
 #include "cuda/launchers.h"
+#include "cuda/tensor_maps.h"
 #include "registry/registry.h"
 
 namespace m3sa::cuda {
 namespace {
 
 struct AttentionPlanInfo {
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = 4;
   int32_t sm_count;
   int32_t pass_tokens;     // prefill tokens per block-major pass
   int64_t sort_temp_bytes; // CUB's radix sort scratch for a pass's entries, asked once at plan time
   // Decode clusters of 2, 4, 8, 16 CTAs the device holds at once ([i]: 2^(i+1) CTAs; all 0 where
   // the splits merge in the workspace).
   int32_t active_clusters[4];
+  // 1 (cuda.sparse_attention.sm90): decode rows take the TMA kernel where the K/V views allow it
+  // and no cluster is chosen, and the decode kernels overlap the previous kernel (PDL).
+  int32_t decode_sm90;
 };
 
 // (token, KV head) pairs that may split their selection: at most the resident CTAs, since a
@@ -73,8 +79,9 @@ AttentionLayout run_layout(const OpPlan& plan, Workspace workspace) {
   return carve_attention(plan.request, detail::load_plan_info<AttentionPlanInfo>(plan), carver);
 }
 
-Status plan_attention(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
-  AttentionPlanInfo info{caps.sm_count, pass_tokens(request), 0, {}};
+Status plan_attention_with(bool decode_sm90, const PlanRequest& request,
+                           const detail::DeviceCaps& caps, OpPlan* plan) {
+  AttentionPlanInfo info{caps.sm_count, pass_tokens(request), 0, {}, decode_sm90 ? 1 : 0};
   for (int i = 0; i < 4 && caps.compute_capability >= 90; ++i)
     info.active_clusters[i] = std::min(sparse_attention_decode_bf16_active_clusters(2 << i),
                                        sparse_attention_decode_fp8_active_clusters(2 << i));
@@ -90,6 +97,22 @@ Status plan_attention(const PlanRequest& request, const detail::DeviceCaps& caps
   return {};
 }
 
+Status plan_attention(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
+  return plan_attention_with(false, request, caps, plan);
+}
+Status plan_attention_sm90(const PlanRequest& request, const detail::DeviceCaps& caps,
+                           OpPlan* plan) {
+  return plan_attention_with(true, request, caps, plan);
+}
+
+// The TMA decode kernel.
+Status can_run_attention_sm90(const PlanRequest& request, const detail::DeviceCaps& caps) {
+  return can_run_sm90a(request, caps,
+                       sparse_attention_decode_sm90_bf16_has_sm90a_code() &&
+                           sparse_attention_decode_sm90_fp8_has_sm90a_code(),
+                       "the TMA decode attention kernels");
+}
+
 Status prepare_attention(const OpPlan& plan, Workspace workspace, void* stream) {
   return initialise_control_area(run_layout(plan, workspace).control, stream);
 }
@@ -101,17 +124,20 @@ Status prepare_attention(const OpPlan& plan, Workspace workspace, void* stream) 
 // at once; a second wave of clusters measured slower than the workspace merge, bench/NOTES.md).
 // In the workspace: at least two selected blocks per range, since the last CTA's merge reads every
 // range's 8 KB partial, and at batch 1 one block per range (16 ranges) measured 14.8 us against
-// 13.3 us with two.
+// 13.3 us with two. Clusters of `min_cluster` CTAs or more only: an sm90 plan leaves splits of
+// 2 and 4 to the TMA kernel's workspace merge (with clusters of 2 the TMA kernel measured 4-5 us
+// slower than its workspace merge at 128 pairs, s9 r3; a cluster launch of it drew synccheck
+// reports, s9 r5).
 struct DecodeSplits {
   int splits;
   bool in_cluster;
 };
-DecodeSplits decode_splits(const OpPlan& plan, const AttentionPlanInfo& info,
-                           int64_t decode_pairs) {
+DecodeSplits decode_splits(const OpPlan& plan, const AttentionPlanInfo& info, int64_t decode_pairs,
+                           int min_cluster) {
   const int64_t resident = split_pairs(info.sm_count);
   const int top_k = plan.request.config.top_k;
   if (decode_pairs <= 0 || decode_pairs * 2 > resident) return {1, false};
-  for (int i = 3; i >= 0; --i)
+  for (int i = 3; i >= 0 && (2 << i) >= min_cluster; --i)
     if ((2 << i) <= top_k && decode_pairs <= info.active_clusters[i]) return {2 << i, true};
   return {static_cast<int>(std::min<int64_t>(std::max(1, top_k / 2), resident / decode_pairs)),
           false};
@@ -163,16 +189,30 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
   if (decode_tokens > 0) {
     p.token_begin = 0, p.token_end = decode_tokens;
     const int64_t pairs = int64_t{decode_tokens} * p.kv_heads;
-    const DecodeSplits splits = decode_splits(plan, info, pairs);
+    // An sm90 plan takes clusters only from 8 CTAs (the cp.async kernel's: the smallest batches,
+    // where one selected block a CTA is what counts) and the TMA kernel for everything else,
+    // where both views are TMA-addressable.
+    const DecodeSplits splits = decode_splits(plan, info, pairs, info.decode_sm90 ? 8 : 2);
     p.splits = splits.splits;
     p.cluster_merge = splits.in_cluster;
-    // Clustered: a whole number of clusters, no more CTAs than items.
     const int cluster = p.cluster_merge ? p.splits : 1;
-    const int64_t resident = split_pairs(info.sm_count);
-    const int grid = static_cast<int>(
-        p.cluster_merge ? std::min(pairs * p.splits, resident / cluster * cluster) : resident);
-    M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_sparse_attention_decode_fp8
-                                   : launch_sparse_attention_decode_bf16)(p, grid, cluster, s));
+    SparseAttentionSm90Params sm90{};
+    const int stage_keys = fp8 ? kDecodeSm90StageKeysFp8 : kDecodeSm90StageKeysBf16;
+    if (info.decode_sm90 && !p.cluster_merge &&
+        encode_kv_cache_map(a.k_cache, stage_keys, sm90.k_map) &&
+        encode_kv_cache_map(a.v_cache, stage_keys, sm90.v_map)) { // one CTA an item
+      sm90.attention = p;
+      M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_sparse_attention_decode_sm90_fp8
+                                     : launch_sparse_attention_decode_sm90_bf16)(
+          sm90, static_cast<int>(pairs * p.splits), s));
+    } else { // persistent; clustered: a whole number of clusters, no more CTAs than items
+      const int64_t resident = split_pairs(info.sm_count);
+      const int grid = static_cast<int>(
+          p.cluster_merge ? std::min(pairs * p.splits, resident / cluster * cluster) : resident);
+      M3SA_CUDA_RETURN_IF_ERROR(
+          (fp8 ? launch_sparse_attention_decode_fp8
+               : launch_sparse_attention_decode_bf16)(p, grid, cluster, info.decode_sm90 != 0, s));
+    }
   }
   if (tokens == decode_tokens) return {};
   // Keys (KV head, page) and the sentinel above them must fit the sort's 32 bits.
@@ -210,7 +250,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
 
 namespace m3sa::detail {
 
-extern const Implementation kCudaSparseAttentionSm80;
+extern const Implementation kCudaSparseAttentionSm80, kCudaSparseAttentionSm90;
 
 const Implementation kCudaSparseAttentionSm80 = {
     "cuda.sparse_attention.sm80",
@@ -221,6 +261,21 @@ const Implementation kCudaSparseAttentionSm80 = {
     0,
     cuda::can_run_sm80,
     cuda::plan_attention,
+    cuda::sparse_attention,
+    cuda::prepare_attention,
+    cuda::read_control_errors,
+    cuda::AttentionPlanInfo::kVersion};
+
+const Implementation kCudaSparseAttentionSm90 = {
+    "cuda.sparse_attention.sm90",
+    "as cuda.sparse_attention.sm80, but decode rows stream the selected K/V by TMA into a ring per "
+    "warp (four independent warps a CTA, two CTAs per SM) where the K and V views allow TMA and "
+    "no cluster merge is chosen; decode kernels overlap the previous kernel (PDL)",
+    Backend::cuda,
+    OpKind::sparse_attention,
+    1,
+    cuda::can_run_attention_sm90,
+    cuda::plan_attention_sm90,
     cuda::sparse_attention,
     cuda::prepare_attention,
     cuda::read_control_errors,

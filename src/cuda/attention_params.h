@@ -62,4 +62,15 @@ struct SparseAttentionParams {
   unsigned char* prefill_partials; // [token_end - token_begin, Hkv, top_k] compact partials
 };
 
+// The Hopper decode kernel (sparse_attention_decode_sm90.cuh): the parameters plus the TMA
+// descriptors (CUtensorMap, opaque, 128 B, 64-aligned) of k_cache and v_cache, boxes of one
+// ring slot's tokens x 128 B (tensor_maps.h encode_kv_cache_map).
+inline constexpr int kDecodeSm90StageKeysBf16 = 16; // tokens of a ring slot (and a TMA box)
+inline constexpr int kDecodeSm90StageKeysFp8 = 32;
+struct SparseAttentionSm90Params {
+  alignas(64) uint64_t k_map[16];
+  alignas(64) uint64_t v_map[16];
+  SparseAttentionParams attention;
+};
+
 } // namespace m3sa::cuda

@@ -59,6 +59,19 @@ Status can_run_sm80(const PlanRequest& request, const detail::DeviceCaps& caps) 
   return {};
 }
 
+Status can_run_sm90a(const PlanRequest& request, const detail::DeviceCaps& caps,
+                     bool has_sm90a_code, const char* kernels) {
+  M3SA_RETURN_IF_ERROR(can_run_sm80(request, caps));
+  if (caps.compute_capability != 90)
+    return Status::unsupported(detail::concat("compute capability ", caps.compute_capability / 10,
+                                              ".", caps.compute_capability % 10),
+                               detail::concat(kernels, " run on 9.0 (sm_90a) only"));
+  if (!has_sm90a_code)
+    return Status::unsupported("the library's CUDA code",
+                               "built with sm_90a in CMAKE_CUDA_ARCHITECTURES");
+  return {};
+}
+
 ControlArea take_control_area(detail::WorkspaceCarver& carver, int64_t arrival_counters) {
   ControlArea c;
   c.control = carver.take<int32_t>(kArrivalsOffset + arrival_counters);

@@ -16,6 +16,11 @@ detail::DeviceCaps read_device_caps(int ordinal);
 // What the portable (mma.sync, SM80+) kernels need: a visible device of compute capability 8.0
 // or newer, and no reduce_heads mode (they select per head).
 Status can_run_sm80(const PlanRequest& request, const detail::DeviceCaps& caps);
+// What an sm_90a implementation needs beyond that: compute capability 9.0 exactly (sm_90a code
+// runs nowhere else) and a binary that carries its kernels' sm_90a code (`has_sm90a_code`);
+// `kernels` names them in the refusal.
+Status can_run_sm90a(const PlanRequest& request, const detail::DeviceCaps& caps,
+                     bool has_sm90a_code, const char* kernels);
 
 // Control state at the start of every CUDA workspace, zeroed once by prepare_workspace and never
 // per run (a reset per run would be one more graph node, ~2 us at batch 1):

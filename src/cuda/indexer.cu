@@ -5,14 +5,12 @@
 // cuda.index_topk.{sm80,sm90}: the sm90 ones differ only in the prefill scorer (plan_info.scorer).
 #include "cuda/indexer.h"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 
 #include "cuda/kernels/indexer_traits.h"
 #include "cuda/launch.h"
 #include "cuda/launchers.h"
+#include "cuda/tensor_maps.h"
 #include "registry/registry.h"
 
 namespace m3sa::cuda {
@@ -28,48 +26,6 @@ int64_t decode_tiles_per_request(const PlanRequest& request) {
 
 int splits_of(const OpPlan& plan) {
   return detail::load_plan_info<ScoringPlanInfo>(plan).block_splits;
-}
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (the library does not link
-// libcuda), or null when the driver has none.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encoder;
-}
-
-// The SM90 scorer's TMA descriptor of an index-K cache view [pages, 128, 128]: boxes of one page's
-// 128 tokens x 128 bytes, 128 B swizzle. False where TMA cannot address the view (its base or
-// strides not multiples of 16 bytes, a strided last dimension): the portable scorer takes those.
-bool encode_index_k_map(const TensorView& cache, uint64_t (&map)[16]) {
-  static_assert(sizeof(CUtensorMap) == sizeof(map));
-  const int64_t element = cache.dtype == DType::fp8_e4m3 ? 1 : 2;
-  const int64_t token_bytes = cache.strides[1] * element, page_bytes = cache.strides[0] * element;
-  const auto addressable = [](int64_t bytes) {
-    return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t{1} << 40);
-  };
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr || reinterpret_cast<uintptr_t>(cache.data) % 16 != 0 ||
-      cache.strides[2] != 1 || !addressable(token_bytes) || !addressable(page_bytes) ||
-      cache.shape[0] > (int64_t{1} << 31))
-    return false;
-  const cuuint64_t dims[3] = {128, 128, static_cast<cuuint64_t>(cache.shape[0])};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(token_bytes),
-                                 static_cast<cuuint64_t>(page_bytes)};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / element), 128, 1};
-  const cuuint32_t unit_strides[3] = {1, 1, 1};
-  return encode(reinterpret_cast<CUtensorMap*>(map),
-                element == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
-                cache.data, dims, strides, box, unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 IndexerLayout run_layout(const OpPlan& plan, Workspace workspace) {
@@ -204,20 +160,15 @@ Status plan_indexer_sm90(const PlanRequest& request, const detail::DeviceCaps& c
   return plan_indexer_with(Scorer::sm90, request, caps, plan);
 }
 
-// The Hopper scorer: compute capability 9.0 exactly (sm_90a code runs nowhere else) and a binary
-// that carries that code.
+// The Hopper scorer and decode kernels.
 Status can_run_sm90(const PlanRequest& request, const detail::DeviceCaps& caps) {
-  M3SA_RETURN_IF_ERROR(can_run_sm80(request, caps));
-  if (caps.compute_capability != 90)
-    return Status::unsupported(detail::concat("compute capability ", caps.compute_capability / 10,
-                                              ".", caps.compute_capability % 10),
-                               "the wgmma / TMA scorer runs on 9.0 (sm_90a) only");
-  if (!score_blocks_sm90_bf16_has_sm90a_code() || !score_blocks_sm90_fp8_has_sm90a_code() ||
-      !decode_topk_sm90_bf16_k16_has_sm90a_code() || !decode_topk_sm90_bf16_k32_has_sm90a_code() ||
-      !decode_topk_sm90_fp8_k16_has_sm90a_code() || !decode_topk_sm90_fp8_k32_has_sm90a_code())
-    return Status::unsupported("the library's CUDA code",
-                               "built with sm_90a in CMAKE_CUDA_ARCHITECTURES");
-  return {};
+  return can_run_sm90a(
+      request, caps,
+      score_blocks_sm90_bf16_has_sm90a_code() && score_blocks_sm90_fp8_has_sm90a_code() &&
+          decode_topk_sm90_bf16_k16_has_sm90a_code() &&
+          decode_topk_sm90_bf16_k32_has_sm90a_code() && decode_topk_sm90_fp8_k16_has_sm90a_code() &&
+          decode_topk_sm90_fp8_k32_has_sm90a_code(),
+      "the wgmma / TMA scorer and the TMA decode kernels");
 }
 
 Status prepare_indexer(const OpPlan& plan, Workspace workspace, void* stream) {

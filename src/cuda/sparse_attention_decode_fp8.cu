@@ -4,8 +4,8 @@
 
 namespace m3sa::cuda {
 cudaError_t launch_sparse_attention_decode_fp8(const SparseAttentionParams& p, int grid,
-                                               int cluster, cudaStream_t s) {
-  return launch_decode_kernel<true>(p, grid, cluster, s);
+                                               int cluster, bool overlap_prior, cudaStream_t s) {
+  return launch_decode_kernel<true>(p, grid, cluster, overlap_prior, s);
 }
 int sparse_attention_decode_fp8_active_clusters(int cluster) {
   return decode_kernel_active_clusters<true>(cluster);

@@ -36,7 +36,8 @@
   X(kCudaIndexTopkSm80)              \
   X(kCudaIndexTopkSm90)              \
   X(kCudaNormRopeInsert)             \
-  X(kCudaSparseAttentionSm80)
+  X(kCudaSparseAttentionSm80)        \
+  X(kCudaSparseAttentionSm90)
 #else
 #define M3SA_CUDA_IMPLEMENTATIONS(X)
 #endif
@@ -54,9 +55,8 @@ namespace {
 // Pointers, not copies: each entry is defined in its backend's translation unit, and copying it
 // here would depend on the order in which the translation units are initialised.
 #define M3SA_LIST_IMPLEMENTATION(name) &name,
-const Implementation* const kImplementations[] = {
-    M3SA_HOST_IMPLEMENTATIONS(M3SA_LIST_IMPLEMENTATION)
-    M3SA_CUDA_IMPLEMENTATIONS(M3SA_LIST_IMPLEMENTATION)};
+const Implementation* const kImplementations[] = {M3SA_HOST_IMPLEMENTATIONS(
+    M3SA_LIST_IMPLEMENTATION) M3SA_CUDA_IMPLEMENTATIONS(M3SA_LIST_IMPLEMENTATION)};
 #undef M3SA_LIST_IMPLEMENTATION
 
 } // namespace

@@ -69,8 +69,20 @@ struct DeviceAttention {
   }
 };
 
-CudaRun attention_run(const MsaConfig& config, const SyntheticBatch& sb) {
-  return cuda_run(plan_request(OpKind::sparse_attention, config, sb, {Backend::cuda}));
+// Both CUDA implementations run every test: cuda.sparse_attention.sm80 (cp.async decode kernel)
+// and .sm90 (TMA decode kernel; the prefill path is shared).
+constexpr const char* kArchs[] = {"sm80", "sm90"};
+
+// A plan of cuda.sparse_attention.<arch>, or false when it cannot run here (printed; on a Hopper
+// GPU both must run).
+bool attention_run(const char* arch, const MsaConfig& config, const SyntheticBatch& sb,
+                   CudaRun* run) {
+  const std::string name = std::string("cuda.sparse_attention.") + arch;
+  PlanRequest request = plan_request(OpKind::sparse_attention, config, sb, {Backend::cuda});
+  request.implementation = name.c_str();
+  if (!plan_named_implementation(request, run)) return false;
+  std::printf("[ %s ]\n", name.c_str());
+  return true;
 }
 
 struct HostAttention {
@@ -116,18 +128,23 @@ TEST_P(CudaAttention, MatchesHostBackends) {
   HostTensor topk = indexer_selections(sb, config, seed + 1);
   sb.fill_attention_random(seed + 2);
 
-  DeviceAttention d(sb, topk);
-  CudaRun run = attention_run(config, sb);
-  M3SA_ASSERT_OK(
-      sparse_attention(run.plan, d.args(c.k_scale, c.v_scale), run.workspace.workspace()));
-  M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-  EXPECT_EQ(device_flags(run), 0);
-  const HostTensor out = d.out.download(), lse = d.lse.download();
-  expect_close(host_attention(Backend::cpu, config, sb, topk, c.k_scale, c.v_scale), out, lse,
-               "cpu");
+  const HostAttention cpu = host_attention(Backend::cpu, config, sb, topk, c.k_scale, c.v_scale);
+  HostAttention reference;
   if (c.use_reference)
-    expect_close(host_attention(Backend::reference, config, sb, topk, c.k_scale, c.v_scale), out,
-                 lse, "reference");
+    reference = host_attention(Backend::reference, config, sb, topk, c.k_scale, c.v_scale);
+  for (const char* arch : kArchs) {
+    SCOPED_TRACE(arch);
+    DeviceAttention d(sb, topk);
+    CudaRun run;
+    if (!attention_run(arch, config, sb, &run)) continue;
+    M3SA_ASSERT_OK(
+        sparse_attention(run.plan, d.args(c.k_scale, c.v_scale), run.workspace.workspace()));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(device_flags(run), 0);
+    const HostTensor out = d.out.download(), lse = d.lse.download();
+    expect_close(cpu, out, lse, "cpu");
+    if (c.use_reference) expect_close(reference, out, lse, "reference");
+  }
 }
 
 BatchSpec spec(std::vector<int32_t> q_lens, std::vector<int32_t> seq_lens, int num_decode,
@@ -137,6 +154,22 @@ BatchSpec spec(std::vector<int32_t> q_lens, std::vector<int32_t> seq_lens, int n
   s.num_decode = num_decode, s.decode_q_len = decode_q_len;
   s.index_heads = kv_heads, s.q_heads = q_heads, s.kv_heads = kv_heads, s.kv_dtype = kv;
   return s;
+}
+
+// n contexts of 600 .. 30K tokens.
+std::vector<int32_t> long_contexts(int n) {
+  std::vector<int32_t> lengths(n);
+  for (int i = 0; i < n; ++i) lengths[i] = 600 + (i * 7919) % 29000 + (i % 3 == 0 ? 1 : 0);
+  return lengths;
+}
+
+// `decode` single-token requests of long contexts, then one prefill chunk: enough (token, KV
+// head) pairs that an sm90 plan runs the decode rows on the TMA kernel (no cluster merge): 12
+// requests x 4 KV heads merge splits through the workspace, 40 x 4 take one split each.
+BatchSpec decode_batch_and_prefill(int decode, int32_t prefill_q, int32_t prefill_seq) {
+  std::vector<int32_t> q_lens(decode, 1), seq_lens = long_contexts(decode);
+  q_lens.push_back(prefill_q), seq_lens.push_back(prefill_seq);
+  return spec(q_lens, seq_lens, decode, 1, 64, 4);
 }
 
 const AttentionCase kCases[] = {
@@ -151,6 +184,11 @@ const AttentionCase kCases[] = {
     {"DecodeFp8Scales", spec({1, 1, 1}, {4000, 20000, 300}, 3, 1, 64, 4, DType::fp8_e4m3), 16, 0.5f,
      2.f, true},
     {"DecodeFp8Batch1", spec({1}, {70000}, 1, 1, 16, 1, DType::fp8_e4m3), 16, 1.5f, 0.75f},
+    // More (token, KV head) pairs than two a resident CTA: one range a pair, no merge of splits.
+    {"DecodeBatch40Tp1", spec(std::vector<int32_t>(40, 1), long_contexts(40), 40, 1, 64, 4), 16},
+    {"DecodeBatch40Fp8",
+     spec(std::vector<int32_t>(40, 1), long_contexts(40), 40, 1, 64, 4, DType::fp8_e4m3), 16, 0.5f,
+     1.5f},
     {"PrefillNoPrefix", spec({700}, {700}, 0, 1, 16, 1), 16, 1, 1, true},
     {"PrefillUnalignedPrefix", spec({300}, {2333}, 0, 1, 64, 4), 16},
     {"PrefillChunkAfterPrefixK32", spec({1000}, {9000}, 0, 1, 16, 1), 32},
@@ -206,9 +244,8 @@ TEST(CudaAttentionSmall, DecodeClustersFitOnHopper) {
 
 // vLLM keeps K and V of a token side by side ([pages, Hkv, 128, 2 * 128]): two strided views of
 // that buffer give what the separate caches give.
-TEST(CudaAttentionLayouts, CombinedKvCacheViews) {
-  M3SA_SKIP_WITHOUT_CUDA();
-  Fixture f(spec({1, 1, 150}, {3000, 700, 1500}, 2, 1, 64, 4), 16, test_seed());
+void expect_combined_views_match(const BatchSpec& batch) {
+  Fixture f(batch, 16, test_seed());
   const SyntheticBatch& sb = f.sb;
   const int64_t pages = sb.k_cache.view().shape[0], hkv = sb.spec().kv_heads;
   HostTensor combined(DType::bf16, {pages, hkv, kBlockTokens, 2 * kHeadDim});
@@ -233,12 +270,23 @@ TEST(CudaAttentionLayouts, CombinedKvCacheViews) {
     v.data = static_cast<uint16_t*>(v.data) + half * kHeadDim;
     (half ? args.v_cache : args.k_cache) = v;
   }
-  CudaRun run = attention_run(f.config, sb);
-  M3SA_ASSERT_OK(sparse_attention(run.plan, args, run.workspace.workspace()));
-  M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-  EXPECT_EQ(device_flags(run), 0);
-  expect_close(host_attention(Backend::cpu, f.config, sb, f.topk, 1.f, 1.f), d.out.download(),
-               d.lse.download(), "cpu");
+  const HostAttention cpu = host_attention(Backend::cpu, f.config, sb, f.topk, 1.f, 1.f);
+  for (const char* arch : kArchs) {
+    SCOPED_TRACE(arch);
+    CudaRun run;
+    if (!attention_run(arch, f.config, sb, &run)) continue;
+    M3SA_ASSERT_OK(d.out.fill(0xff));
+    M3SA_ASSERT_OK(sparse_attention(run.plan, args, run.workspace.workspace()));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(device_flags(run), 0);
+    expect_close(cpu, d.out.download(), d.lse.download(), "cpu");
+  }
+}
+TEST(CudaAttentionLayouts, CombinedKvCacheViews) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  expect_combined_views_match(spec({1, 1, 150}, {3000, 700, 1500}, 2, 1, 64, 4));
+  expect_combined_views_match(decode_batch_and_prefill(12, 150, 1500));
+  expect_combined_views_match(decode_batch_and_prefill(40, 150, 1500));
 }
 
 // Rows whose selection is empty attend to nothing: zeros and lse -inf, never NaN.
@@ -247,51 +295,64 @@ TEST(CudaAttentionSmall, EmptySelectionsGiveZerosAndMinusInfinity) {
   Fixture f(spec({1, 1, 40}, {2000, 300, 900}, 2, 1, 16, 1), 16, test_seed());
   for (int64_t t : {int64_t{0}, int64_t{5}})
     for (int k = 0; k < 16; ++k) f.topk.data<int32_t>()[t * 16 + k] = -1;
-  DeviceAttention d(f.sb, f.topk);
-  CudaRun run = attention_run(f.config, f.sb);
-  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace()));
-  M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-  EXPECT_EQ(device_flags(run), 0);
-  const HostTensor out = d.out.download(), lse = d.lse.download();
-  for (int64_t t : {int64_t{0}, int64_t{5}})
-    for (int h = 0; h < 16; ++h) {
-      EXPECT_EQ(lse.data<float>()[t * 16 + h], -INFINITY) << t << " " << h;
-      for (int i = 0; i < kHeadDim; ++i)
-        ASSERT_EQ(out.data<uint16_t>()[(t * 16 + h) * kHeadDim + i], 0) << t << " " << h;
-    }
-  expect_close(host_attention(Backend::cpu, f.config, f.sb, f.topk, 1.f, 1.f), out, lse, "cpu");
+  const HostAttention cpu = host_attention(Backend::cpu, f.config, f.sb, f.topk, 1.f, 1.f);
+  for (const char* arch : kArchs) {
+    SCOPED_TRACE(arch);
+    DeviceAttention d(f.sb, f.topk);
+    CudaRun run;
+    if (!attention_run(arch, f.config, f.sb, &run)) continue;
+    M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace()));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(device_flags(run), 0);
+    const HostTensor out = d.out.download(), lse = d.lse.download();
+    for (int64_t t : {int64_t{0}, int64_t{5}})
+      for (int h = 0; h < 16; ++h) {
+        EXPECT_EQ(lse.data<float>()[t * 16 + h], -INFINITY) << t << " " << h;
+        for (int i = 0; i < kHeadDim; ++i)
+          ASSERT_EQ(out.data<uint16_t>()[(t * 16 + h) * kHeadDim + i], 0) << t << " " << h;
+      }
+    expect_close(cpu, out, lse, "cpu");
+  }
 }
 
 // Split merges sum in a fixed order: repeated runs are bitwise identical.
 TEST(CudaAttentionLayouts, TwentyRunsBitwiseIdentical) {
   M3SA_SKIP_WITHOUT_CUDA();
-  Fixture f(spec({1, 1, 1, 300}, {9000, 40000, 128, 5000}, 3, 1, 64, 4), 16, test_seed());
-  DeviceAttention d(f.sb, f.topk);
-  CudaRun run = attention_run(f.config, f.sb);
-  HostTensor first_out, first_lse;
-  for (int i = 0; i < 20; ++i) {
-    M3SA_ASSERT_OK(d.out.fill(0xff));
-    M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace()));
-    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-    if (i == 0) {
-      first_out = d.out.download(), first_lse = d.lse.download();
-      continue;
+  for (const BatchSpec& batch :
+       {spec({1, 1, 1, 300}, {9000, 40000, 128, 5000}, 3, 1, 64, 4),
+        decode_batch_and_prefill(12, 300, 5000), decode_batch_and_prefill(40, 300, 5000)}) {
+    Fixture f(batch, 16, test_seed());
+    for (const char* arch : kArchs) {
+      SCOPED_TRACE(arch);
+      DeviceAttention d(f.sb, f.topk);
+      CudaRun run;
+      if (!attention_run(arch, f.config, f.sb, &run)) continue;
+      HostTensor first_out, first_lse;
+      for (int i = 0; i < 20; ++i) {
+        M3SA_ASSERT_OK(d.out.fill(0xff));
+        M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace()));
+        M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+        if (i == 0) {
+          first_out = d.out.download(), first_lse = d.lse.download();
+          continue;
+        }
+        ASSERT_TRUE(same_bytes(first_out, d.out.download())) << "run " << i;
+        ASSERT_TRUE(same_bytes(first_lse, d.lse.download())) << "run " << i;
+      }
+      EXPECT_EQ(device_flags(run), 0);
     }
-    ASSERT_TRUE(same_bytes(first_out, d.out.download())) << "run " << i;
-    ASSERT_TRUE(same_bytes(first_lse, d.lse.download())) << "run " << i;
   }
-  EXPECT_EQ(device_flags(run), 0);
 }
 
 // Captured once, replayed after q, the selections, the lengths, the block tables and the caches
 // were rewritten in place: the replay equals an eager run on the new data.
-TEST(CudaAttentionLayouts, GraphReplayOnRewrittenInputsMatchesEager) {
-  M3SA_SKIP_WITHOUT_CUDA();
+void expect_graph_replay_matches_eager(const char* arch, const BatchSpec& s) {
+  SCOPED_TRACE(arch);
   const uint64_t seed = test_seed();
-  const BatchSpec s = spec({1, 1, 1, 1, 100}, {3000, 12000, 640, 1, 2500}, 4, 1, 64, 4);
   Fixture f(s, 16, seed), g(s, 16, seed + 100);
   DeviceAttention d(f.sb, f.topk);
-  CudaRun run = attention_run(f.config, f.sb);
+  CudaRun run;
+  if (!attention_run(arch, f.config, f.sb, &run)) return;
   cudaStream_t stream;
   M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
@@ -331,26 +392,38 @@ TEST(CudaAttentionLayouts, GraphReplayOnRewrittenInputsMatchesEager) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+TEST(CudaAttentionLayouts, GraphReplayOnRewrittenInputsMatchesEager) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  for (const char* arch : kArchs) {
+    expect_graph_replay_matches_eager(
+        arch, spec({1, 1, 1, 1, 100}, {3000, 12000, 640, 1, 2500}, 4, 1, 64, 4));
+    expect_graph_replay_matches_eager(arch, decode_batch_and_prefill(12, 100, 2500));
+  }
+}
 
 // A page id out of range in the KV block table is flagged and never read (compute-sanitizer runs
 // this case); the other rows are still right.
 TEST(CudaAttentionSmall, BadPageIdsAreFlaggedNotRead) {
   M3SA_SKIP_WITHOUT_CUDA();
   Fixture f(spec({1, 1}, {2000, 700}, 2, 1, 16, 1), 16, test_seed());
-  DeviceAttention d(f.sb, f.topk);
-  HostTensor bad_table = d.kv_block_table.download();
-  bad_table.data<int32_t>()[0] = 1 << 30; // request 0, block 0: selected whenever n <= K
-  M3SA_ASSERT_OK(d.kv_block_table.upload(bad_table));
-  CudaRun run = attention_run(f.config, f.sb);
-  M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace()));
-  M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-  EXPECT_EQ(device_flags(run) & 1, 1);
   const HostAttention expected = host_attention(Backend::cpu, f.config, f.sb, f.topk, 1.f, 1.f);
-  const HostTensor out = d.out.download();
-  for (int i = 16 * kHeadDim; i < 32 * kHeadDim; ++i) // request 1 (token 1) is untouched
-    ASSERT_NEAR(load(DType::bf16, out.view().data, i),
-                load(DType::bf16, expected.out.view().data, i), 1e-2)
-        << i;
+  for (const char* arch : kArchs) {
+    SCOPED_TRACE(arch);
+    DeviceAttention d(f.sb, f.topk);
+    HostTensor bad_table = d.kv_block_table.download();
+    bad_table.data<int32_t>()[0] = 1 << 30; // request 0, block 0: selected whenever n <= K
+    M3SA_ASSERT_OK(d.kv_block_table.upload(bad_table));
+    CudaRun run;
+    if (!attention_run(arch, f.config, f.sb, &run)) continue;
+    M3SA_ASSERT_OK(sparse_attention(run.plan, d.args(1.f, 1.f), run.workspace.workspace()));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(device_flags(run) & 1, 1);
+    const HostTensor out = d.out.download();
+    for (int i = 16 * kHeadDim; i < 32 * kHeadDim; ++i) // request 1 (token 1) is untouched
+      ASSERT_NEAR(load(DType::bf16, out.view().data, i),
+                  load(DType::bf16, expected.out.view().data, i), 1e-2)
+          << i;
+  }
 }
 
 } // namespace

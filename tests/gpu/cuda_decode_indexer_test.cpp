@@ -192,13 +192,6 @@ std::vector<DecodeCase> decode_cases() {
   };
 }
 
-bool on_hopper() {
-  int major = 0, minor = 0;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess &&
-         major == 9 && minor == 0;
-}
-
 // An index_topk plan of the implementation cuda.index_topk.<arch> for `plan_requests` requests (0:
 // the batch's), or nothing when it cannot run here (printed; on a Hopper GPU both must run).
 bool plan_named(const char* arch, const MsaConfig& config, const SyntheticBatch& sb,
@@ -211,15 +204,7 @@ bool plan_named(const char* arch, const MsaConfig& config, const SyntheticBatch&
     request.capacities.max_tokens =
         std::max<int64_t>(request.capacities.max_tokens, plan_requests * sb.spec().decode_q_len);
   }
-  const Status s = make_plan(request, &run->plan);
-  if (!s.ok()) {
-    std::printf("[ skip %s ] %s\n", name.c_str(), s.to_string().c_str());
-    EXPECT_FALSE(on_hopper()) << name << " must run on compute capability 9.0";
-    return false;
-  }
-  run->workspace = device_workspace(run->plan);
-  EXPECT_TRUE(run->workspace.status().ok()) << run->workspace.status().to_string();
-  return true;
+  return plan_named_implementation(request, run);
 }
 
 // One index_topk over `cache` into a poisoned output; the status is expected OK.

@@ -119,13 +119,6 @@ BatchSpec spec_of(const PrefillCase& c, uint64_t seed) {
   return s;
 }
 
-bool on_hopper() {
-  int major = 0, minor = 0;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess &&
-         major == 9 && minor == 0;
-}
-
 // A plan of the named implementation, or nothing when it cannot run here (printed; on a Hopper
 // GPU every implementation must run).
 bool plan_named(const char* name, OpKind op, const MsaConfig& config, const SyntheticBatch& sb,

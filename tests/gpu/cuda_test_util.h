@@ -3,6 +3,8 @@
 // check, and a CUDA plan with its prepared device workspace.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "cuda/cuda_status.h"
 #include "support/test_util.h"
 #include "testing/device_buffer.h"
@@ -14,6 +16,14 @@ namespace m3sa::testing {
 #define M3SA_CUDA_ASSERT(expr) M3SA_ASSERT_OK(::m3sa::cuda::cuda_status((expr), #expr))
 
 // A CUDA plan with its prepared device workspace.
+// Compute capability 9.0 exactly: the sm_90a implementations must run there.
+inline bool on_hopper() {
+  int major = 0, minor = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+
 struct CudaRun {
   OpPlan plan;
   DeviceBuffer workspace;
@@ -26,6 +36,20 @@ inline CudaRun cuda_run(const PlanRequest& request) {
   run.workspace = device_workspace(run.plan);
   EXPECT_TRUE(run.workspace.status().ok()) << run.workspace.status().to_string();
   return run;
+}
+
+// A plan of `request` by its named implementation (request.implementation), or false when that
+// cannot run here (printed; on a Hopper GPU every CUDA implementation must run).
+inline bool plan_named_implementation(const PlanRequest& request, CudaRun* run) {
+  const Status s = make_plan(request, &run->plan);
+  if (!s.ok()) {
+    std::printf("[ skip %s ] %s\n", request.implementation, s.to_string().c_str());
+    EXPECT_FALSE(on_hopper()) << request.implementation << " must run on compute capability 9.0";
+    return false;
+  }
+  run->workspace = device_workspace(run->plan);
+  EXPECT_TRUE(run->workspace.status().ok()) << run->workspace.status().to_string();
+  return true;
 }
 
 // The run's device error flags (read_device_errors also clears them).

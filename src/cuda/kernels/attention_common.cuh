@@ -19,6 +19,7 @@
 #include "cuda/attention_params.h"
 #include "cuda/indexer_params.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/sm90/hopper.cuh"
 
 namespace m3sa::cuda {
 
@@ -149,6 +150,11 @@ struct RowState {
 };
 
 // A warp's 16 query rows of token t, KV head g as MMA A fragments (zero rows past the group).
+// kPermuted: the dims of each k-step permuted as the e4m3 key fragments of the Hopper decode
+// kernel read them (lane tid's logical k 2 tid, 2 tid + 1, 2 tid + 8, 2 tid + 9 of k-step ks are
+// dims 16 (2 tid + ks / 4) + 4 (ks % 4) + 0..3, so that one 16-byte row chunk of e4m3 keys gives
+// a lane four k-steps): q.k sums over the same dims in another order.
+template <bool kPermuted = false>
 __device__ __forceinline__ void load_query(const SparseAttentionParams& p, int t, int g, bool live,
                                            uint32_t (&q)[8][4]) {
   const int lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
@@ -163,33 +169,46 @@ __device__ __forceinline__ void load_query(const SparseAttentionParams& p, int t
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
+    for (int half = 0; half < 2; ++half) {
+      const int dim = kPermuted ? 16 * (2 * tid + ks / 4) + 4 * (ks % 4) + 2 * half
+                                : 16 * ks + 8 * half + 2 * tid;
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        q[ks][2 * half + r] =
-            rows[r] ? *reinterpret_cast<const uint32_t*>(rows[r] + 16 * ks + 8 * half + 2 * tid)
-                    : 0u;
+        q[ks][2 * half + r] = rows[r] ? *reinterpret_cast<const uint32_t*>(rows[r] + dim) : 0u;
+    }
 }
 
-// Logits, online softmax and P·V for the 16 keys at row `key_row` of the staged K and V tiles
-// (bf16); keys past `last_key` (block-relative, like key_row) are masked.
-__device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8][4],
-                                            const unsigned char* k_tile,
-                                            const unsigned char* v_tile, int key_row, int last_key,
-                                            float logit_scale) {
-  const int lane = threadIdx.x & 31, tid = lane & 3, matrix = lane >> 3;
-  float s[2][4] = {};
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
-    uint32_t b[4];
-    ldmatrix_x4(b, k_tile + (key_row + (matrix >> 1) * 8 + (lane & 7)) * kRowBytes +
-                       (2 * ks + (matrix & 1)) * 16);
-    mma_bf16_16816(s[0], q[ks], b[0], b[1]);
-    mma_bf16_16816(s[1], q[ks], b[2], b[3]);
+// Where a staged bf16 K or V tile keeps 16-byte chunk c (dims 8c .. 8c + 7) of row r.
+// Padded rows (the cp.async kernels): kRowBytes apart, conflict-free for ldmatrix.
+struct PaddedRows {
+  const unsigned char* base;
+  __device__ const unsigned char* chunk(int row, int c) const {
+    return base + row * kRowBytes + c * 16;
   }
+};
+// Two 128 B-swizzled halves (TMA boxes of 64 dims: dims 0-63, then 64-127), `half_bytes` apart,
+// each from a 1024-byte-aligned base: chunk c of row r at (c % 8) ^ (r % 8), also conflict-free.
+struct SwizzledHalves {
+  const unsigned char* base;
+  int half_bytes;
+  __device__ int offset(int row, int c) const {
+    return (c >> 3) * half_bytes + static_cast<int>(sm90::swizzled_offset(row, c & 7));
+  }
+  __device__ const unsigned char* chunk(int row, int c) const { return base + offset(row, c); }
+};
+
+// Online softmax over kTiles x 8 logits of the warp's 16 rows (s[nt]: keys key_row + 8 nt +
+// 2 tid + {0, 1} of rows gid, gid + 8, raw q.k): keys past `last_key` masked, the running max,
+// denominator and O rescaled, and the weights returned as A fragments of kTiles / 2 k-steps of
+// 16 keys, split into a bf16 high part and the bf16 rounding of the rest.
+template <int kTiles>
+__device__ __forceinline__ void
+softmax_weights(RowState& st, float (&s)[kTiles][4], int key_row, int last_key, float logit_scale,
+                uint32_t (&p_hi)[kTiles / 2][4], uint32_t (&p_lo)[kTiles / 2][4]) {
+  const int tid = threadIdx.x & 3;
   float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = key_row + nt * 8 + 2 * tid + (e & 1);
@@ -206,18 +225,17 @@ __device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8]
     scale[r] = exp2f(st.m[r] - m_use[r]);
     st.m[r] = m_new;
   }
-  uint32_t p_hi[4], p_lo[4];
   float sum[2] = {0.f, 0.f};
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float w0 = exp2f(s[nt][2 * r] - m_use[r]), w1 = exp2f(s[nt][2 * r + 1] - m_use[r]);
       sum[r] += w0 + w1;
       const __nv_bfloat162 hi = __floats2bfloat162_rn(w0, w1);
       const float2 hi_f = __bfloat1622float2(hi);
-      p_hi[2 * nt + r] = *reinterpret_cast<const uint32_t*>(&hi);
-      p_lo[2 * nt + r] = pack_bf16x2(w0 - hi_f.x, w1 - hi_f.y);
+      p_hi[nt / 2][2 * (nt % 2) + r] = *reinterpret_cast<const uint32_t*>(&hi);
+      p_lo[nt / 2][2 * (nt % 2) + r] = pack_bf16x2(w0 - hi_f.x, w1 - hi_f.y);
     }
 #pragma unroll
   for (int r = 0; r < 2; ++r) st.l[r] = st.l[r] * scale[r] + sum[r];
@@ -230,16 +248,70 @@ __device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8]
       st.o[nt][2] *= scale[1], st.o[nt][3] *= scale[1];
     }
   }
+}
+
+// O += P V for one k-step of 16 keys (rows key_row .. key_row + 15 of the V tile). With
+// kMaskValues, V elements of keys past `last_key` are zeroed in the fragments: their weights are
+// 0, but such rows may hold NaN where the tile was not zero-filled (TMA boxes of whole pages).
+template <bool kMaskValues, typename VTile>
+__device__ __forceinline__ void accumulate_values(RowState& st, const uint32_t (&p_hi)[4],
+                                                  const uint32_t (&p_lo)[4], const VTile& v_tile,
+                                                  int key_row, int last_key) {
+  const int lane = threadIdx.x & 31, tid = lane & 3, matrix = lane >> 3;
+  uint32_t keep[2] = {0xffffffffu, 0xffffffffu}; // keys key_row + 2 tid (+ 8) and the next one
+  const bool masked = kMaskValues && last_key < key_row + 15; // warp-uniform
+  if (masked) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = key_row + 8 * h + 2 * tid;
+      keep[h] = (key <= last_key ? 0x0000ffffu : 0u) | (key + 1 <= last_key ? 0xffff0000u : 0u);
+    }
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     uint32_t b[4];
-    ldmatrix_x4_trans(b, v_tile + (key_row + (matrix & 1) * 8 + (lane & 7)) * kRowBytes +
-                             (2 * j + (matrix >> 1)) * 16);
+    ldmatrix_x4_trans(b,
+                      v_tile.chunk(key_row + (matrix & 1) * 8 + (lane & 7), 2 * j + (matrix >> 1)));
+    if (masked) b[0] &= keep[0], b[1] &= keep[1], b[2] &= keep[0], b[3] &= keep[1];
     mma_bf16_16816(st.o[2 * j], p_hi, b[0], b[1]);
     mma_bf16_16816(st.o[2 * j], p_lo, b[0], b[1]);
     mma_bf16_16816(st.o[2 * j + 1], p_hi, b[2], b[3]);
     mma_bf16_16816(st.o[2 * j + 1], p_lo, b[2], b[3]);
   }
+}
+
+// Logits, online softmax and P·V for the 16 keys at row `key_row` of the staged bf16 K and V
+// tiles; keys past `last_key` (block-relative, like key_row) are masked.
+template <bool kMaskValues = false, typename KTile, typename VTile>
+__device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8][4],
+                                            const KTile& k_tile, const VTile& v_tile, int key_row,
+                                            int last_key, float logit_scale) {
+  const int lane = threadIdx.x & 31, matrix = lane >> 3;
+  // Even and odd k-steps accumulate apart: two chains of four dependent MMAs instead of one of
+  // eight (a warp's stage is latency-bound, s9 r3).
+  float partial[2][2][4] = {};
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    uint32_t b[4];
+    ldmatrix_x4(b, k_tile.chunk(key_row + (matrix >> 1) * 8 + (lane & 7), 2 * ks + (matrix & 1)));
+    mma_bf16_16816(partial[ks & 1][0], q[ks], b[0], b[1]);
+    mma_bf16_16816(partial[ks & 1][1], q[ks], b[2], b[3]);
+  }
+  float s[2][4];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = partial[0][nt][e] + partial[1][nt][e];
+  uint32_t p_hi[1][4], p_lo[1][4];
+  softmax_weights<2>(st, s, key_row, last_key, logit_scale, p_hi, p_lo);
+  accumulate_values<kMaskValues>(st, p_hi[0], p_lo[0], v_tile, key_row, last_key);
+}
+// The cp.async kernels' form: padded bf16 rows.
+__device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8][4],
+                                            const unsigned char* k_tile,
+                                            const unsigned char* v_tile, int key_row, int last_key,
+                                            float logit_scale) {
+  attend_keys(st, q, PaddedRows{k_tile}, PaddedRows{v_tile}, key_row, last_key, logit_scale);
 }
 
 // Writes a warp's state as a partial [m 16][l 16][O 16 x 128] (denominator summed over the quad)

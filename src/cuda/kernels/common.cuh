@@ -68,15 +68,19 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 16 e4m3 values widened to 16 bf16 (exact: every e4m3 value is a bf16 value), order kept.
-__device__ __forceinline__ void widen_e4m3x16_to_bf16(uint4 raw, uint4* dst) {
+// 16 e4m3 values widened to 16 bf16 (exact: every e4m3 value is a bf16 value), order kept:
+// out[i] holds values 2 i and 2 i + 1.
+__device__ __forceinline__ void widen_e4m3x16(uint4 raw, uint32_t (&out)[8]) {
   const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
-  uint32_t out[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
     out[i] = pack_bf16x2(f.x, f.y);
   }
+}
+__device__ __forceinline__ void widen_e4m3x16_to_bf16(uint4 raw, uint4* dst) {
+  uint32_t out[8];
+  widen_e4m3x16(raw, out);
   dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
   dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
@@ -106,16 +110,44 @@ __device__ __forceinline__ void widen_bf16x8(uint4 raw, float* v) {
   }
 }
 
+// How a kernel is launched beyond grid, block and shared memory.
+struct LaunchOptions {
+  int cluster = 1; // CTAs per thread-block cluster along x (1: no cluster attribute)
+  // Programmatic dependent launch: the kernel may start while the stream's previous kernel is
+  // still running, and waits for it (wait_for_prior_grids) before it touches memory. SM90 only.
+  bool overlap_prior = false;
+};
+
 // Launches `kernel` with `smem` bytes of dynamic shared memory (above the 48 KB default, so the
-// attribute is set first); returns the first error.
-template <typename Kernel, typename Params>
-cudaError_t launch_with_shared_memory(Kernel kernel, dim3 grid, int threads, int smem,
-                                      cudaStream_t stream, const Params& params) {
-  const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+// attribute is set first; clusters above the portable 8 allowed), clusters and programmatic
+// dependent launch as `options` asks; returns the first error.
+template <typename Params>
+cudaError_t launch_with_shared_memory(void (*kernel)(Params), dim3 grid, int threads, int smem,
+                                      cudaStream_t stream, const Params& params,
+                                      LaunchOptions options = {}) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess && options.cluster > 8)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   if (e != cudaSuccess) return e;
-  kernel<<<grid, threads, smem, stream>>>(params);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2] = {};
+  if (options.cluster > 1) {
+    cudaLaunchAttribute& a = attributes[config.numAttrs++];
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = static_cast<unsigned>(options.cluster);
+    a.val.clusterDim.y = a.val.clusterDim.z = 1;
+  }
+  if (options.overlap_prior) {
+    cudaLaunchAttribute& a = attributes[config.numAttrs++];
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
+  }
+  config.attrs = attributes;
+  return cudaLaunchKernelEx(&config, kernel, params);
 }
 
 } // namespace m3sa::cuda

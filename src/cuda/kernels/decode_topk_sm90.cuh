@@ -78,10 +78,13 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
   constexpr int kSlots = Traits::kSlots, kBoxesPerPage = Traits::kBoxesPerPage;
   const DecodeTopkParams& p = params.decode;
   const ScoreBlocksParams& s = p.scoring;
+  // Launched to overlap the previous kernel (PDL): wait for it before touching memory.
+  sm90::wait_for_prior_grids();
+  sm90::allow_next_grid();
   DecodeTile t;
   if (!begin_decode_tile(p, &t)) return;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* ring = smem_raw + ((1024 - (sm90::shared_address(smem_raw) & 1023)) & 1023);
+  uint8_t* ring = sm90::align_to_swizzle_atom(smem_raw);
   uint64_t* lists = reinterpret_cast<uint64_t*>(ring + Traits::kRingBytes);
   uint64_t* full = lists + Traits::kListBytes / 8; // [warp][slot]
   int* is_last = reinterpret_cast<int*>(full + Traits::kWarps * kSlots);
@@ -249,7 +252,8 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
 template <typename StoredT, int MaxK>
 cudaError_t launch_decode_topk_sm90(const DecodeTopkSm90Params& p, dim3 grid, cudaStream_t s) {
   return launch_with_shared_memory(decode_topk_sm90_kernel<StoredT, MaxK>, grid, kScoreThreads,
-                                   DecodeSm90Traits<StoredT>::kSmemBytes, s, p);
+                                   DecodeSm90Traits<StoredT>::kSmemBytes, s, p,
+                                   LaunchOptions{1, true});
 }
 
 // Built for sm_90a (from the portable PTX the kernel body is empty: ptxVersion 80).

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
   const ScoreBlocksParams& p = params.scoring;
   extern __shared__ uint8_t smem_raw[];
   // Operands at a 1024-byte boundary (the swizzle atom); barriers after them.
-  uint8_t* smem = smem_raw + ((1024 - (sm90::shared_address(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
   uint8_t* query_s = smem;                                // [slab][256 rows][128 B] bf16
   uint8_t* key_s = smem + Traits::kQueryBytes;            // [stage][slab][128 keys][128 B] bf16
   uint8_t* raw_s = key_s + kStages * Traits::kStageBytes; // [raw stage][128 keys][128 B] e4m3

@@ -188,6 +188,45 @@ __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionPar
 }
 #endif
 
+// The end of a decode item (token t, KV head g, `split` of the pair's selection), once each of the
+// CTA's four warps has stored its partial (`warp_stride` bytes apart from `warp_partials`): the
+// warps' partials merged, then the output written (one split), or the splits merged in the
+// cluster (`cluster_slot`: shared memory free for the CTA's merged partial), or through the
+// workspace by the last CTA to arrive (`last_arrival`: a shared flag).
+__device__ __forceinline__ void finish_decode_item(const SparseAttentionParams& p,
+                                                   const float* warp_partials, int64_t warp_stride,
+                                                   float* cluster_slot, int64_t pair, int split,
+                                                   int t, int g, int32_t* last_arrival) {
+  __syncthreads();
+  const MergedRow warps = merge_rows<false, false>(warp_partials, warp_stride, 4, threadIdx.x);
+  if (p.splits == 1) {
+    store_output_row(p, warps, t, g, threadIdx.x);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  } else if (p.cluster_merge) {
+    merge_splits_in_cluster(p, warps, cluster_slot, t, g);
+#endif
+  } else {
+    store_merged_partial(warps, p.partials + (pair * p.splits + split) * kPartialFloats,
+                         threadIdx.x);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int arrived = atomicAdd(p.arrivals + pair, 1);
+      *last_arrival = arrived == p.splits - 1;
+      if (*last_arrival) atomicExch(p.arrivals + pair, 0); // ready for the next launch
+    }
+    __syncthreads();
+    if (*last_arrival) {
+      __threadfence();
+      store_output_row(p,
+                       merge_rows<false, true>(p.partials + pair * p.splits * kPartialFloats,
+                                               kPartialFloats * sizeof(float), p.splits,
+                                               threadIdx.x),
+                       t, g, threadIdx.x);
+    }
+  }
+}
+
 template <bool kFp8>
 __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     sparse_attention_decode_kernel(const SparseAttentionParams p) {
@@ -200,6 +239,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   const int warp = threadIdx.x >> 5;
   const float logit_scale = logit_scale_log2(p.k_scale);
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched to overlap the previous kernel (PDL) by SM90 plans: wait for it before touching
+  // memory (without that launch attribute both are no-ops).
+  sm90::wait_for_prior_grids();
+  sm90::allow_next_grid();
+#endif
   const int tokens = p.token_end - p.token_begin;
   const int64_t items = int64_t{tokens} * p.kv_heads * p.splits;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -245,58 +290,21 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
 
     float* partials = reinterpret_cast<float*>(smem);
     store_partial(st, partials + warp * kPartialFloats);
-    __syncthreads();
-    constexpr int64_t kStride = kPartialFloats * sizeof(float);
-    const MergedRow warps = merge_rows<false, false>(partials, kStride, 4, threadIdx.x);
-    if (p.splits == 1) {
-      store_output_row(p, warps, t, g, threadIdx.x);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    } else if (p.cluster_merge) {
-      merge_splits_in_cluster(p, warps, partials + kClusterSlot * kPartialFloats, t, g);
-#endif
-    } else {
-      store_merged_partial(warps, p.partials + (pair * p.splits + split) * kPartialFloats,
-                           threadIdx.x);
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        const int arrived = atomicAdd(p.arrivals + pair, 1);
-        sel.last_arrival = arrived == p.splits - 1;
-        if (sel.last_arrival) atomicExch(p.arrivals + pair, 0); // ready for the next launch
-      }
-      __syncthreads();
-      if (sel.last_arrival) {
-        __threadfence();
-        store_output_row(p,
-                         merge_rows<false, true>(p.partials + pair * p.splits * kPartialFloats,
-                                                 kStride, p.splits, threadIdx.x),
-                         t, g, threadIdx.x);
-      }
-    }
+    finish_decode_item(p, partials, kPartialFloats * sizeof(float),
+                       partials + kClusterSlot * kPartialFloats, pair, split, t, g,
+                       &sel.last_arrival);
     __syncthreads(); // the selection and the buffers are reused by the next item
   }
 }
 
-// Host side, one instantiation per translation unit (sparse_attention_decode_{bf16,fp8}.cu).
-
-// The kernel's shared memory and, for clusters above the portable 8, the non-portable size.
-template <bool kFp8> cudaError_t set_decode_attributes(int cluster) {
-  const auto kernel = sparse_attention_decode_kernel<kFp8>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kDecodeSmemBytes<kFp8>);
-  if (e == cudaSuccess && cluster > 8)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  return e;
-}
-
 // `grid` CTAs in clusters of `cluster` (1: no cluster attribute); `attribute` outlives the config.
-template <bool kFp8>
-cudaLaunchConfig_t decode_launch_config(int grid, int cluster, cudaStream_t stream,
-                                        cudaLaunchAttribute* attribute) {
+// (Occupancy queries only: launches go through launch_with_shared_memory.)
+inline cudaLaunchConfig_t decode_launch_config(int grid, int cluster, int smem, cudaStream_t stream,
+                                               cudaLaunchAttribute* attribute) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(grid);
   config.blockDim = dim3(kDecodeThreads);
-  config.dynamicSmemBytes = kDecodeSmemBytes<kFp8>;
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   *attribute = cudaLaunchAttribute{};
   attribute->id = cudaLaunchAttributeClusterDimension;
@@ -307,35 +315,41 @@ cudaLaunchConfig_t decode_launch_config(int grid, int cluster, cudaStream_t stre
   return config;
 }
 
-// Launches over `grid` CTAs, in clusters of `cluster` CTAs when cluster > 1 (p.cluster_merge).
-template <bool kFp8>
-cudaError_t launch_decode_kernel(const SparseAttentionParams& p, int grid, int cluster,
-                                 cudaStream_t stream) {
-  const cudaError_t e = set_decode_attributes<kFp8>(cluster);
-  if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attribute;
-  const cudaLaunchConfig_t config = decode_launch_config<kFp8>(grid, cluster, stream, &attribute);
-  return cudaLaunchKernelEx(&config, sparse_attention_decode_kernel<kFp8>, p);
-}
-
-// How many clusters of `cluster` CTAs (2..16) of this kernel the current device holds at once: 0
-// where the kernel has no SM90 code (the cluster merge is compiled for SM90 only) or the device
-// cannot run such a cluster. Plan time only.
-template <bool kFp8> int decode_kernel_active_clusters(int cluster) {
+// How many clusters of `cluster` CTAs (2..16) of a decode kernel the current device holds at
+// once: 0 where the kernel has no SM90 code (the cluster merge is compiled for SM90 only) or the
+// device cannot run such a cluster. Plan time only.
+template <typename Params>
+int decode_active_clusters(void (*kernel)(Params), int smem, int cluster) {
   cudaFuncAttributes attributes{};
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config =
-      decode_launch_config<kFp8>(cluster, cluster, nullptr, &attribute);
+      decode_launch_config(cluster, cluster, smem, nullptr, &attribute);
   int clusters = 0;
   if (cluster < 2 || cluster > kMaxClusterSplits ||
-      cudaFuncGetAttributes(&attributes, sparse_attention_decode_kernel<kFp8>) != cudaSuccess ||
-      attributes.ptxVersion < 90 || set_decode_attributes<kFp8>(cluster) != cudaSuccess ||
-      cudaOccupancyMaxActiveClusters(&clusters, sparse_attention_decode_kernel<kFp8>, &config) !=
-          cudaSuccess) {
+      cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.ptxVersion < 90 ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+          cudaSuccess ||
+      (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                           1) != cudaSuccess) ||
+      cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError(); // a refusal here only means: no cluster merge
     return 0;
   }
   return clusters;
+}
+
+// Host side of the cp.async kernel, one instantiation per translation unit
+// (sparse_attention_decode_{bf16,fp8}.cu).
+template <bool kFp8>
+cudaError_t launch_decode_kernel(const SparseAttentionParams& p, int grid, int cluster,
+                                 bool overlap_prior, cudaStream_t stream) {
+  return launch_with_shared_memory(sparse_attention_decode_kernel<kFp8>, dim3(grid), kDecodeThreads,
+                                   kDecodeSmemBytes<kFp8>, stream, p,
+                                   LaunchOptions{cluster, overlap_prior});
+}
+template <bool kFp8> int decode_kernel_active_clusters(int cluster) {
+  return decode_active_clusters(sparse_attention_decode_kernel<kFp8>, kDecodeSmemBytes<kFp8>,
+                                cluster);
 }
 
 } // namespace m3sa::cuda

@@ -18,6 +18,12 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The first 1024-byte boundary (a swizzle atom) at or after `p`, in shared memory: dynamic shared
+// memory is only 16-byte aligned, so a kernel asks for 1 KB more and starts its operands here.
+__device__ __forceinline__ uint8_t* align_to_swizzle_atom(uint8_t* p) {
+  return p + ((1024 - (shared_address(p) & 1023)) & 1023);
+}
+
 // Byte offset of chunk `chunk` (16 B) of row `row` in a 128 B-swizzled operand.
 __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
@@ -72,10 +78,35 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, uint64_t
                : "memory");
 }
 
+// The same for a 4D tensor map at (c0, c1, c2, c3), into the CTA's own shared memory (.shared::cta:
+// also what a CTA of a cluster means by its local addresses).
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* map, uint64_t* bar, int c0,
+                                            int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cta.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(shared_address(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(shared_address(bar)), "r"(c0), "r"(c1),
+               "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy reads
 // (wgmma reads its operands through the async proxy).
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- programmatic dependent launch -----------------------------------------------------------
+
+// Waits until the stream's previous grid has completed and its writes are visible: a kernel
+// launched with LaunchOptions::overlap_prior runs only set-up that touches no global memory
+// before this.
+__device__ __forceinline__ void wait_for_prior_grids() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+// Lets the stream's next grid (when launched with overlap_prior) start as this one's CTAs finish:
+// its CTAs still wait for this whole grid before they touch memory.
+__device__ __forceinline__ void allow_next_grid() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 // ---- warp specialisation ---------------------------------------------------------------------

@@ -1,0 +1,225 @@
+#pragma once
+// Decode rows of sparse_attention on Hopper: the selected K/V streamed by TMA into a ring per
+// warp (cuda.sparse_attention.sm90, decode rows whose K and V views TMA can address).
+//
+// Contract: as sparse_attention_decode_kernel (sparse_attention_decode.cuh), whose selection,
+// split and merge code it shares: for each decode token and KV head, the GQA group's 16 query
+// rows attend exactly over the keys of the token's selected blocks at positions <= its own
+// (docs/contract.md "Sparse attention"); bad metadata is flagged and contributes no key.
+//
+// Why: at batch >= 32 the cp.async kernel is bound by its copy pipeline, not by its MMAs (copies
+// alone took 141 of its 147 us at B=128 S=128K 64/4, ~3.8 TB/s; bench/NOTES.md s6), with a CTA
+// barrier per stage and per-thread copies. The decode indexer's TMA ring (decode_topk_sm90.cuh)
+// reached 95-104 % of the copy rate with four independent warps, each streaming its own ring of
+// boxes with no CTA barrier and no producer warp; this kernel does the same for K and V.
+//
+// Mapping: one CTA of 4 warps a work item (token t, KV head g, split of the selection), two
+// CTAs per SM, so that one CTA's set-up overlaps the other's stream. Warp 0 resolves the
+// selection (its pages, in ascending block order); each warp then takes a contiguous quarter of
+// the item's stages (kStageKeys keys of one selected block; the token's own block is cut after
+// its position, so no box past it is read) and streams them through its own kSlots slots, each
+// with one mbarrier: lane 0 issues a stage's K and V boxes (bf16: 16 tokens x 64 dims, two per
+// tensor; e4m3: 32 tokens x 128 dims) and refills the slot kSlots stages on once the warp has
+// read it. A warp keeps its (m, l, O) of the 16 query rows in registers (mma.sync m16n8k16, the
+// cp.async kernel's numerics: fp32 logits, P split into bf16 high and low parts), then the four
+// partials merge in shared memory and the splits through the workspace (finish_decode_item).
+// Never launched in clusters: the plan leaves cluster merges (the smallest batches) to the
+// cp.async kernel, since a cluster launch of this one drew synccheck "missing wait" reports on
+// its mbarriers (bench/NOTES.md s9 r5) that no run without clusters showed.
+// Launched with programmatic dependent launch: the barrier set-up overlaps the previous kernel.
+// Keys past the position inside a box are masked in the logits and zeroed in the V fragments:
+// TMA reads whole boxes, and the rows past seq_len may hold anything, NaN included.
+// e4m3 K/V: K fragments are widened in registers straight from the raw box (the queries' dims
+// permuted to match, load_query<true>); V is widened 16 keys at a time into the slot's K tile,
+// whose keys are consumed by then, and read back by ldmatrix.trans (exact, as bf16).
+#include "cuda/kernels/sm90/hopper.cuh"
+#include "cuda/kernels/sparse_attention_decode.cuh"
+
+namespace m3sa::cuda {
+
+template <bool kFp8> struct DecodeAttentionSm90Traits {
+  static constexpr int kWarps = kDecodeThreads / 32;
+  static constexpr int kStageKeys = kFp8 ? kDecodeSm90StageKeysFp8 : kDecodeSm90StageKeysBf16;
+  static constexpr int kStagesPerBlock = 128 / kStageKeys;
+  static constexpr int kSlots = 3;                             // ring slots a warp
+  static constexpr int kBoxBytes = kStageKeys * 128;           // one TMA box: kStageKeys x 128 B
+  static constexpr int kBoxesPerTile = kFp8 ? 1 : 2;           // bf16: dims 0-63, then 64-127
+  static constexpr int kTileBytes = kBoxesPerTile * kBoxBytes; // K (or V) of a stage
+  static constexpr int kSlotBytes = 2 * kTileBytes;            // K, then V
+  static constexpr int kWarpBytes = kSlots * kSlotBytes;
+  // The ring at a 1024-byte boundary (the swizzle atom).
+  static constexpr int kSmemBytes = 1024 + kWarps * kWarpBytes;
+  // After the stream, each warp's partial sits at the start of its ring, and warp 0's ring holds
+  // the CTA's merged partial for the cluster merge after its own.
+  static_assert(2 * kPartialFloats * 4 <= kWarpBytes, "partials fit a warp's ring");
+  static_assert(kSmemBytes <= 110 * 1024, "two CTAs per SM (kAttentionCtasPerSm)");
+  // e4m3: the widened V of 16 keys ([2 halves][16 rows][128 B]) fits the slot's K tile.
+  static_assert(!kFp8 || kTileBytes == 2 * 16 * 128, "widened V fills the K tile");
+};
+
+// Logits, online softmax and P·V of one e4m3 slot (32 keys; keys past `last_key` masked). K
+// fragments come from the raw swizzled box: lane (gid, tid) reads chunks 2 tid and 2 tid + 1 of
+// key rows 8 nt + gid, which hold its dims of k-steps 0-3 and 4-7 (load_query<true>'s order; the
+// two rows of an 8-lane phase read 8 distinct chunks). V is widened 16 keys at a time into the K
+// tile ([2 halves][16 rows][128 B], swizzled) for ldmatrix.trans.
+__device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&q)[8][4],
+                                                 unsigned char* k_tile, const unsigned char* v_tile,
+                                                 int last_key, float logit_scale) {
+  const int lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+  float partial[2][4][4] = {}; // [chunk j]: two chains of four MMAs a key tile
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(
+          k_tile + sm90::swizzled_offset(nt * 8 + gid, 2 * tid + j));
+      uint32_t w[8];
+      widen_e4m3x16(raw, w);
+#pragma unroll
+      for (int sub = 0; sub < 4; ++sub)
+        mma_bf16_16816(partial[j][nt], q[4 * j + sub], w[2 * sub], w[2 * sub + 1]);
+    }
+  float s[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = partial[0][nt][e] + partial[1][nt][e];
+  uint32_t p_hi[2][4], p_lo[2][4];
+  softmax_weights<4>(st, s, 0, last_key, logit_scale, p_hi, p_lo);
+  const SwizzledHalves widened{k_tile, 16 * 128};
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    __syncwarp(); // every lane's reads of the K tile (kk = 1: of the widened V) are done
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      // An 8-lane phase: rows 0-7 of one chunk, so reads and writes hit 8 distinct chunks.
+      const int r = (lane & 7) + 8 * (it & 1), c = (lane >> 3) + 4 * (it >> 1);
+      const uint4 raw =
+          *reinterpret_cast<const uint4*>(v_tile + sm90::swizzled_offset(16 * kk + r, c));
+      uint32_t w[8];
+      widen_e4m3x16(raw, w);
+      // dims 16 c .. 16 c + 15: bf16 chunks 2 c and 2 c + 1 of half c / 4
+      *reinterpret_cast<uint4*>(k_tile + widened.offset(r, 2 * c)) =
+          make_uint4(w[0], w[1], w[2], w[3]);
+      *reinterpret_cast<uint4*>(k_tile + widened.offset(r, 2 * c + 1)) =
+          make_uint4(w[4], w[5], w[6], w[7]);
+    }
+    __syncwarp();
+    accumulate_values<true>(st, p_hi[kk], p_lo[kk], widened, 0, last_key - 16 * kk);
+  }
+}
+
+// Diagnostic builds only (never in the library): 1 = the stream without the attention (slots are
+// waited for and refilled, nothing computed), 2 = the attention without the stream (no box is
+// issued or waited for; the slots' stale bytes are attended).
+#ifndef M3SA_ATTENTION_DECODE_SM90_VARIANT
+#define M3SA_ATTENTION_DECODE_SM90_VARIANT 0
+#endif
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
+    sparse_attention_decode_sm90_kernel(const __grid_constant__ SparseAttentionSm90Params params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Traits = DecodeAttentionSm90Traits<kFp8>;
+  constexpr int kSlots = Traits::kSlots, kStageKeys = Traits::kStageKeys;
+  const SparseAttentionParams& p = params.attention;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* ring = sm90::align_to_swizzle_atom(smem_raw);
+  __shared__ DecodeSelection sel;
+  __shared__ uint64_t full[Traits::kWarps][kSlots];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  // One item a CTA: the grid is decode tokens x KV heads x splits.
+  const int split = static_cast<int>(blockIdx.x % p.splits);
+  const int64_t pair = blockIdx.x / p.splits; // (token, KV head)
+  const int g = static_cast<int>(pair % p.kv_heads);
+  const int t = p.token_begin + static_cast<int>(pair / p.kv_heads);
+  uint64_t* my_full = full[warp];
+  if (lane == 0) { // the only thread that arrives on this warp's barriers initialises them
+    for (int i = 0; i < kSlots; ++i) sm90::mbarrier_init(&my_full[i], 1);
+    sm90::fence_barrier_init();
+    if (warp == 0) sm90::prefetch_tensor_map(params.k_map);
+    if (warp == 1) sm90::prefetch_tensor_map(params.v_map);
+  }
+  // Launched to overlap the previous kernel (PDL): nothing above touched global memory.
+  sm90::wait_for_prior_grids();
+  sm90::allow_next_grid();
+  uint32_t q[8][4];
+  load_query<kFp8>(p, t, g, true, q); // in flight during the selection's loads
+  select_blocks(p, t, g, sel);        // ends in a CTA barrier
+  const int position = sel.position;
+  const int b_begin = sel.count * split / p.splits;
+  const int b_end = sel.count * (split + 1) / p.splits;
+  // The range's stages: whole blocks, but the last one (the token's own block, when selected)
+  // only up to the position.
+  int stages = 0;
+  if (b_end > b_begin) {
+    const int visible = min(128, position - sel.block[b_end - 1] * 128 + 1);
+    stages =
+        (b_end - b_begin - 1) * Traits::kStagesPerBlock + (visible + kStageKeys - 1) / kStageKeys;
+  }
+  const int first = stages * warp / Traits::kWarps;
+  const int count = stages * (warp + 1) / Traits::kWarps - first;
+  uint8_t* my_ring = ring + warp * Traits::kWarpBytes;
+  // Stage first + i of the range: key row `row` of selected block b.
+  const auto stage_block = [&](int i) { return b_begin + (first + i) / Traits::kStagesPerBlock; };
+  const auto stage_row = [&](int i) { return (first + i) % Traits::kStagesPerBlock * kStageKeys; };
+  const auto issue = [&](int i) { // lane 0: stage i of this warp into slot i % kSlots
+    const int b = stage_block(i), row = stage_row(i);
+    const int page = static_cast<int>(sel.page[b]); // < 2^31: encode_kv_cache_map checks
+    uint8_t* dst = my_ring + (i % kSlots) * Traits::kSlotBytes;
+    uint64_t* bar = &my_full[i % kSlots];
+    sm90::mbarrier_arrive_expect_tx(bar, Traits::kSlotBytes);
+#pragma unroll
+    for (int h = 0; h < Traits::kBoxesPerTile; ++h) {
+      sm90::tma_load_4d(dst + h * Traits::kBoxBytes, params.k_map, bar, h * 64, row, g, page);
+      sm90::tma_load_4d(dst + Traits::kTileBytes + h * Traits::kBoxBytes, params.v_map, bar, h * 64,
+                        row, g, page);
+    }
+  };
+  constexpr int kVariant = M3SA_ATTENTION_DECODE_SM90_VARIANT;
+  if (lane == 0 && kVariant != 2)
+    for (int i = 0; i < min(count, kSlots); ++i) issue(i);
+
+  const float logit_scale = logit_scale_log2(p.k_scale);
+  RowState st;
+  st.reset();
+  for (int i = 0; i < count; ++i) {
+    const int last_key = position - sel.block[stage_block(i)] * 128 - stage_row(i);
+    uint8_t* k_tile = my_ring + (i % kSlots) * Traits::kSlotBytes;
+    const uint8_t* v_tile = k_tile + Traits::kTileBytes;
+    if (kVariant != 2) sm90::mbarrier_wait(&my_full[i % kSlots], (i / kSlots) & 1);
+    if constexpr (kVariant == 1) {
+    } else if constexpr (kFp8) {
+      attend_e4m3_slot(st, q, k_tile, v_tile, last_key, logit_scale);
+      sm90::fence_proxy_async_shared(); // the widened V's writes before TMA refills the slot
+    } else {
+      attend_keys<true>(st, q, SwizzledHalves{k_tile, Traits::kBoxBytes},
+                        SwizzledHalves{v_tile, Traits::kBoxBytes}, 0, last_key, logit_scale);
+    }
+    __syncwarp(); // every lane has read the slot: it may be refilled
+    if (lane == 0 && i + kSlots < count && kVariant != 2) issue(i + kSlots);
+  }
+  // Every box this warp issued has landed and been read: its ring holds its partial.
+  store_partial(st, reinterpret_cast<float*>(my_ring));
+  finish_decode_item(p, reinterpret_cast<const float*>(ring), Traits::kWarpBytes,
+                     reinterpret_cast<float*>(ring) + kPartialFloats, pair, split, t, g,
+                     &sel.last_arrival);
+#endif
+}
+
+template <bool kFp8>
+cudaError_t launch_decode_sm90(const SparseAttentionSm90Params& p, int grid, cudaStream_t stream) {
+  return launch_with_shared_memory(sparse_attention_decode_sm90_kernel<kFp8>, dim3(grid),
+                                   kDecodeThreads, DecodeAttentionSm90Traits<kFp8>::kSmemBytes,
+                                   stream, p, LaunchOptions{1, true});
+}
+// Built for sm_90a (from the portable PTX the kernel body is empty: ptxVersion 80).
+template <bool kFp8> bool decode_sm90_has_sm90a_code() {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, sparse_attention_decode_sm90_kernel<kFp8>) ==
+             cudaSuccess &&
+         attributes.ptxVersion >= 90;
+}
+
+} // namespace m3sa::cuda

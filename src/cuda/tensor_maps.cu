@@ -1,0 +1,79 @@
+// TMA descriptors of the cache views (tensor_maps.h).
+#include "cuda/tensor_maps.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+namespace m3sa::cuda {
+namespace {
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point, or null when the driver has
+// none.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
+bool addressable(int64_t bytes) {
+  return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t{1} << 40);
+}
+
+// A map over `rank` dims (innermost first: 128 elements of 1 or 2 bytes, contiguous) of `view`'s
+// data, with the outer dims' byte strides, boxes of `box` elements, 128 B swizzle.
+bool encode_tiled(const TensorView& view, int rank, const cuuint64_t* dims,
+                  const int64_t* stride_bytes, const cuuint32_t* box, uint64_t (&map)[16]) {
+  static_assert(sizeof(CUtensorMap) == sizeof(map));
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(view.data) % 16 != 0) return false;
+  cuuint64_t strides[4];
+  for (int i = 0; i + 1 < rank; ++i) {
+    if (!addressable(stride_bytes[i])) return false;
+    strides[i] = static_cast<cuuint64_t>(stride_bytes[i]);
+  }
+  const cuuint32_t unit_strides[5] = {1, 1, 1, 1, 1};
+  const bool fp8 = view.dtype == DType::fp8_e4m3;
+  return encode(reinterpret_cast<CUtensorMap*>(map),
+                fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                static_cast<cuuint32_t>(rank), view.data, dims, strides, box, unit_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int64_t element_bytes(const TensorView& view) { return view.dtype == DType::fp8_e4m3 ? 1 : 2; }
+
+} // namespace
+
+bool encode_index_k_map(const TensorView& cache, uint64_t (&map)[16]) {
+  const int64_t element = element_bytes(cache);
+  if (cache.rank != 3 || cache.strides[2] != 1 || cache.shape[0] > (int64_t{1} << 31)) return false;
+  const cuuint64_t dims[3] = {128, 128, static_cast<cuuint64_t>(cache.shape[0])};
+  const int64_t strides[2] = {cache.strides[1] * element, cache.strides[0] * element};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / element), 128, 1};
+  return encode_tiled(cache, 3, dims, strides, box, map);
+}
+
+bool encode_kv_cache_map(const TensorView& cache, int rows, uint64_t (&map)[16]) {
+  const int64_t element = element_bytes(cache);
+  if (cache.rank != 4 || cache.strides[3] != 1 || cache.shape[0] > (int64_t{1} << 31) || rows < 1 ||
+      rows > 128)
+    return false;
+  const cuuint64_t dims[4] = {128, 128, static_cast<cuuint64_t>(cache.shape[2]),
+                              static_cast<cuuint64_t>(cache.shape[0])};
+  const int64_t strides[3] = {cache.strides[1] * element, cache.strides[2] * element,
+                              cache.strides[0] * element};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / element), static_cast<cuuint32_t>(rows),
+                             1, 1};
+  return encode_tiled(cache, 4, dims, strides, box, map);
+}
+
+} // namespace m3sa::cuda

@@ -1,0 +1,23 @@
+#pragma once
+// TMA descriptors (CUtensorMap, 128 B opaque, kept as uint64_t[16] so that kernel parameter
+// structs need no driver header) of the cache views the Hopper kernels stream. Encoded on the
+// host at run time (no device access, no allocation: graph-capturable) through the runtime's
+// driver entry point, so the library never links libcuda. Each returns false where TMA cannot
+// address the view (base or strides not multiples of 16 bytes, a strided last dimension, more
+// pages than a 32-bit coordinate holds, no driver entry point): the portable kernels take those.
+#include <cstdint>
+
+#include "m3sa/tensor_view.h"
+
+namespace m3sa::cuda {
+
+// Index-K cache [pages, 128, 128]: boxes of one page's 128 tokens x 128 bytes (an e4m3 page is
+// one box, a bf16 page two: dims 0-63 and 64-127), 128 B swizzle.
+bool encode_index_k_map(const TensorView& cache, uint64_t (&map)[16]);
+
+// K or V cache [pages, 128, Hkv, 128] (any page, token and head strides, e.g. the K or V half
+// of a combined [pages, Hkv, 128, 2 x 128] cache): boxes of `rows` consecutive tokens of one
+// (page, KV head) x 128 bytes of dims (coordinates: dim, token, head, page), 128 B swizzle.
+bool encode_kv_cache_map(const TensorView& cache, int rows, uint64_t (&map)[16]);
+
+} // namespace m3sa::cuda
