@@ -62,6 +62,10 @@ struct ExecContext {
   int num_threads = 0;    // CPU backend: 0 = the plan's; never more than the plan's
   void* stream = nullptr; // CUDA backend: a cudaStream_t (must not be the legacy default stream)
 };
+// Stream order holds for every CUDA op. On compute capability 9.0 the sm90 implementations launch
+// their decode kernels with programmatic dependent launch: such a kernel may be scheduled while
+// the stream's previous kernel is still running, but it waits for that kernel to complete (and
+// its writes to be visible) before it reads or writes any global memory.
 
 // Call once after allocating a workspace for a plan, before its first run (and again after a
 // run that failed part-way). The CUDA backend keeps its device error flag and the arrival

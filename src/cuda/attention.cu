@@ -4,8 +4,9 @@
 // Decode rows run token-major (sparse_attention_decode.cuh): one token per CTA, its selection
 // split over CTAs when the decode rows alone cannot fill the GPU, merged in a cluster or by the
 // last CTA to arrive. Prefill rows run block-major (sparse_attention_prefill.cuh) in passes whose
-// per-(token, KV head, slot) partials fit the workspace. Grids depend on the plan only (the SM
-// count); live counts travel as values and lengths, selections and tables are read on the device.
+// per-(token, KV head, slot) partials fit the workspace. Grids depend on the plan (the SM count)
+// and the batch's host-side counts (fixed within a captured graph); lengths, selections and
+// tables are read on the device.
 #include <algorithm>
 
 #include "common/check.h"

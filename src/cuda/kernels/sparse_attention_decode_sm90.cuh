@@ -49,8 +49,8 @@ template <bool kFp8> struct DecodeAttentionSm90Traits {
   static constexpr int kWarpBytes = kSlots * kSlotBytes;
   // The ring at a 1024-byte boundary (the swizzle atom).
   static constexpr int kSmemBytes = 1024 + kWarps * kWarpBytes;
-  // After the stream, each warp's partial sits at the start of its ring, and warp 0's ring holds
-  // the CTA's merged partial for the cluster merge after its own.
+  // After the stream, each warp's partial sits at the start of its ring; warp 0's ring also has
+  // room after its own for the cluster slot finish_decode_item takes (unused: no clusters here).
   static_assert(2 * kPartialFloats * 4 <= kWarpBytes, "partials fit a warp's ring");
   static_assert(kSmemBytes <= 110 * 1024, "two CTAs per SM (kAttentionCtasPerSm)");
   // e4m3: the widened V of 16 keys ([2 halves][16 rows][128 B]) fits the slot's K tile.
