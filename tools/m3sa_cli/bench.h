@@ -41,7 +41,8 @@ struct Record {
   Timing t;
   double bytes = 0, flops = 0, fraction = 0;
   const char* ceiling = "";
-  std::string note; // derived figures (e.g. projected scaling), free text
+  std::string note;           // derived figures (e.g. projected scaling), free text
+  std::string implementation; // what make_plan picked ("cuda.sparse_attention.sm90"), or ""
 };
 
 // What the run measured on.

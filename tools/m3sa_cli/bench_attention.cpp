@@ -185,6 +185,7 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
   if (flags != 0)
     return Status(StatusCode::internal, "device error flags " + std::to_string(flags));
   Record rec{c.name, to_string(OpKind::sparse_attention), t};
+  rec.implementation = implementation_name(plan);
   rec.bytes = kv_bytes, rec.flops = flops;
   if (c.decode) {
     rec.fraction = kv_bytes / (t.median_us * 1e3) / ceilings.copy_gbps;

@@ -98,6 +98,7 @@ Status run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
     const PlanRequest request{op, Backend::cuda, config, Capacities{c.batch, tokens, blocks},
                               c.dtype};
     Timing t;
+    std::string implementation;
     M3SA_RETURN_IF_ERROR(time_planned(
         request, stream, sets, c.decode ? 20 : 5,
         [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx, int i) {
@@ -108,8 +109,9 @@ Status run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
             return select_topk_blocks(plan, {scores, batch, topk}, ws, ctx);
           return index_topk(plan, {q, cache, batch, topk}, ws, ctx);
         },
-        &t));
+        &t, &implementation));
     Record rec{c.name, to_string(op), t};
+    rec.implementation = implementation;
     if (op == OpKind::select_topk_blocks || c.decode) {
       rec.bytes = op == OpKind::select_topk_blocks
                       ? static_cast<double>(c.heads) * tokens * blocks * 4

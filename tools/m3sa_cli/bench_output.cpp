@@ -81,6 +81,7 @@ std::string json_report(const RunInfo& run, const Ceilings& ceilings,
                     {"tflops", fixed(tflops(r), 2)},
                     {"fraction_of_ceiling", fixed(r.fraction, 4)},
                     {"ceiling", r.ceiling},
+                    {"implementation", r.implementation},
                     {"note", r.note}});
   doc["records"] = std::move(rows);
   return doc.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";

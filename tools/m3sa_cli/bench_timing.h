@@ -71,12 +71,14 @@ Status time_graph(cudaStream_t stream, int launches, int samples, Enqueue&& enqu
 }
 
 // Plans `request`, gives the plan a prepared device workspace and times
-// `run(plan, workspace, ctx)` with time_graph (`launches` calls, `run(..., i)` for the i-th).
+// `run(plan, workspace, ctx)` with time_graph (`launches` calls, `run(..., i)` for the i-th);
+// `implementation` (if given) receives the name of the implementation the plan picked.
 template <typename Run>
 Status time_planned(const PlanRequest& request, cudaStream_t stream, int launches, int samples,
-                    Run&& run, Timing* out) {
+                    Run&& run, Timing* out, std::string* implementation = nullptr) {
   OpPlan plan;
   M3SA_RETURN_IF_ERROR(make_plan(request, &plan));
+  if (implementation != nullptr) *implementation = implementation_name(plan);
   const ExecContext ctx{0, stream};
   const DeviceBuffer ws = testing::device_workspace(plan, true, ctx);
   M3SA_RETURN_IF_ERROR(ws.status());

@@ -313,11 +313,21 @@ int run_demo(const DemoOptions& o) {
       config.top_k, config.local_blocks, config.init_blocks);
   std::printf("  attention  %d query / %d KV heads, %s KV cache (%s)\n", o.q_heads, o.kv_heads,
               to_string(kv_dtype), mib(sb.k_cache.bytes() + sb.v_cache.bytes()).c_str());
+  // The implementation each stage ran on ("cuda.sparse_attention.sm90"): what make_plan picks for
+  // the stage's request (no workspace needed), or the backend's name where it picks none.
+  const auto implementation_of = [&](OpKind op, Backend stage_backend) -> std::string {
+    OpPlan plan;
+    return make_plan(request_for(op, {stage_backend, o.threads}), &plan).ok()
+               ? std::string(implementation_name(plan))
+               : std::string(to_string(stage_backend));
+  };
   std::printf("\n  stage              time\n");
   std::printf("  norm_rope_insert %10.3f ms  (%s)\n  index_topk       %10.3f ms  (%s)\n  "
               "sparse_attention %10.3f ms  (%s)\n  total            %10.3f ms\n",
-              norm_rope_ms, to_string(indexer_backend), topk_ms, to_string(indexer_backend),
-              attention_ms, to_string(backend), norm_rope_ms + topk_ms + attention_ms);
+              norm_rope_ms, implementation_of(OpKind::norm_rope_insert, indexer_backend).c_str(),
+              topk_ms, implementation_of(OpKind::index_topk, indexer_backend).c_str(), attention_ms,
+              implementation_of(OpKind::sparse_attention, backend).c_str(),
+              norm_rope_ms + topk_ms + attention_ms);
   std::printf(
       "\n  verification against the reference on %lld tokens (%lld decode, %lld prefill):\n",
       static_cast<long long>(s_count), static_cast<long long>(decode_tokens),
