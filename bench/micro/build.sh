@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the standalone page-stream microbenchmark into <repo>/.gpu/page_stream.
+# Builds a standalone microbenchmark of bench/micro into <repo>/.gpu/<name>: page_stream (the
+# default; no m3sa dependency) or attend_rate (the library's attention device code, from src/).
 # sm_90a only (H100/H200), static cudart and static libstdc++/libgcc so the binary built here runs
 # on the device machine's image. Prints ptxas' per-kernel registers / shared memory / spills.
 set -euo pipefail
@@ -7,18 +8,20 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 out="$root/.gpu"
 mkdir -p "$out"
+prog="${1:-page_stream}"
+[ -f "$here/$prog.cu" ] || { echo "build.sh: no bench/micro/$prog.cu" >&2; exit 2; }
 NVCC="${NVCC:-nvcc}"
 CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v "$NVCC")")")}"
 "$NVCC" -std=c++20 -O3 -lineinfo \
   -gencode=arch=compute_90a,code=sm_90a \
-  -Xptxas -v -Xcompiler -Wall,-Wextra \
-  -c "$here/page_stream.cu" -o "$out/page_stream.o" 2> "$out/page_stream.ptxas.txt" || {
-  cat "$out/page_stream.ptxas.txt"; exit 1; }
-g++ -o "$out/page_stream" "$out/page_stream.o" \
+  -Xptxas -v -Xcompiler -Wall,-Wextra -I"$root/src" \
+  -c "$here/$prog.cu" -o "$out/$prog.o" 2> "$out/$prog.ptxas.txt" || {
+  cat "$out/$prog.ptxas.txt"; exit 1; }
+g++ -o "$out/$prog" "$out/$prog.o" \
   -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/targets/x86_64-linux/lib" \
   -lcudart_static -ldl -lpthread -lrt -static-libstdc++ -static-libgcc
 # Short per-kernel summary (demangled names, registers, smem, spills)
-python3 - "$out/page_stream.ptxas.txt" <<'PY' || true
+python3 - "$out/$prog.ptxas.txt" <<'PY' || true
 import re, subprocess, sys
 txt = open(sys.argv[1]).read().splitlines()
 name = None
@@ -37,4 +40,4 @@ for line in txt:
         print(f"{m.group(1):>4} regs  smem {smem.group(1) if smem else 0:>5} B  stack/spill {spill}  {name}")
         name = None
 PY
-echo "built $out/page_stream"
+echo "built $out/$prog"
