@@ -27,13 +27,16 @@ bool addressable(int64_t bytes) {
   return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t{1} << 40);
 }
 
-// A map over `rank` dims (innermost first: 128 elements of 1 or 2 bytes, contiguous) of `view`'s
-// data, with the outer dims' byte strides, boxes of `box` elements, 128 B swizzle.
+// A map over `rank` dims (innermost first: 128 elements of 1 or 2 bytes, contiguous; the outermost
+// the pages, whose ids the kernels pass as 32-bit coordinates) of `view`'s data, with the outer
+// dims' byte strides, boxes of `box` elements, 128 B swizzle.
 bool encode_tiled(const TensorView& view, int rank, const cuuint64_t* dims,
                   const int64_t* stride_bytes, const cuuint32_t* box, uint64_t (&map)[16]) {
   static_assert(sizeof(CUtensorMap) == sizeof(map));
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr || reinterpret_cast<uintptr_t>(view.data) % 16 != 0) return false;
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(view.data) % 16 != 0 ||
+      dims[rank - 1] > (cuuint64_t{1} << 31))
+    return false;
   cuuint64_t strides[4];
   for (int i = 0; i + 1 < rank; ++i) {
     if (!addressable(stride_bytes[i])) return false;
@@ -49,13 +52,11 @@ bool encode_tiled(const TensorView& view, int rank, const cuuint64_t* dims,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-int64_t element_bytes(const TensorView& view) { return view.dtype == DType::fp8_e4m3 ? 1 : 2; }
-
 } // namespace
 
 bool encode_index_k_map(const TensorView& cache, uint64_t (&map)[16]) {
-  const int64_t element = element_bytes(cache);
-  if (cache.rank != 3 || cache.strides[2] != 1 || cache.shape[0] > (int64_t{1} << 31)) return false;
+  const auto element = static_cast<int64_t>(dtype_size(cache.dtype));
+  if (cache.rank != 3 || cache.strides[2] != 1) return false;
   const cuuint64_t dims[3] = {128, 128, static_cast<cuuint64_t>(cache.shape[0])};
   const int64_t strides[2] = {cache.strides[1] * element, cache.strides[0] * element};
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / element), 128, 1};
@@ -63,10 +64,8 @@ bool encode_index_k_map(const TensorView& cache, uint64_t (&map)[16]) {
 }
 
 bool encode_kv_cache_map(const TensorView& cache, int rows, uint64_t (&map)[16]) {
-  const int64_t element = element_bytes(cache);
-  if (cache.rank != 4 || cache.strides[3] != 1 || cache.shape[0] > (int64_t{1} << 31) || rows < 1 ||
-      rows > 128)
-    return false;
+  const auto element = static_cast<int64_t>(dtype_size(cache.dtype));
+  if (cache.rank != 4 || cache.strides[3] != 1 || rows < 1 || rows > 128) return false;
   const cuuint64_t dims[4] = {128, 128, static_cast<cuuint64_t>(cache.shape[2]),
                               static_cast<cuuint64_t>(cache.shape[0])};
   const int64_t strides[3] = {cache.strides[1] * element, cache.strides[2] * element,

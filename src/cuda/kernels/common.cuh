@@ -121,13 +121,22 @@ struct LaunchOptions {
 // Launches `kernel` with `smem` bytes of dynamic shared memory (above the 48 KB default, so the
 // attribute is set first; clusters above the portable 8 allowed), clusters and programmatic
 // dependent launch as `options` asks; returns the first error.
+// The kernel attributes a launch (or an occupancy query) with `smem` bytes of dynamic shared
+// memory in clusters of `cluster` CTAs needs: the shared-memory size above the 48 KB default, and
+// for clusters above the portable 8 the non-portable size.
+template <typename Params>
+cudaError_t set_launch_attributes(void (*kernel)(Params), int smem, int cluster) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess && cluster > 8)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  return e;
+}
+
 template <typename Params>
 cudaError_t launch_with_shared_memory(void (*kernel)(Params), dim3 grid, int threads, int smem,
                                       cudaStream_t stream, const Params& params,
                                       LaunchOptions options = {}) {
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e == cudaSuccess && options.cluster > 8)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  const cudaError_t e = set_launch_attributes(kernel, smem, options.cluster);
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;

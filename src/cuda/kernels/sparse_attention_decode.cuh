@@ -327,10 +327,7 @@ int decode_active_clusters(void (*kernel)(Params), int smem, int cluster) {
   int clusters = 0;
   if (cluster < 2 || cluster > kMaxClusterSplits ||
       cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.ptxVersion < 90 ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-          cudaSuccess ||
-      (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                           1) != cudaSuccess) ||
+      set_launch_attributes(kernel, smem, cluster) != cudaSuccess ||
       cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError(); // a refusal here only means: no cluster merge
     return 0;
