@@ -197,15 +197,23 @@ struct SwizzledHalves {
   __device__ const unsigned char* chunk(int row, int c) const { return base + offset(row, c); }
 };
 
-// Online softmax over kTiles x 8 logits of the warp's 16 rows (s[nt]: keys key_row + 8 nt +
-// 2 tid + {0, 1} of rows gid, gid + 8, raw q.k): keys past `last_key` masked, the running max,
+// Online softmax over kTiles x 8 logits of the warp's 16 rows, each the sum of two MMA chains
+// (chains[c][nt]: keys key_row + 8 nt + 2 tid + {0, 1} of rows gid, gid + 8, raw q.k; two chains
+// of dependent MMAs instead of one twice as long, since a warp's stage is latency-bound,
+// bench/NOTES.md s9 r3): keys past `last_key` masked, the running max,
 // denominator and O rescaled, and the weights returned as A fragments of kTiles / 2 k-steps of
 // 16 keys, split into a bf16 high part and the bf16 rounding of the rest.
 template <int kTiles>
-__device__ __forceinline__ void
-softmax_weights(RowState& st, float (&s)[kTiles][4], int key_row, int last_key, float logit_scale,
-                uint32_t (&p_hi)[kTiles / 2][4], uint32_t (&p_lo)[kTiles / 2][4]) {
+__device__ __forceinline__ void softmax_weights(RowState& st, const float (&chains)[2][kTiles][4],
+                                                int key_row, int last_key, float logit_scale,
+                                                uint32_t (&p_hi)[kTiles / 2][4],
+                                                uint32_t (&p_lo)[kTiles / 2][4]) {
   const int tid = threadIdx.x & 3;
+  float s[kTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = chains[0][nt][e] + chains[1][nt][e];
   float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt)
@@ -287,23 +295,16 @@ __device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8]
                                             const KTile& k_tile, const VTile& v_tile, int key_row,
                                             int last_key, float logit_scale) {
   const int lane = threadIdx.x & 31, matrix = lane >> 3;
-  // Even and odd k-steps accumulate apart: two chains of four dependent MMAs instead of one of
-  // eight (a warp's stage is latency-bound, s9 r3).
-  float partial[2][2][4] = {};
+  float chains[2][2][4] = {}; // [k-step % 2]
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
     uint32_t b[4];
     ldmatrix_x4(b, k_tile.chunk(key_row + (matrix >> 1) * 8 + (lane & 7), 2 * ks + (matrix & 1)));
-    mma_bf16_16816(partial[ks & 1][0], q[ks], b[0], b[1]);
-    mma_bf16_16816(partial[ks & 1][1], q[ks], b[2], b[3]);
+    mma_bf16_16816(chains[ks & 1][0], q[ks], b[0], b[1]);
+    mma_bf16_16816(chains[ks & 1][1], q[ks], b[2], b[3]);
   }
-  float s[2][4];
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = partial[0][nt][e] + partial[1][nt][e];
   uint32_t p_hi[1][4], p_lo[1][4];
-  softmax_weights<2>(st, s, key_row, last_key, logit_scale, p_hi, p_lo);
+  softmax_weights<2>(st, chains, key_row, last_key, logit_scale, p_hi, p_lo);
   accumulate_values<kMaskValues>(st, p_hi[0], p_lo[0], v_tile, key_row, last_key);
 }
 // The cp.async kernels' form: padded bf16 rows.

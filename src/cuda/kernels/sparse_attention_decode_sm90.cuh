@@ -66,7 +66,7 @@ __device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&
                                                  unsigned char* k_tile, const unsigned char* v_tile,
                                                  int last_key, float logit_scale) {
   const int lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
-  float partial[2][4][4] = {}; // [chunk j]: two chains of four MMAs a key tile
+  float chains[2][4][4] = {}; // [chunk j]
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -77,15 +77,10 @@ __device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&
       widen_e4m3x16(raw, w);
 #pragma unroll
       for (int sub = 0; sub < 4; ++sub)
-        mma_bf16_16816(partial[j][nt], q[4 * j + sub], w[2 * sub], w[2 * sub + 1]);
+        mma_bf16_16816(chains[j][nt], q[4 * j + sub], w[2 * sub], w[2 * sub + 1]);
     }
-  float s[4][4];
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = partial[0][nt][e] + partial[1][nt][e];
   uint32_t p_hi[2][4], p_lo[2][4];
-  softmax_weights<4>(st, s, 0, last_key, logit_scale, p_hi, p_lo);
+  softmax_weights<4>(st, chains, 0, last_key, logit_scale, p_hi, p_lo);
   const SwizzledHalves widened{k_tile, 16 * 128};
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
