@@ -120,10 +120,6 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
   return {};
 }
 
-// Rows whose lanes rank at least 16 candidates each (512 blocks in the warp-per-row kernel, 4096
-// in the CTA-per-row one) take the rank-floor pass (SelectTopkParams::rank_floor_min_per_lane).
-inline constexpr int32_t kRankFloorMinPerLane = 16;
-
 Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const float* scores,
                         const int64_t (&strides)[3], int64_t width, const TensorView& topk,
                         int32_t* error_flags, cudaStream_t stream) {
@@ -136,7 +132,6 @@ Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const fl
   p.score_stride_block = strides[2];
   p.rows = selection_rows(plan, batch, topk);
   p.first_request = first_scheduled_request(plan, batch);
-  p.rank_floor_min_per_lane = kRankFloorMinPerLane;
   M3SA_CUDA_RETURN_IF_ERROR(launch_select_topk(p, stream));
   return {};
 }

@@ -107,11 +107,11 @@ struct SelectTopkParams {
   SelectionRows rows;
   int32_t first_request; // rows of earlier requests (decode) are left to the decode kernel
   int32_t* error_flags;  // [1]
-  // > 0: in rows where each lane ranks at least this many candidates, a first pass bounds the
-  // K-th score from below (select_topk.cuh rank_floor) and only candidates above the bound are
-  // ranked; 0: never. Same selections either way. The pass reads the scores twice, so it pays
-  // only on long rows (H200, bench/NOTES.md session 6: S=128K select 402 -> 298 us, S=8K 70 -> 79).
-  int32_t rank_floor_min_per_lane;
+  // 0: a first pass bounds the fill-th score from below (select_topk.cuh rank_floor) and only
+  // the candidates above the bound are ranked, against each other; rows where too many survive
+  // (ties) rank every candidate. 1: every row ranks every candidate (the tests' comparison).
+  // Same selections either way.
+  int32_t rank_every_candidate;
 };
 
 // Decode rows of index_topk: scoring as above (tiles, num_tiles and scores unused; tiles are

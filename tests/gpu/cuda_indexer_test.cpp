@@ -241,21 +241,23 @@ TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
   }
 }
 
-// The select kernels with the rank-floor pass (SelectTopkParams::rank_floor_min_per_lane) choose
-// exactly what they choose without it, on scores full of ties, NaN and infinities, in the
-// warp-per-row kernel (narrow rows) and the CTA-per-row one (few wide rows), and both equal the
-// reference.
+// The select kernels' floor + survivors path (SelectTopkParams::rank_every_candidate = 0) chooses
+// exactly what ranking every candidate chooses, and both equal the reference, in the warp-per-row
+// kernel (narrow rows) and the CTA-per-row one (few wide rows), on scores full of ties, NaN and
+// infinities (rows whose survivors overflow and fall back), on smooth scores (few survivors) and
+// on integers of a wide range (ties at the floor, survivors that fit).
 TEST(GpuIndexerSmall, RankFloorSelectionEqualsTheFullRanking) {
   M3SA_SKIP_WITHOUT_CUDA();
   for (std::vector<int32_t> lens : {std::vector<int32_t>{40 * 128, 3000, 129, 0, 1000, 77},
                                     std::vector<int32_t>{300000, 40 * 128, 0}}) {
     SyntheticBatch sb(decode_spec(lens, 2, DType::bf16));
     Rng rng(test_seed());
-    for (const bool smooth : {false, true}) {
+    for (const int mode : {0, 1, 2}) {
       HostTensor scores(DType::f32, {2, sb.num_tokens(), sb.width()});
       const float specials[] = {NAN, INFINITY, -INFINITY, 0.f, -0.f, 1.f, 2.f};
       for (int64_t i = 0; i < scores.view().numel(); ++i)
-        scores.data<float>()[i] = smooth ? static_cast<float>(rng.uniform() * 100.0)
+        scores.data<float>()[i] = mode == 1   ? static_cast<float>(rng.uniform() * 100.0)
+                                  : mode == 2 ? static_cast<float>(rng.uniform_int(-3000, 3000))
                                   : rng.uniform() < 0.5
                                       ? specials[rng.uniform_int(0, 6)]
                                       : static_cast<float>(rng.uniform_int(-50, 50));
@@ -265,7 +267,7 @@ TEST(GpuIndexerSmall, RankFloorSelectionEqualsTheFullRanking) {
         const DeviceBuffer d_scores(scores);
         const DeviceBuffer flags(DType::i32, {1}, 0);
         HostTensor got[2];
-        for (int floor = 0; floor < 2; ++floor) {
+        for (int every = 0; every < 2; ++every) {
           DeviceBuffer topk(DType::i32, {2, sb.num_tokens(), config.top_k}, 0x5a);
           cuda::SelectTopkParams p{};
           p.scores = d_scores.data_as<const float>();
@@ -276,10 +278,10 @@ TEST(GpuIndexerSmall, RankFloorSelectionEqualsTheFullRanking) {
           p.rows = cuda::selection_rows(run.plan, db.batch(), topk.view());
           p.first_request = 0;
           p.error_flags = flags.data_as<int32_t>();
-          p.rank_floor_min_per_lane = floor; // 1: every row with a candidate a lane
+          p.rank_every_candidate = every;
           M3SA_CUDA_ASSERT(cuda::launch_select_topk(p, nullptr));
           M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-          got[floor] = topk.download();
+          got[every] = topk.download();
         }
         HostTensor want;
         M3SA_ASSERT_OK(run_select_topk_blocks(config, sb, scores, {Backend::reference}, &want));

@@ -20,12 +20,11 @@ inline constexpr int kDecodeSmemBytes = kScoreSmemBytes;
 static_assert(kTileRows * 32 * sizeof(uint64_t) <= kReusableSmemBytes);
 // Warps of a decode CTA that publish and merge (the Hopper kernel's producer warp only waits).
 inline constexpr int kDecodeMergeWarps = kScoreThreads / 32;
-// The last CTA's merge scratch a warp, in 8-byte words: survivors, chosen, live list ids (int32).
-inline constexpr int kSurvivorCapacity = 224;
+// The last CTA's merge scratch a warp, in 8-byte words: survivors (kSurvivorCapacity,
+// select_topk.cuh), chosen, live list ids (int32).
 inline constexpr int kLiveListCapacity = kSurvivorCapacity;
 inline constexpr int kMergeScratchKeys = kSurvivorCapacity + 32 + kLiveListCapacity / 2;
 static_assert(kDecodeMergeWarps * kMergeScratchKeys * sizeof(uint64_t) <= kReusableSmemBytes);
-static_assert(kSurvivorCapacity % 8 == 0, "rank_survivors pads to 8 keys");
 
 // Inserts `key` into a row's descending list of `len` keys (one thread per row).
 __device__ __forceinline__ void insert_sorted(uint64_t* list, int len, uint64_t key) {

@@ -79,24 +79,79 @@ template <int MaxK> __device__ __forceinline__ void clear_list(uint64_t (&best)[
   for (int i = 0; i < MaxK; ++i) best[i] = 0;
 }
 
-// A lower bound of the fill-th largest score rank among a warp's candidates b = first + lane,
-// first + lane + step, ... below `end` (`first` taken at lane 0): the fill-th largest of the 32
-// lanes' maxima, since the lanes holding the fill largest maxima hold fill candidates at least
-// that large. Candidates ranked below it cannot be chosen and skip the list insertion, which on
-// scores without structure leaves one or two inserts a lane instead of ~27 (0 when fill is 0 or
-// fewer than fill lanes hold a candidate: then nothing is skipped).
-__device__ __forceinline__ uint32_t rank_floor(const float* scores, int64_t stride, int first,
-                                               int end, int step, int fill, int lane) {
-  uint32_t mine = 0;
-  for (int b = first; b < end; b += step) mine = max(mine, rank_key(scores[b * stride]));
+// The fill-th largest of the 32 lanes' values `mine` (ties ordered by lane); 0 when fill <= 0.
+// Uniform over the warp.
+template <typename Key>
+__device__ __forceinline__ Key fill_th_of_lanes(Key mine, int fill, int lane) {
   if (fill <= 0) return 0;
-  int position = 0; // among the 32 maxima, ties ordered by lane
+  int position = 0; // among the 32 values, ties ordered by lane
+#pragma unroll 8
   for (int j = 0; j < 32; ++j) {
-    const uint32_t other = __shfl_sync(0xffffffffu, mine, j);
+    const Key other = __shfl_sync(0xffffffffu, mine, j);
     position += other > mine || (other == mine && j < lane);
   }
   const unsigned holder = __ballot_sync(0xffffffffu, position == fill - 1);
   return __shfl_sync(0xffffffffu, mine, __ffs(holder) - 1);
+}
+
+// Score loads a lane keeps in flight while it walks a row: a row read one load at a time is read
+// at the rate of its loads' latency.
+inline constexpr int kScoreLoadsInFlight = 8;
+
+// A lane's share of kScoreLoadsInFlight x 32 consecutive candidates: b = base + lane + u step
+// (`base` uniform over the warp), loaded together; `valid` is false past `end`.
+struct ScoreChunk {
+  float score[kScoreLoadsInFlight];
+
+  __device__ __forceinline__ void load(const float* scores, int64_t stride, int base, int end,
+                                       int step, int lane) {
+#pragma unroll
+    for (int u = 0; u < kScoreLoadsInFlight; ++u) {
+      const int b = base + lane + u * step;
+      score[u] = b < end ? scores[int64_t{b} * stride] : 0.f;
+    }
+  }
+  // Calls visit(b, score, valid) for each; every lane makes the same calls, so visit may vote.
+  template <typename Visit>
+  __device__ __forceinline__ void visit(int base, int end, int step, int lane,
+                                        Visit&& visit) const {
+#pragma unroll
+    for (int u = 0; u < kScoreLoadsInFlight; ++u) {
+      const int b = base + lane + u * step;
+      visit(b, score[u], b < end);
+    }
+  }
+};
+
+// The chunks of candidates begin + lane + i step below `end`, the first one from `first`
+// (loaded by the caller), the others loaded here.
+template <typename Visit>
+__device__ __forceinline__ void for_each_score(const ScoreChunk& first, const float* scores,
+                                               int64_t stride, int begin, int end, int step,
+                                               int lane, Visit&& visit) {
+  first.visit(begin, end, step, lane, visit);
+  for (int base = begin + kScoreLoadsInFlight * step; base < end;
+       base += kScoreLoadsInFlight * step) {
+    ScoreChunk chunk;
+    chunk.load(scores, stride, base, end, step, lane);
+    chunk.visit(base, end, step, lane, visit);
+  }
+}
+
+// A lower bound of the fill-th largest score rank among a warp's candidates b = begin + lane +
+// i step below `end`: the fill-th largest of the 32 lanes' maxima, since the lanes holding the
+// fill largest maxima hold fill candidates at least that large (0 when fill is 0 or fewer than
+// fill lanes hold a candidate). Leaves the first chunk of candidates in `first`: rows of up to
+// kScoreLoadsInFlight x 32 candidates are read once.
+__device__ __forceinline__ uint32_t rank_floor(const float* scores, int64_t stride, int begin,
+                                               int end, int step, int fill, ScoreChunk& first,
+                                               int lane) {
+  first.load(scores, stride, begin, end, step, lane);
+  uint32_t mine = 0;
+  for_each_score(first, scores, stride, begin, end, step, lane, [&](int, float score, bool valid) {
+    if (valid) mine = max(mine, rank_key(score));
+  });
+  return fill_th_of_lanes(mine, fill, lane);
 }
 
 // Candidates b = first, first + step, ... below `end` whose rank is at least `floor`, ranked into
@@ -163,14 +218,32 @@ __device__ __forceinline__ uint64_t lists_floor(const ListSet<kPerSplit>& set, i
   if (fill <= 0) return 0;
   uint64_t mine = 0;
   for (int l = lane; l < set.count; l += 32) mine = max(mine, list_key<kShared>(set.list(l)));
-  int position = 0; // among the 32 maxima, ties ordered by lane
-#pragma unroll 8
-  for (int j = 0; j < 32; ++j) {
-    const uint64_t other = __shfl_sync(0xffffffffu, mine, j);
-    position += other > mine || (other == mine && j < lane);
+  return fill_th_of_lanes(mine, fill, lane);
+}
+
+// Ranks `held` unique keys in `survivors` (16-byte aligned, room for held rounded up to 8) and
+// writes the fill largest, descending, to chosen[0 .. fill), 0 past the last key there is: each
+// key takes the slot of its rank, a sum over 16-byte broadcast reads (independent loads).
+__device__ __forceinline__ void rank_held_survivors(uint64_t* survivors, int held, int fill,
+                                                    uint64_t* chosen, int lane) {
+  const int padded = (held + 7) & ~7; // the 0 keys rank below every key
+  for (int i = held + lane; i < padded; i += 32) survivors[i] = 0;
+  for (int i = lane; i < fill; i += 32) chosen[i] = 0;
+  __syncwarp();
+  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(survivors);
+  for (int i = lane; i < held; i += 32) { // keys are unique (they hold the block id)
+    const uint64_t key = survivors[i];
+    int rank = 0;
+    for (int j = 0; j < padded / 2; j += 4) {
+      ulonglong2 pair[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) pair[u] = pairs[j + u];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) rank += (pair[u].x > key) + (pair[u].y > key);
+    }
+    if (rank < fill) chosen[rank] = key;
   }
-  const unsigned holder = __ballot_sync(0xffffffffu, position == fill - 1);
-  return __shfl_sync(0xffffffffu, mine, __ffs(holder) - 1);
+  __syncwarp();
 }
 
 // The fill best keys of the lists into chosen[0 .. fill), descending, 0 past the last key there
@@ -231,24 +304,7 @@ rank_survivors(const ListSet<kPerSplit>& set, int fill, uint64_t floor, uint64_t
     }
   }
   if (held > capacity) return false;
-  const int padded = (held + 7) & ~7; // <= capacity; the 0 keys rank below every key
-  for (int i = held + lane; i < padded; i += 32) survivors[i] = 0;
-  for (int i = lane; i < fill; i += 32) chosen[i] = 0;
-  __syncwarp();
-  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(survivors);
-  for (int i = lane; i < held; i += 32) { // keys are unique (they hold the block id)
-    const uint64_t key = survivors[i];
-    int rank = 0;
-    for (int j = 0; j < padded / 2; j += 4) {
-      ulonglong2 pair[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) pair[u] = pairs[j + u];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) rank += (pair[u].x > key) + (pair[u].y > key);
-    }
-    if (rank < fill) chosen[rank] = key;
-  }
-  __syncwarp();
+  rank_held_survivors(survivors, held, fill, chosen, lane);
   return true;
 }
 
@@ -325,61 +381,106 @@ __device__ __forceinline__ bool warp_row(const SelectionRows& rows, int* h, int*
   return *h < rows.heads && *t < rows.num_tokens;
 }
 
-// Whether this row's candidates (init_blocks .. local_begin, `step` lanes apart) are enough per
-// lane for the rank-floor pass to pay for its second read of the scores. Uniform over the warp.
-__device__ __forceinline__ bool uses_rank_floor(const SelectTopkParams& p, const SelectionRow& row,
-                                                int step) {
-  return p.rank_floor_min_per_lane > 0 &&
-         row.local_begin - row.init_blocks >= p.rank_floor_min_per_lane * step;
-}
-
 __device__ __forceinline__ const float* row_scores(const SelectTopkParams& p, int h, int t) {
   return p.scores + h * p.score_stride_head + t * p.score_stride_token;
 }
 
+// Survivors a warp gathers before it gives up on the floor (a decode merge's lists or a row's
+// scores): on random scores a few more than fill survive; rows of ties keep many and take the
+// full ranking.
+inline constexpr int kSurvivorCapacity = 224;
+static_assert(kSurvivorCapacity % 8 == 0, "rank_held_survivors pads to 8 keys");
+
+// A warp's shared memory for one row: survivors, then the chosen keys.
+struct SurvivorSpace {
+  __align__(16) uint64_t survivors[kSurvivorCapacity];
+  uint64_t chosen[32];
+};
+
+// Gathers the candidates b = begin + lane + i step below `end` whose rank is at least `floor` into
+// survivors (ballot-compacted, in block order); false when more than kSurvivorCapacity survive.
+__device__ __forceinline__ bool gather_survivors(const ScoreChunk& first, const float* scores,
+                                                 int64_t stride, int begin, int end, int step,
+                                                 uint32_t floor, SurvivorSpace& space, int* held,
+                                                 int lane) {
+  const unsigned lower_lanes = (1u << lane) - 1;
+  int count = 0;
+  for_each_score(first, scores, stride, begin, end, step, lane,
+                 [&](int b, float score, bool valid) {
+                   const uint64_t key = selection_key(score, b);
+                   const bool keep = valid && static_cast<uint32_t>(key >> 32) >= floor;
+                   const unsigned kept = __ballot_sync(0xffffffffu, keep);
+                   const int at = count + __popc(kept & lower_lanes);
+                   if (keep && at < kSurvivorCapacity) space.survivors[at] = key;
+                   count += __popc(kept);
+                 });
+  *held = count;
+  return count <= kSurvivorCapacity;
+}
+
+// Lane i < fill: the i-th largest key (descending) of the candidates b = begin + lane + i step
+// below row.local_begin; 0 in the other lanes. The floor (rank_floor) leaves, on scores without
+// structure, a few more than fill survivors, ranked against each other; when more survive (ties),
+// or with rank_every_candidate, every candidate is ranked into the lanes' lists and merged.
+template <int MaxK>
+__device__ __forceinline__ uint64_t best_of_share(const SelectTopkParams& p,
+                                                  const SelectionRow& row, const float* scores,
+                                                  int begin, int step, SurvivorSpace& space,
+                                                  int lane) {
+  if (row.fill <= 0) return 0;
+  const int64_t stride = p.score_stride_block;
+  uint32_t floor = 0;
+  if (!p.rank_every_candidate) {
+    ScoreChunk first;
+    floor = rank_floor(scores, stride, begin, row.local_begin, step, row.fill, first, lane);
+    int held;
+    if (gather_survivors(first, scores, stride, begin, row.local_begin, step, floor, space, &held,
+                         lane)) {
+      rank_held_survivors(space.survivors, held, row.fill, space.chosen, lane);
+      return lane < row.fill ? space.chosen[lane] : 0;
+    }
+  }
+  uint64_t best[MaxK];
+  rank_candidates(best, scores, stride, begin + lane, row.local_begin, step, floor);
+  return merge_warp(best, row.fill, lane);
+}
+
+// CTAs an SM the select kernels are built for: a row's loads are latency-bound, so occupancy is
+// bandwidth (the lists of the full ranking, 2 MaxK registers, fit either way without spills).
+template <int MaxK> inline constexpr int kSelectMinBlocks = MaxK <= 16 ? 4 : 2;
+
 // One warp per row: rows of up to a few thousand blocks (prefill, small decode contexts).
 template <int MaxK>
-__global__ void __launch_bounds__(kSelectWarps * 32)
+__global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
     select_topk_kernel(const __grid_constant__ SelectTopkParams p) {
+  __shared__ SurvivorSpace space[kSelectWarps];
   const int lane = threadIdx.x & 31;
   int h, t;
   if (!warp_row(p.rows, &h, &t)) return;
   SelectionRow row;
   if (begin_scored_row(p, h, t, lane, true, &row)) return;
-  const float* scores = row_scores(p, h, t);
-  const uint32_t floor = uses_rank_floor(p, row, 32)
-                             ? rank_floor(scores, p.score_stride_block, row.init_blocks + lane,
-                                          row.local_begin, 32, row.fill, lane)
-                             : 0;
-  uint64_t best[MaxK];
-  rank_candidates(best, scores, p.score_stride_block, row.init_blocks + lane, row.local_begin, 32,
-                  floor);
-  write_selection(row, merge_warp(best, row.fill, lane), lane);
+  const uint64_t key = best_of_share<MaxK>(p, row, row_scores(p, h, t), row.init_blocks, 32,
+                                           space[threadIdx.x >> 5], lane);
+  write_selection(row, key, lane);
 }
 
-// One CTA per row for long contexts (up to 8192+ blocks): each warp ranks a 1/8 share, then
+// One CTA per row for long contexts (up to 8192+ blocks): each warp selects from a 1/8 share, then
 // warp 0 merges the eight lists.
 template <int MaxK>
-__global__ void __launch_bounds__(kSelectWarps * 32)
+__global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
     select_topk_wide_kernel(const __grid_constant__ SelectTopkParams p) {
+  __shared__ SurvivorSpace space[kSelectWarps];
   __shared__ uint64_t lists[kSelectWarps][32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = blockIdx.x / p.rows.token_capacity, t = blockIdx.x % p.rows.token_capacity;
   if (h >= p.rows.heads || t >= p.rows.num_tokens) return;
   SelectionRow row;
   if (begin_scored_row(p, h, t, lane, warp == 0, &row)) return; // uniform across the CTA
-  const float* scores = row_scores(p, h, t);
-  const int first = row.init_blocks + warp * 32 + lane;
-  const uint32_t floor = uses_rank_floor(p, row, 32 * kSelectWarps)
-                             ? rank_floor(scores, p.score_stride_block, first, row.local_begin,
-                                          32 * kSelectWarps, row.fill, lane)
-                             : 0;
-  uint64_t best[MaxK];
-  rank_candidates(best, scores, p.score_stride_block, first, row.local_begin, 32 * kSelectWarps,
-                  floor);
-  lists[warp][lane] = merge_warp(best, row.fill, lane); // lanes >= fill hold 0
+  lists[warp][lane] = best_of_share<MaxK>(p, row, row_scores(p, h, t), row.init_blocks + warp * 32,
+                                          32 * kSelectWarps, space[warp], lane);
   __syncthreads();
   if (warp != 0) return;
+  uint64_t best[MaxK];
   clear_list(best);
   for (int w = 0; w < kSelectWarps; ++w) insert_key(best, lists[w][lane]);
   write_selection(row, merge_warp(best, row.fill, lane), lane);
