@@ -6,6 +6,7 @@
 #include "cuda/indexer.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "cuda/kernels/indexer_traits.h"
 #include "cuda/launch.h"
@@ -98,13 +99,17 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
   if (info.scorer == Scorer::sm90 && encode_index_k_map(cache, sm90.index_k_map)) {
     ScheduleParams s = schedule_params(plan, batch, l, sm90_tile_tokens(heads));
     s.schedule = l.schedule;
+    s.units = l.units;
+    s.range_starts = l.range_starts;
+    s.unit_capacity = static_cast<int32_t>(l.unit_capacity);
+    s.range_capacity = static_cast<int32_t>(l.range_capacity);
     s.table_width = p.block_table_width;
-    s.target_units = 2 * info.sm_count;
-    s.fill_tail = p.fill_tail;
+    s.persistent_ctas = info.sm_count;
     M3SA_CUDA_RETURN_IF_ERROR(launch_schedule_tiles(s, stream));
     p.tile_tokens = sm90_tile_tokens(heads);
     sm90.scoring = p;
     sm90.schedule = l.schedule;
+    sm90.units = l.units;
     M3SA_CUDA_RETURN_IF_ERROR(cache.dtype == DType::fp8_e4m3
                                   ? launch_score_blocks_sm90_fp8(sm90, info.sm_count, stream)
                                   : launch_score_blocks_sm90_bf16(sm90, info.sm_count, stream));
@@ -132,7 +137,9 @@ Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const fl
   p.score_stride_block = strides[2];
   p.rows = selection_rows(plan, batch, topk);
   p.first_request = first_scheduled_request(plan, batch);
-  M3SA_CUDA_RETURN_IF_ERROR(launch_select_topk(p, stream));
+  const bool after_sm90_scorer =
+      detail::load_plan_info<ScoringPlanInfo>(plan).scorer == Scorer::sm90;
+  M3SA_CUDA_RETURN_IF_ERROR(launch_select_topk(p, stream, after_sm90_scorer));
   return {};
 }
 
@@ -245,7 +252,17 @@ IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::Work
   l.schedule = carver.take<ScoringSchedule>(1);
   l.num_tiles = &l.schedule->num_tiles;
   l.tile_capacity = ceil_div(cap.max_tokens, tile_tokens(heads)) + cap.max_requests;
-  if (request.op == OpKind::score_blocks || topk) l.tiles = carver.take<RowTile>(l.tile_capacity);
+  if (request.op == OpKind::score_blocks || topk) {
+    l.tiles = carver.take<RowTile>(l.tile_capacity);
+    // The SM90 schedule's unit list: at most every tile of 256 rows times its ranges of
+    // kMinBlocksPerRange blocks (int32 entries: far below what the scores of those rows take).
+    l.range_capacity = ceil_div(cap.max_blocks_per_request, kMinBlocksPerRange);
+    l.unit_capacity = std::min<int64_t>(
+        std::numeric_limits<int32_t>::max(),
+        (ceil_div(cap.max_tokens, sm90_tile_tokens(heads)) + cap.max_requests) * l.range_capacity);
+    l.units = carver.take<ScoringUnit>(l.unit_capacity);
+    l.range_starts = carver.take<int32_t>(l.range_capacity);
+  }
   if (topk)
     l.scores = carver.take<float>(int64_t{heads} * cap.max_tokens * cap.max_blocks_per_request);
   return l;

@@ -33,9 +33,12 @@ struct IndexerLayout {
   ScoringSchedule* schedule = nullptr; // [1] (num_tiles below is its first field)
   int32_t* num_tiles = nullptr;        // [1]
   RowTile* tiles = nullptr;            // [tile_capacity]
+  ScoringUnit* units = nullptr;        // [unit_capacity] (the SM90 scorer's unit list)
+  int32_t* range_starts = nullptr;     // [range_capacity] (the SM90 schedule's scratch)
   float* scores = nullptr;             // [H, max_tokens, max_blocks] (index_topk: prefill rows)
   uint64_t* partial_lists = nullptr;   // [decode tiles, splits, 64, ranked slots] (index_topk)
   int64_t tile_capacity = 0;
+  int64_t unit_capacity = 0, range_capacity = 0;
 };
 
 // The one description of the workspace: sizes it at plan time (carver without base), carves it

@@ -25,13 +25,23 @@ struct RowTile {
 };
 
 // What the schedule kernel tells the SM90 scorer (cuda.score_blocks.sm90): its work units are
-// (row tile, range of blocks_per_range consecutive causal blocks), numbered range-major.
+// (row tile, range of blocks_per_range consecutive causal blocks), listed range-major in
+// ScoringUnit entries: every tile's range 0 (its flags and the export's tail), then only the
+// ranges that hold blocks.
 struct ScoringSchedule {
   int32_t num_tiles;
   int32_t blocks_per_range;
-  int32_t ranges; // max over tiles of ceil(causal blocks / blocks_per_range); >= 1 with fill_tail
-  int32_t padding;
+  int32_t ranges;    // max over tiles of ceil(causal blocks / blocks_per_range), >= 1
+  int32_t num_units; // entries of the unit list
 };
+struct ScoringUnit {
+  int32_t tile;
+  int32_t range;
+};
+// Bounds of blocks_per_range: a unit stages its 256 query rows once, so shorter ranges re-stage
+// too often; longer ones balance too coarsely over the persistent CTAs.
+inline constexpr int kMinBlocksPerRange = 4;
+inline constexpr int kMaxBlocksPerRange = 32;
 
 struct ScheduleParams {
   const int32_t* cu_q_lens; // [R + 1]
@@ -42,11 +52,15 @@ struct ScheduleParams {
   int32_t tile_capacity; // entries in tiles
   RowTile* tiles;        // [tile_capacity] out
   int32_t* num_tiles;    // [1] out
-  // SM90 scorer only (else null): also fill the schedule from the tiles' causal block counts.
+  // SM90 scorer only (else null): also fill the schedule and its unit list from the tiles'
+  // causal block counts.
   ScoringSchedule* schedule;
-  int32_t table_width;  // block-table columns: bounds each tile's blocks
-  int32_t target_units; // work units to aim for (a few per SM)
-  int32_t fill_tail;    // score export: every tile needs a unit, even with no blocks
+  ScoringUnit* units;      // [unit_capacity] out
+  int32_t* range_starts;   // [range_capacity] scratch
+  int32_t unit_capacity;   // >= tiles x max(1, ceil(table_width / kMinBlocksPerRange))
+  int32_t range_capacity;  // >= max(1, ceil(table_width / kMinBlocksPerRange))
+  int32_t table_width;     // block-table columns: bounds each tile's blocks
+  int32_t persistent_ctas; // the scorer's grid: the units are sized to balance over it
 };
 
 struct ScoreBlocksParams {
@@ -86,6 +100,7 @@ struct ScoreBlocksSm90Params {
   alignas(64) uint64_t index_k_map[16];
   ScoreBlocksParams scoring;
   const ScoringSchedule* schedule; // [1] from the schedule kernel
+  const ScoringUnit* units;        // [schedule->num_units] from the schedule kernel
 };
 
 // The rows a selection writes, shared by the kernels that end in selections (select, merge).

@@ -7,6 +7,8 @@
 
 namespace m3sa::cuda {
 
+// With params.schedule (the SM90 scorer's, SM90 plans only) launched with programmatic dependent
+// launch, as the scorer after it.
 cudaError_t launch_schedule_tiles(const ScheduleParams& params, cudaStream_t stream);
 cudaError_t launch_score_blocks_bf16(const ScoreBlocksParams& params, dim3 grid,
                                      cudaStream_t stream);
@@ -44,7 +46,9 @@ bool decode_topk_sm90_bf16_k32_has_sm90a_code();
 bool decode_topk_sm90_fp8_k16_has_sm90a_code();
 bool decode_topk_sm90_fp8_k32_has_sm90a_code();
 cudaError_t launch_merge_candidates(const MergeCandidatesParams& params, cudaStream_t stream);
-cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream);
+// overlap_prior: launched with programmatic dependent launch (SM90 plans, after the scorer).
+cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream,
+                               bool overlap_prior = false);
 cudaError_t launch_norm_rope_insert(const NormRopeInsertParams& params, int token_capacity,
                                     int sm_count, cudaStream_t stream);
 cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity,

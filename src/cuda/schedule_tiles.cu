@@ -1,4 +1,6 @@
 // The row-tile schedule of the scoring kernels (score_blocks and the prefill rows of index_topk).
+#include <cub/block/block_scan.cuh>
+
 #include "cuda/kernels/score_blocks.cuh"
 #include "cuda/launchers.h"
 
@@ -22,55 +24,160 @@ __global__ void schedule_tiles_kernel(const __grid_constant__ ScheduleParams p) 
   if (threadIdx.x == 0) *p.num_tiles = build_row_tiles(p);
 }
 
-// The SM90 scorer's units: ranges of R causal blocks per tile, R chosen so that the batch makes
-// about target_units units (fewer, longer units re-stage the queries less often; enough of them
-// keep every SM busy to the end), at least 4 blocks (a unit stages 256 query rows once) and at
-// most 32.
+// The SM90 scorer's units: ranges of R causal blocks per tile, listed range-major (the CTAs
+// running at the same time read the same pages: L2 reuse across row tiles), every tile's range 0
+// and then only the ranges that hold blocks, so that the persistent CTAs, striding over the list,
+// get the same number of units (a list with the empty ranges of short causal tiles left in gave
+// some CTAs twice the average: bench/NOTES.md s10). R is the one of 4..32 whose largest share,
+// ceil(units / CTAs) x (R + kUnitOverheadBlocks), is smallest: the causal tiles' block counts
+// make that a staircase in R, not a monotone function.
 constexpr int kScheduleThreads = 512;
-__global__ void __launch_bounds__(kScheduleThreads)
-    schedule_scoring_units_kernel(const __grid_constant__ ScheduleParams p) {
-  __shared__ int num_tiles, max_blocks;
-  __shared__ unsigned long long total_blocks;
-  if (threadIdx.x == 0) {
-    num_tiles = build_row_tiles(p);
-    max_blocks = 0;
-    total_blocks = 0;
-  }
-  __syncthreads();
+constexpr int kRangeChoices = kMaxBlocksPerRange - kMinBlocksPerRange + 1;
+// What staging a unit's queries costs, in page steps (a synchronous global round trip of 64 KB
+// for each consumer warpgroup, about one page's MMAs).
+constexpr int kUnitOverheadBlocks = 1;
+
+// A tile's causal blocks (0 for a tile whose metadata cannot be served: it is flagged, not read).
+__device__ int tile_blocks(const ScheduleParams& p, const RowTile& tile) {
   ScoreBlocksParams g{}; // what tile_geometry reads: an unsharded request's lengths and table
   g.cu_q_lens = p.cu_q_lens;
   g.seq_lens = p.seq_lens;
   g.block_table_width = p.table_width;
   g.shard_count = 1;
   g.heads = 1;
-  int local_max = 0;
-  unsigned long long local_total = 0;
-  for (int t = threadIdx.x; t < num_tiles; t += kScheduleThreads) {
-    const TileGeometry geo = tile_geometry(g, p.tiles[t]);
-    const int blocks = geo.bad ? 0 : geo.n_max;
-    local_max = max(local_max, blocks);
-    local_total += blocks;
-  }
-  atomicMax(&max_blocks, local_max);
-  atomicAdd(&total_blocks, local_total);
+  const TileGeometry geo = tile_geometry(g, tile);
+  return geo.bad ? 0 : max(0, geo.n_max);
+}
+
+__device__ int units_of_tile(int blocks, int range) { return max(1, (blocks + range - 1) / range); }
+
+// Shared-memory room of the schedule: the tiles' block counts and the per-range counters. Larger
+// batches read the tiles' counts again from global memory, longer ranges count in global memory
+// (atomics there cost a round trip each).
+constexpr int kScheduleSmemTiles = 4096;
+constexpr int kScheduleSmemRanges = 4096;
+
+__global__ void __launch_bounds__(kScheduleThreads)
+    schedule_scoring_units_kernel(const __grid_constant__ ScheduleParams p) {
+  using Scan = cub::BlockScan<int, kScheduleThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int num_tiles, max_blocks, range, ranges, num_units;
+  __shared__ int units_for[kRangeChoices];
+  __shared__ int cached_blocks[kScheduleSmemTiles];
+  __shared__ int smem_counters[kScheduleSmemRanges];
+  wait_for_prior_grids(); // launched to overlap the previous kernel (SM90 plans)
+  allow_next_grid();      // the scorer waits for this whole grid
+  if (threadIdx.x == 0) num_tiles = build_row_tiles(p), max_blocks = 0;
+  for (int c = threadIdx.x; c < kRangeChoices; c += kScheduleThreads) units_for[c] = 0;
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  const long long per_unit =
-      (static_cast<long long>(total_blocks) + p.target_units - 1) / max(1, p.target_units);
-  const int range = static_cast<int>(min(32LL, max(4LL, per_unit)));
-  int ranges = (max_blocks + range - 1) / range;
-  if (p.fill_tail) ranges = max(ranges, 1);
-  *p.num_tiles = num_tiles;
-  *p.schedule = ScoringSchedule{num_tiles, range, ranges, 0};
+  const auto blocks_of = [&](int t) {
+    return t < kScheduleSmemTiles ? cached_blocks[t] : tile_blocks(p, p.tiles[t]);
+  };
+  // The passes over the tiles run warp-uniform (tile = first + lane), so that each warp adds its
+  // counts to a shared counter once: 32 lanes' atomics on one address serialise (the first
+  // version, a thread's atomics on 29 shared counters, took 18 us for 128 tiles: bench/NOTES.md
+  // s10 r3).
+  const int lane = threadIdx.x % 32, warp_first = threadIdx.x - lane;
+  int local_max = 0;
+  int local_units[kRangeChoices] = {};
+  for (int first = warp_first; first < num_tiles; first += kScheduleThreads) {
+    const int t = first + lane;
+    const int blocks = t < num_tiles ? tile_blocks(p, p.tiles[t]) : 0;
+    if (t < kScheduleSmemTiles && t < num_tiles) cached_blocks[t] = blocks;
+    local_max = max(local_max, blocks);
+#pragma unroll
+    for (int c = 0; c < kRangeChoices; ++c)
+      local_units[c] += t < num_tiles ? units_of_tile(blocks, kMinBlocksPerRange + c) : 0;
+  }
+  local_max = __reduce_max_sync(0xffffffffu, local_max);
+#pragma unroll
+  for (int c = 0; c < kRangeChoices; ++c)
+    local_units[c] = __reduce_add_sync(0xffffffffu, local_units[c]);
+  if (lane == 0) {
+    atomicMax(&max_blocks, local_max);
+#pragma unroll
+    for (int c = 0; c < kRangeChoices; ++c)
+      if (local_units[c] != 0) atomicAdd(&units_for[c], local_units[c]);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // Every choice fits the capacities when the tiles' blocks stay within table_width (the
+    // capacities are sized for R = kMinBlocksPerRange); the largest R needs the least room.
+    // Choices whose counters fit shared memory go first.
+    int best = kRangeChoices - 1;
+    long long best_cost = -1;
+    for (int c = kRangeChoices - 1; c >= 0; --c) {
+      const int r = kMinBlocksPerRange + c;
+      const int n_ranges = max(1, (max_blocks + r - 1) / r);
+      if (units_for[c] > p.unit_capacity || n_ranges > p.range_capacity) continue;
+      const long long share = (units_for[c] + p.persistent_ctas - 1) / max(1, p.persistent_ctas);
+      const long long cost =
+          share * (r + kUnitOverheadBlocks) + (n_ranges > kScheduleSmemRanges ? (1ll << 40) : 0);
+      if (best_cost < 0 || cost < best_cost) best = c, best_cost = cost;
+    }
+    range = kMinBlocksPerRange + best;
+    ranges = min(p.range_capacity, max(1, (max_blocks + range - 1) / range));
+    num_units = min(p.unit_capacity, units_for[best]);
+  }
+  __syncthreads();
+  int* counters = ranges <= kScheduleSmemRanges ? smem_counters : p.range_starts;
+  // Units a range: counts, then their exclusive prefix (each range's first list entry).
+  for (int r = threadIdx.x; r < ranges; r += kScheduleThreads) counters[r] = 0;
+  __syncthreads();
+  // A tile's units are its ranges 0 .. n - 1: range r counts the lanes whose n exceeds r.
+  const auto tile_units = [&](int t) {
+    return t < num_tiles ? min(ranges, units_of_tile(blocks_of(t), range)) : 0;
+  };
+  for (int first = warp_first; first < num_tiles; first += kScheduleThreads) {
+    const int n = tile_units(first + lane);
+    const int warp_n = __reduce_max_sync(0xffffffffu, n);
+    for (int r = 0; r < warp_n; ++r) {
+      const unsigned holders = __ballot_sync(0xffffffffu, r < n);
+      if (lane == 0) atomicAdd(&counters[r], __popc(holders));
+    }
+  }
+  __syncthreads();
+  int carry = 0;
+  for (int first = 0; first < ranges; first += kScheduleThreads) {
+    const int r = first + threadIdx.x;
+    const int count = r < ranges ? counters[r] : 0;
+    int start, total;
+    Scan(scan_storage).ExclusiveSum(count, start, total);
+    if (r < ranges) counters[r] = carry + start;
+    carry += total;
+    __syncthreads(); // scan_storage is reused
+  }
+  // Each unit takes the next entry of its range (the order within a range is free: every row's
+  // scores are written by whichever CTA computes them, the same values).
+  for (int first = warp_first; first < num_tiles; first += kScheduleThreads) {
+    const int t = first + lane, n = tile_units(t);
+    const int warp_n = __reduce_max_sync(0xffffffffu, n);
+    const unsigned lower_lanes = (1u << lane) - 1;
+    for (int r = 0; r < warp_n; ++r) { // one atomic a warp and range, the lanes in tile order
+      const unsigned holders = __ballot_sync(0xffffffffu, r < n);
+      int base = 0;
+      if (lane == 0) base = atomicAdd(&counters[r], __popc(holders));
+      base = __shfl_sync(0xffffffffu, base, 0);
+      const int at = base + __popc(holders & lower_lanes);
+      if (r < n && at < num_units) p.units[at] = ScoringUnit{t, r};
+    }
+  }
+  if (threadIdx.x == 0) {
+    *p.num_tiles = num_tiles;
+    *p.schedule = ScoringSchedule{num_tiles, range, ranges, num_units};
+  }
 }
 
 } // namespace
 
 cudaError_t launch_schedule_tiles(const ScheduleParams& params, cudaStream_t stream) {
-  if (params.schedule != nullptr)
-    schedule_scoring_units_kernel<<<1, kScheduleThreads, 0, stream>>>(params);
-  else
-    schedule_tiles_kernel<<<1, 32, 0, stream>>>(params);
+  if (params.schedule != nullptr) {
+    LaunchOptions options;
+    options.overlap_prior = true;
+    return launch_with_shared_memory(schedule_scoring_units_kernel, dim3(1), kScheduleThreads, 0,
+                                     stream, params, options);
+  }
+  schedule_tiles_kernel<<<1, 32, 0, stream>>>(params);
   return cudaGetLastError();
 }
 

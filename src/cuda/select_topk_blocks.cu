@@ -4,25 +4,29 @@
 namespace m3sa::cuda {
 namespace {
 
-template <int MaxK> void launch_for_width(const SelectTopkParams& params, cudaStream_t stream) {
+template <int MaxK>
+cudaError_t launch_for_width(const SelectTopkParams& params, cudaStream_t stream,
+                             LaunchOptions options) {
   const int rows = params.rows.heads * params.rows.token_capacity;
   // Few, wide rows (long-context decode): a CTA per row; otherwise a warp per row.
   if (params.score_width >= 2048 && rows <= 2048)
-    select_topk_wide_kernel<MaxK><<<rows, kSelectWarps * 32, 0, stream>>>(params);
-  else
-    select_topk_kernel<MaxK>
-        <<<(rows + kSelectWarps - 1) / kSelectWarps, kSelectWarps * 32, 0, stream>>>(params);
+    return launch_with_shared_memory(select_topk_wide_kernel<MaxK>, dim3(rows), kSelectWarps * 32,
+                                     0, stream, params, options);
+  return launch_with_shared_memory(select_topk_kernel<MaxK>,
+                                   dim3((rows + kSelectWarps - 1) / kSelectWarps),
+                                   kSelectWarps * 32, 0, stream, params, options);
 }
 
 } // namespace
 
-cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream) {
+cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream,
+                               bool overlap_prior) {
+  LaunchOptions options;
+  options.overlap_prior = overlap_prior;
   // K <= 16 keeps half the registers per lane list; both lists cover every K in 1..32.
   if (params.rows.top_k - params.rows.init_blocks - params.rows.local_blocks <= 16)
-    launch_for_width<16>(params, stream);
-  else
-    launch_for_width<32>(params, stream);
-  return cudaGetLastError();
+    return launch_for_width<16>(params, stream, options);
+  return launch_for_width<32>(params, stream, options);
 }
 
 } // namespace m3sa::cuda

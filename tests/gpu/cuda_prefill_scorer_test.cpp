@@ -4,11 +4,15 @@
 // Random data (bf16 and e4m3): near-ties only, as for the CPU backend (compare.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cuda/indexer_params.h"
+#include "cuda/kernels/indexer_traits.h"
+#include "cuda/launchers.h"
 #include "gpu/cuda_test_util.h"
 #include "gpu/device_batch.h"
 #include "support/test_util.h"
@@ -236,6 +240,99 @@ TEST(GpuPrefillScorerSmall, BadMetadataIsFlaggedNotReadByEveryScorer) {
       EXPECT_EQ(flags(), std::make_pair(2, 2));
     }
   }
+}
+
+// The SM90 scorer's unit list (schedule_tiles.cu), on every case's batch (several prefills,
+// padding and decode rows) and on 4200 one-token requests (tiles past the schedule's shared-memory
+// cache), for persistent grids of 1, 7 and 132 CTAs: R within [4, 32], units
+// range-major, each (tile, range) once, and a tile's ranges exactly 0 .. max(1, ceil(blocks / R))
+// - 1 - a missing range would leave scores unwritten, an extra one would score blocks twice.
+TEST(GpuPrefillScorerSmall, Sm90ScheduleListsEachUnitOnceRangeMajor) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  std::vector<PrefillCase> cases = prefill_cases();
+  // More tiles than the schedule keeps in shared memory (4096): 4200 one-token requests.
+  PrefillCase many{"FourThousand200Requests", {},          {},   0,
+                   config_of(4, 16, 1, 0),    DType::bf16, true, false};
+  for (int i = 0; i < 4200; ++i) {
+    many.q_lens.push_back(1);
+    many.seq_lens.push_back(1 + (i * 37) % 200);
+  }
+  cases.push_back(many);
+  for (const PrefillCase& c : cases)
+    for (const int ctas : {1, 7, 132}) {
+      SCOPED_TRACE(std::string(c.name) + " ctas " + std::to_string(ctas));
+      SyntheticBatch sb(spec_of(c, test_seed()));
+      M3SA_ASSERT_OK(sb.status());
+      const DeviceBatch db(sb);
+      const int heads = c.config.num_index_heads;
+      const int requests = static_cast<int>(c.q_lens.size());
+      const int64_t width = sb.width();
+      const int64_t tile_capacity =
+          (sb.num_tokens() + cuda::sm90_tile_tokens(heads) - 1) / cuda::sm90_tile_tokens(heads) +
+          requests;
+      const int64_t range_capacity =
+          (width + cuda::kMinBlocksPerRange - 1) / cuda::kMinBlocksPerRange;
+      DeviceBuffer tiles(DType::i32, {tile_capacity, 4}, 0x5a);
+      DeviceBuffer schedule(DType::i32, {4}, 0x5a);
+      DeviceBuffer units(DType::i32, {tile_capacity * range_capacity, 2}, 0x5a);
+      DeviceBuffer range_starts(DType::i32, {range_capacity}, 0x5a);
+      cuda::ScheduleParams s{};
+      s.cu_q_lens = db.batch().cu_q_lens.ptr<const int32_t>();
+      s.seq_lens = db.batch().seq_lens.ptr<const int32_t>();
+      s.first_request = c.num_decode;
+      s.num_requests = requests;
+      s.tile_tokens = cuda::sm90_tile_tokens(heads);
+      s.tile_capacity = static_cast<int32_t>(tile_capacity);
+      s.tiles = tiles.data_as<cuda::RowTile>();
+      s.num_tiles = schedule.data_as<int32_t>();
+      s.schedule = schedule.data_as<cuda::ScoringSchedule>();
+      s.units = units.data_as<cuda::ScoringUnit>();
+      s.range_starts = range_starts.data_as<int32_t>();
+      s.unit_capacity = static_cast<int32_t>(tile_capacity * range_capacity);
+      s.range_capacity = static_cast<int32_t>(range_capacity);
+      s.table_width = static_cast<int32_t>(width);
+      s.persistent_ctas = ctas;
+      M3SA_CUDA_ASSERT(cuda::launch_schedule_tiles(s, nullptr));
+      M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+      const HostTensor got_schedule = schedule.download(), got_tiles = tiles.download(),
+                       got_units = units.download();
+      const int32_t* sch = got_schedule.data<int32_t>();
+      const int num_tiles = sch[0], range = sch[1], num_units = sch[3];
+      ASSERT_GE(range, cuda::kMinBlocksPerRange);
+      ASSERT_LE(range, cuda::kMaxBlocksPerRange);
+      ASSERT_GT(num_tiles, 0);
+      ASSERT_LE(num_units, s.unit_capacity);
+      // A tile's expected ranges, from its rows' last position (as the contract's causality).
+      std::vector<int> want_ranges(num_tiles);
+      int want_units = 0;
+      for (int t = 0; t < num_tiles; ++t) {
+        const int32_t* tile = got_tiles.data<int32_t>() + 4 * t; // request, begin, count
+        const int r = tile[0];
+        int q_begin = 0;
+        for (int i = 0; i < r; ++i) q_begin += c.q_lens[i];
+        const int seq = c.seq_lens[r], q_len = c.q_lens[r];
+        const int last = seq - q_len + (tile[1] - q_begin) + tile[2] - 1;
+        const int blocks = seq == 0 ? 0 : last / 128 + 1;
+        want_ranges[t] = std::max(1, (blocks + range - 1) / range);
+        want_units += want_ranges[t];
+      }
+      ASSERT_EQ(num_units, want_units);
+      std::vector<std::vector<int>> seen(num_tiles);
+      int previous_range = 0;
+      for (int u = 0; u < num_units; ++u) {
+        const int tile = got_units.data<int32_t>()[2 * u], r = got_units.data<int32_t>()[2 * u + 1];
+        ASSERT_TRUE(tile >= 0 && tile < num_tiles) << "unit " << u;
+        EXPECT_GE(r, previous_range) << "unit " << u << ": not range-major";
+        previous_range = r;
+        seen[tile].push_back(r);
+      }
+      for (int t = 0; t < num_tiles; ++t) {
+        std::sort(seen[t].begin(), seen[t].end());
+        std::vector<int> want(want_ranges[t]);
+        for (int r = 0; r < want_ranges[t]; ++r) want[r] = r;
+        EXPECT_EQ(seen[t], want) << "tile " << t;
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuPrefillScorer, ::testing::ValuesIn(prefill_cases()),

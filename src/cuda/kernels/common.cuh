@@ -111,6 +111,23 @@ __device__ __forceinline__ void widen_bf16x8(uint4 raw, float* v) {
 }
 
 // How a kernel is launched beyond grid, block and shared memory.
+// ---- programmatic dependent launch (LaunchOptions::overlap_prior) ----------------------------
+// A kernel launched with overlap_prior may start while the stream's previous grid still runs: it
+// calls wait_for_prior_grids before it touches global memory (set-up of shared memory and
+// barriers may come first). allow_next_grid lets the stream's next grid, when launched with
+// overlap_prior, start as this one's CTAs finish (it still waits for this whole grid before it
+// touches memory). Both are no-ops for launches without the attribute and on targets before SM90.
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 struct LaunchOptions {
   int cluster = 1; // CTAs per thread-block cluster along x (1: no cluster attribute)
   // Programmatic dependent launch: the kernel may start while the stream's previous kernel is

@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
   const DecodeTopkParams& p = params.decode;
   const ScoreBlocksParams& s = p.scoring;
   // Launched to overlap the previous kernel (PDL): wait for it before touching memory.
-  sm90::wait_for_prior_grids();
-  sm90::allow_next_grid();
+  wait_for_prior_grids();
+  allow_next_grid();
   DecodeTile t;
   if (!begin_decode_tile(p, &t)) return;
   extern __shared__ uint8_t smem_raw[];

@@ -29,7 +29,8 @@
 // staged once per work unit by the consumers (plain loads, swizzled stores). Work units are (row
 // tile, range of blocks_per_range causal blocks), numbered range-major so that the CTAs running at
 // the same time read the same pages (L2 reuse across row tiles), strided over the persistent grid;
-// the schedule kernel sizes the ranges so that there are a few units per SM.
+// the schedule kernel lists only the units that hold blocks (and each tile's range 0) and sizes the
+// ranges so that the CTAs' shares come out even (schedule_tiles.cu).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -77,20 +78,21 @@ __device__ __forceinline__ BlockRange sm90_unit_blocks(const ScoringSchedule& s,
   return {begin, max(begin, end)};
 }
 
-// The page sequence of this CTA's units (unit u = range-major (range u / tiles, tile u % tiles),
-// u = blockIdx.x + i gridDim.x): what the producer loads, in the order the consumers use it.
+// The page sequence of this CTA's units (list entries u = blockIdx.x + i gridDim.x): what the
+// producer loads, in the order the consumers use it.
 struct Sm90PageCursor {
   int64_t unit = -1;
   int block = 0, end = 0, request = 0;
 
   // The next page id (possibly invalid: the caller checks), false past the last.
-  __device__ bool next(const ScoreBlocksParams& p, const ScoringSchedule& s, int* page) {
-    const int64_t units = int64_t{s.num_tiles} * s.ranges;
+  __device__ bool next(const ScoreBlocksSm90Params& params, const ScoringSchedule& s, int* page) {
+    const ScoreBlocksParams& p = params.scoring;
     while (block >= end) {
       unit = unit < 0 ? blockIdx.x : unit + gridDim.x;
-      if (unit >= units) return false;
-      const TileGeometry geo = tile_geometry(p, p.tiles[static_cast<int>(unit % s.num_tiles)]);
-      const BlockRange blocks = sm90_unit_blocks(s, geo, static_cast<int>(unit / s.num_tiles));
+      if (unit >= s.num_units) return false;
+      const ScoringUnit u = params.units[unit];
+      const TileGeometry geo = tile_geometry(p, p.tiles[u.tile]);
+      const BlockRange blocks = sm90_unit_blocks(s, geo, u.range);
       block = blocks.begin, end = blocks.end, request = geo.request;
     }
     *page = p.block_table[request * p.block_table_stride + block++];
@@ -132,8 +134,6 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
   uint64_t* raw_full = empty + kStages;
   uint64_t* raw_empty = raw_full + kRawStages;
 
-  const ScoringSchedule schedule = *params.schedule;
-  const int64_t units = int64_t{schedule.num_tiles} * schedule.ranges;
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -148,6 +148,11 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     sm90::fence_barrier_init();
   }
   __syncthreads();
+  // Launched to overlap the schedule kernel: nothing above read global memory (the schedule is
+  // that kernel's output).
+  wait_for_prior_grids();
+  allow_next_grid();
+  const ScoringSchedule schedule = *params.schedule;
 
   if (warpgroup == 0) {
     sm90::release_registers<kSm90ProducerRegisters>();
@@ -156,7 +161,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       sm90::prefetch_tensor_map(params.index_k_map);
       Sm90PageCursor cursor;
       int page;
-      for (int i = 0; cursor.next(p, schedule, &page); ++i) {
+      for (int i = 0; cursor.next(params, schedule, &page); ++i) {
         const int stage = i % kStages;
         sm90::mbarrier_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
         if (!sm90_page_valid(p, page)) { // consumers skip it too; the flag says why
@@ -175,7 +180,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       int issued = 0;
       const auto issue_next = [&] {
         int page;
-        if (!issue_cursor.next(p, schedule, &page)) return;
+        if (!issue_cursor.next(params, schedule, &page)) return;
         const int slot = issued % kRawStages;
         sm90::mbarrier_wait(&raw_empty[slot], ((issued / kRawStages) & 1) ^ 1);
         if (sm90_page_valid(p, page)) {
@@ -194,7 +199,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       }
       const int lane = threadIdx.x % 32;
       int page;
-      for (int i = 0; widen_cursor.next(p, schedule, &page); ++i) {
+      for (int i = 0; widen_cursor.next(params, schedule, &page); ++i) {
         const int slot = i % kRawStages, stage = i % kStages;
         sm90::mbarrier_wait(&raw_full[slot], (i / kRawStages) & 1);
         sm90::mbarrier_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
@@ -231,9 +236,10 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
   };
   float acc[2][64];
   int iteration = 0;
-  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const RowTile tile = p.tiles[static_cast<int>(unit % schedule.num_tiles)];
-    const int range = static_cast<int>(unit / schedule.num_tiles);
+  for (int unit = blockIdx.x; unit < schedule.num_units; unit += gridDim.x) {
+    const ScoringUnit su = params.units[unit];
+    const RowTile tile = p.tiles[su.tile];
+    const int range = su.range;
     const TileGeometry geo = tile_geometry(p, tile);
     const BlockRange blocks = sm90_unit_blocks(schedule, geo, range);
     const auto score_row = [&](int row) {
@@ -362,8 +368,10 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
 
 template <typename StoredT>
 cudaError_t launch_score_blocks_sm90(const ScoreBlocksSm90Params& p, int grid, cudaStream_t s) {
+  LaunchOptions options;
+  options.overlap_prior = true;
   return launch_with_shared_memory(score_blocks_sm90_kernel<StoredT>, dim3(grid), kSm90ScoreThreads,
-                                   Sm90ScoreTraits<StoredT>::kSmemBytes, s, p);
+                                   Sm90ScoreTraits<StoredT>::kSmemBytes, s, p, options);
 }
 
 // Built for sm_90a (a kernel JIT-compiled from the portable PTX has an empty body: ptxVersion

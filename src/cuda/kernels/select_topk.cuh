@@ -454,6 +454,8 @@ template <int MaxK>
 __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
     select_topk_kernel(const __grid_constant__ SelectTopkParams p) {
   __shared__ SurvivorSpace space[kSelectWarps];
+  wait_for_prior_grids(); // launched to overlap the scorer by SM90 plans
+  allow_next_grid();
   const int lane = threadIdx.x & 31;
   int h, t;
   if (!warp_row(p.rows, &h, &t)) return;
@@ -471,6 +473,8 @@ __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
     select_topk_wide_kernel(const __grid_constant__ SelectTopkParams p) {
   __shared__ SurvivorSpace space[kSelectWarps];
   __shared__ uint64_t lists[kSelectWarps][32];
+  wait_for_prior_grids(); // launched to overlap the scorer by SM90 plans
+  allow_next_grid();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = blockIdx.x / p.rows.token_capacity, t = blockIdx.x % p.rows.token_capacity;
   if (h >= p.rows.heads || t >= p.rows.num_tokens) return;

@@ -239,12 +239,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   const int warp = threadIdx.x >> 5;
   const float logit_scale = logit_scale_log2(p.k_scale);
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched to overlap the previous kernel (PDL) by SM90 plans: wait for it before touching
-  // memory (without that launch attribute both are no-ops).
-  sm90::wait_for_prior_grids();
-  sm90::allow_next_grid();
-#endif
+  // Launched to overlap the previous kernel (PDL) by SM90 plans.
+  wait_for_prior_grids();
+  allow_next_grid();
   const int tokens = p.token_end - p.token_begin;
   const int64_t items = int64_t{tokens} * p.kv_heads * p.splits;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {

@@ -111,6 +111,33 @@ __device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&
 #define M3SA_ATTENTION_DECODE_SM90_VARIANT 0
 #endif
 
+// Diagnostic builds only (never in the library): with M3SA_ATTENTION_DECODE_SM90_STAMPS, warp 0
+// of every CTA of the kernel's 20th launch records clock64 at its phases (entry, after the PDL
+// wait, selection resolved, first slot landed, stream done, item finished), and the last CTA of
+// that launch prints them (device printf, flushed at the host's next synchronisation).
+#ifndef M3SA_ATTENTION_DECODE_SM90_STAMPS
+#define M3SA_ATTENTION_DECODE_SM90_STAMPS 0
+#endif
+#if M3SA_ATTENTION_DECODE_SM90_STAMPS
+struct DecodeStamps {
+  long long clock[6];
+  unsigned long long entry_ns, exit_ns;
+  int sm, last;
+};
+inline constexpr int kStampedLaunch = 20, kStampedCtas = 2048;
+__device__ DecodeStamps g_decode_stamps[kStampedCtas];
+__device__ unsigned g_decode_launch, g_decode_arrivals;
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define M3SA_DECODE_STAMP(i)                                                                       \
+  if (threadIdx.x == 0) stamp.clock[i] = clock64()
+#else
+#define M3SA_DECODE_STAMP(i)
+#endif
+
 template <bool kFp8>
 __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     sparse_attention_decode_sm90_kernel(const __grid_constant__ SparseAttentionSm90Params params) {
@@ -123,6 +150,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   __shared__ DecodeSelection sel;
   __shared__ uint64_t full[Traits::kWarps][kSlots];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#if M3SA_ATTENTION_DECODE_SM90_STAMPS
+  DecodeStamps stamp{};
+  if (threadIdx.x == 0) stamp.entry_ns = global_ns();
+#endif
+  M3SA_DECODE_STAMP(0);
 
   // One item a CTA: the grid is decode tokens x KV heads x splits.
   const int split = static_cast<int>(blockIdx.x % p.splits);
@@ -137,11 +169,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     if (warp == 1) sm90::prefetch_tensor_map(params.v_map);
   }
   // Launched to overlap the previous kernel (PDL): nothing above touched global memory.
-  sm90::wait_for_prior_grids();
-  sm90::allow_next_grid();
+  wait_for_prior_grids();
+  allow_next_grid();
+  M3SA_DECODE_STAMP(1);
   uint32_t q[8][4];
   load_query<kFp8>(p, t, g, true, q); // in flight during the selection's loads
   select_blocks(p, t, g, sel);        // ends in a CTA barrier
+  M3SA_DECODE_STAMP(2);
   const int position = sel.position;
   const int b_begin = sel.count * split / p.splits;
   const int b_end = sel.count * (split + 1) / p.splits;
@@ -184,6 +218,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     uint8_t* k_tile = my_ring + (i % kSlots) * Traits::kSlotBytes;
     const uint8_t* v_tile = k_tile + Traits::kTileBytes;
     if (kVariant != 2) sm90::mbarrier_wait(&my_full[i % kSlots], (i / kSlots) & 1);
+    if (i == 0) M3SA_DECODE_STAMP(3);
     if constexpr (kVariant == 1) {
     } else if constexpr (kFp8) {
       attend_e4m3_slot(st, q, k_tile, v_tile, last_key, logit_scale);
@@ -195,11 +230,43 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     __syncwarp(); // every lane has read the slot: it may be refilled
     if (lane == 0 && i + kSlots < count && kVariant != 2) issue(i + kSlots);
   }
+  M3SA_DECODE_STAMP(4);
   // Every box this warp issued has landed and been read: its ring holds its partial.
   store_partial(st, reinterpret_cast<float*>(my_ring));
   finish_decode_item(p, reinterpret_cast<const float*>(ring), Traits::kWarpBytes,
                      reinterpret_cast<float*>(ring) + kPartialFloats, pair, split, t, g,
                      &sel.last_arrival);
+  M3SA_DECODE_STAMP(5);
+#if M3SA_ATTENTION_DECODE_SM90_STAMPS
+  if (threadIdx.x == 0) {
+    const unsigned launch = *reinterpret_cast<volatile unsigned*>(&g_decode_launch);
+    stamp.exit_ns = global_ns();
+    stamp.last = sel.last_arrival;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(stamp.sm));
+    if (launch == kStampedLaunch && blockIdx.x < kStampedCtas) g_decode_stamps[blockIdx.x] = stamp;
+    __threadfence();
+    if (atomicAdd(&g_decode_arrivals, 1) == gridDim.x - 1) {
+      g_decode_arrivals = 0;
+      if (launch == kStampedLaunch) {
+        __threadfence();
+        const int n = min(static_cast<int>(gridDim.x), kStampedCtas);
+        unsigned long long t0 = ~0ull;
+        for (int c = 0; c < n; ++c) t0 = min(t0, g_decode_stamps[c].entry_ns);
+        printf("stamps grid %d splits %d (cycles: wait select first_slot stream finish)\n",
+               gridDim.x, p.splits);
+        for (int c = 0; c < n; ++c) {
+          const DecodeStamps& d = g_decode_stamps[c];
+          printf("stamp cta %d sm %d last %d entry_ns %llu exit_ns %llu | %lld %lld %lld %lld "
+                 "%lld\n",
+                 c, d.sm, d.last, d.entry_ns - t0, d.exit_ns - t0, d.clock[1] - d.clock[0],
+                 d.clock[2] - d.clock[1], d.clock[3] - d.clock[2], d.clock[4] - d.clock[3],
+                 d.clock[5] - d.clock[4]);
+        }
+      }
+      atomicAdd(&g_decode_launch, 1);
+    }
+  }
+#endif
 #endif
 }
 

@@ -95,20 +95,6 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// ---- programmatic dependent launch -----------------------------------------------------------
-
-// Waits until the stream's previous grid has completed and its writes are visible: a kernel
-// launched with LaunchOptions::overlap_prior runs only set-up that touches no global memory
-// before this.
-__device__ __forceinline__ void wait_for_prior_grids() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-// Lets the stream's next grid (when launched with overlap_prior) start as this one's CTAs finish:
-// its CTAs still wait for this whole grid before they touch memory.
-__device__ __forceinline__ void allow_next_grid() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
 // ---- warp specialisation ---------------------------------------------------------------------
 
 template <int Registers> __device__ __forceinline__ void release_registers() {
