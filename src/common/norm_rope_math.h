@@ -9,11 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define M3SA_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define M3SA_HOST_DEVICE inline
-#endif
+#include "common/host_device.h"
 
 namespace m3sa::detail::norm_rope {
 

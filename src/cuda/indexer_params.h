@@ -38,10 +38,6 @@ struct ScoringUnit {
   int32_t tile;
   int32_t range;
 };
-// Bounds of blocks_per_range: a unit stages its 256 query rows once, so shorter ranges re-stage
-// too often; longer ones balance too coarsely over the persistent CTAs.
-inline constexpr int kMinBlocksPerRange = 4;
-inline constexpr int kMaxBlocksPerRange = 32;
 
 struct ScheduleParams {
   const int32_t* cu_q_lens; // [R + 1]

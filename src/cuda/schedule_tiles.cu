@@ -28,14 +28,9 @@ __global__ void schedule_tiles_kernel(const __grid_constant__ ScheduleParams p) 
 // running at the same time read the same pages: L2 reuse across row tiles), every tile's range 0
 // and then only the ranges that hold blocks, so that the persistent CTAs, striding over the list,
 // get the same number of units (a list with the empty ranges of short causal tiles left in gave
-// some CTAs twice the average: bench/NOTES.md s10). R is the one of 4..32 whose largest share,
-// ceil(units / CTAs) x (R + kUnitOverheadBlocks), is smallest: the causal tiles' block counts
-// make that a staircase in R, not a monotone function.
+// some CTAs twice the average: bench/NOTES.md s10), with R from choose_blocks_per_range
+// (indexer_traits.h) on the batch's unit counts for every R.
 constexpr int kScheduleThreads = 512;
-constexpr int kRangeChoices = kMaxBlocksPerRange - kMinBlocksPerRange + 1;
-// What staging a unit's queries costs, in page steps (a synchronous global round trip of 64 KB
-// for each consumer warpgroup, about one page's MMAs).
-constexpr int kUnitOverheadBlocks = 1;
 
 // A tile's causal blocks (0 for a tile whose metadata cannot be served: it is flagged, not read).
 __device__ int tile_blocks(const ScheduleParams& p, const RowTile& tile) {
@@ -48,8 +43,6 @@ __device__ int tile_blocks(const ScheduleParams& p, const RowTile& tile) {
   const TileGeometry geo = tile_geometry(g, tile);
   return geo.bad ? 0 : max(0, geo.n_max);
 }
-
-__device__ int units_of_tile(int blocks, int range) { return max(1, (blocks + range - 1) / range); }
 
 // Shared-memory room of the schedule: the tiles' block counts and the per-range counters. Larger
 // batches read the tiles' counts again from global memory, longer ranges count in global memory
@@ -101,23 +94,10 @@ __global__ void __launch_bounds__(kScheduleThreads)
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    // Every choice fits the capacities when the tiles' blocks stay within table_width (the
-    // capacities are sized for R = kMinBlocksPerRange); the largest R needs the least room.
-    // Choices whose counters fit shared memory go first.
-    int best = kRangeChoices - 1;
-    long long best_cost = -1;
-    for (int c = kRangeChoices - 1; c >= 0; --c) {
-      const int r = kMinBlocksPerRange + c;
-      const int n_ranges = max(1, (max_blocks + r - 1) / r);
-      if (units_for[c] > p.unit_capacity || n_ranges > p.range_capacity) continue;
-      const long long share = (units_for[c] + p.persistent_ctas - 1) / max(1, p.persistent_ctas);
-      const long long cost =
-          share * (r + kUnitOverheadBlocks) + (n_ranges > kScheduleSmemRanges ? (1ll << 40) : 0);
-      if (best_cost < 0 || cost < best_cost) best = c, best_cost = cost;
-    }
-    range = kMinBlocksPerRange + best;
-    ranges = min(p.range_capacity, max(1, (max_blocks + range - 1) / range));
-    num_units = min(p.unit_capacity, units_for[best]);
+    const RangeChoice choice =
+        choose_blocks_per_range(units_for, max_blocks, p.unit_capacity, p.range_capacity,
+                                p.persistent_ctas, kScheduleSmemRanges);
+    range = choice.blocks_per_range, ranges = choice.ranges, num_units = choice.units;
   }
   __syncthreads();
   int* counters = ranges <= kScheduleSmemRanges ? smem_counters : p.range_starts;

@@ -3,6 +3,8 @@
 // (cuda/indexer.cu) must agree on. Plain C++: included by .cu and .cpp alike.
 #include <algorithm>
 
+#include "common/host_device.h"
+
 namespace m3sa::cuda {
 
 // Query rows (tokens x index heads of one request) one scoring CTA holds: 64 / H tokens a tile.
@@ -27,5 +29,56 @@ inline constexpr int kDecodeSm90CtasPerSm = 1;
 // The SM90 scorer (score_blocks_sm90.cuh): 256 query rows a tile, 256 / H tokens.
 inline constexpr int kSm90TileRows = 256;
 inline int sm90_tile_tokens(int heads) { return std::max(1, kSm90TileRows / heads); }
+
+// Bounds of the SM90 scorer's range length R (blocks a work unit): a unit stages its 256 query
+// rows once, so shorter ranges re-stage too often; longer ones balance too coarsely over the
+// persistent CTAs.
+inline constexpr int kMinBlocksPerRange = 4;
+inline constexpr int kMaxBlocksPerRange = 32;
+inline constexpr int kRangeChoices = kMaxBlocksPerRange - kMinBlocksPerRange + 1;
+// What staging a unit's queries costs, in page steps (a synchronous global round trip of 64 KB
+// for each consumer warpgroup, about one page's MMAs).
+inline constexpr int kUnitOverheadBlocks = 1;
+
+// A tile of `blocks` causal blocks makes this many units of R blocks (its range 0 always: the
+// tile's flags and the export's tail).
+M3SA_HOST_DEVICE int units_of_tile(int blocks, int range) {
+  const int units = (blocks + range - 1) / range;
+  return units > 1 ? units : 1;
+}
+
+struct RangeChoice {
+  int blocks_per_range; // R
+  int ranges;           // ceil(max_blocks / R), >= 1
+  int units;            // the batch's units with R
+};
+
+// The schedule kernel's R: units_for[c] units with R = kMinBlocksPerRange + c, the longest tile
+// max_blocks blocks. R minimises the largest share of a CTA, ceil(units / CTAs) x (R +
+// kUnitOverheadBlocks) page steps - with causal tiles a staircase in R, not a monotone function -
+// among the R whose units and ranges fit the capacities; ties go to the longer R (fewer units);
+// more ranges than `cheap_ranges` (the kernel's shared-memory counters) only when no R fits them.
+// The capacities are sized for R = kMinBlocksPerRange, so some R always fits when the tiles'
+// blocks stay within the table; otherwise the longest R, clamped to the capacities.
+M3SA_HOST_DEVICE RangeChoice choose_blocks_per_range(const int* units_for, int max_blocks,
+                                                     int unit_capacity, int range_capacity,
+                                                     int persistent_ctas, int cheap_ranges) {
+  int best = kRangeChoices - 1;
+  long long best_cost = -1;
+  const int ctas = persistent_ctas > 0 ? persistent_ctas : 1;
+  for (int c = kRangeChoices - 1; c >= 0; --c) {
+    const int r = kMinBlocksPerRange + c;
+    const int n_ranges = units_of_tile(max_blocks, r);
+    if (units_for[c] > unit_capacity || n_ranges > range_capacity) continue;
+    const long long share = (units_for[c] + persistent_ctas - 1) / ctas;
+    const long long cost =
+        share * (r + kUnitOverheadBlocks) + (n_ranges > cheap_ranges ? (1ll << 40) : 0);
+    if (best_cost < 0 || cost < best_cost) best = c, best_cost = cost;
+  }
+  const int r = kMinBlocksPerRange + best;
+  const int n_ranges = units_of_tile(max_blocks, r);
+  return {r, n_ranges < range_capacity ? n_ranges : range_capacity,
+          units_for[best] < unit_capacity ? units_for[best] : unit_capacity};
+}
 
 } // namespace m3sa::cuda
