@@ -67,9 +67,7 @@ __global__ void __launch_bounds__(kScheduleThreads)
     return t < kScheduleSmemTiles ? cached_blocks[t] : tile_blocks(p, p.tiles[t]);
   };
   // The passes over the tiles run warp-uniform (tile = first + lane), so that each warp adds its
-  // counts to a shared counter once: 32 lanes' atomics on one address serialise (the first
-  // version, a thread's atomics on 29 shared counters, took 18 us for 128 tiles: bench/NOTES.md
-  // s10 r3).
+  // counts to a shared counter once (32 lanes' atomics on one address serialise).
   const int lane = threadIdx.x % 32, warp_first = threadIdx.x - lane;
   int local_max = 0;
   int local_units[kRangeChoices] = {};

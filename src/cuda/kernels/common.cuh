@@ -110,7 +110,6 @@ __device__ __forceinline__ void widen_bf16x8(uint4 raw, float* v) {
   }
 }
 
-// How a kernel is launched beyond grid, block and shared memory.
 // ---- programmatic dependent launch (LaunchOptions::overlap_prior) ----------------------------
 // A kernel launched with overlap_prior may start while the stream's previous grid still runs: it
 // calls wait_for_prior_grids before it touches global memory (set-up of shared memory and
@@ -128,6 +127,7 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
+// How a kernel is launched beyond grid, block and shared memory.
 struct LaunchOptions {
   int cluster = 1; // CTAs per thread-block cluster along x (1: no cluster attribute)
   // Programmatic dependent launch: the kernel may start while the stream's previous kernel is
