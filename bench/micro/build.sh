@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds a standalone microbenchmark of bench/micro into <repo>/.gpu/<name>: page_stream (the
-# default; no m3sa dependency) or attend_rate (the library's attention device code, from src/).
+# default; no m3sa dependency), attend_rate (the library's attention device code, from src/) or
+# qgmma_error (e4m3 wgmma's error against exact index scores).
 # sm_90a only (H100/H200), static cudart and static libstdc++/libgcc so the binary built here runs
 # on the device machine's image. Prints ptxas' per-kernel registers / shared memory / spills.
 set -euo pipefail
