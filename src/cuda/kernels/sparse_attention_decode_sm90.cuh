@@ -114,7 +114,8 @@ __device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&
 // Diagnostic builds only (never in the library): with M3SA_ATTENTION_DECODE_SM90_STAMPS, warp 0
 // of every CTA of the kernel's 20th launch records clock64 at its phases (entry, after the PDL
 // wait, selection resolved, first slot landed, stream done, item finished), and the last CTA of
-// that launch prints them (device printf, flushed at the host's next synchronisation).
+// that launch prints them (device printf, flushed at the host's next synchronisation). Built by
+// bench/micro/stamped_m3sa.sh into .gpu/m3sa_stamps.
 #ifndef M3SA_ATTENTION_DECODE_SM90_STAMPS
 #define M3SA_ATTENTION_DECODE_SM90_STAMPS 0
 #endif
