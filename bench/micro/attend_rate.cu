@@ -22,25 +22,13 @@
 
 #include "cuda/kernels/sparse_attention_decode_sm90.cuh"
 
+#include "micro_check.h"
+
 namespace {
 
 using namespace m3sa::cuda;
 
-#define CK(expr)                                                                                   \
-  do {                                                                                             \
-    const cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_));  \
-      std::exit(2);                                                                                \
-    }                                                                                              \
-  } while (0)
-
 constexpr int kSlotBytes = 8192; // one ring slot: K then V (bf16 16 keys, e4m3 32 keys)
-
-__device__ uint32_t hash32(uint32_t x) {
-  x ^= x >> 16, x *= 0x7feb352dU, x ^= x >> 15, x *= 0x846ca68bU, x ^= x >> 16;
-  return x;
-}
 
 // Each warp attends over its own resident slot `iters` times (its partial goes to `sink`, so
 // nothing is optimised away); cycles[warp] = its clock64 span.
@@ -69,8 +57,8 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm)
     if constexpr (kFp8)
       attend_e4m3_slot(st, q, slot, slot + kSlotBytes / 2, 31, logit_scale);
     else
-      attend_keys<true>(st, q, SwizzledHalves{slot, 2048}, SwizzledHalves{slot + 4096, 2048}, 0,
-                        15, logit_scale);
+      attend_keys<true>(st, q, SwizzledHalves{slot, 2048}, SwizzledHalves{slot + 4096, 2048}, 0, 15,
+                        logit_scale);
     __syncwarp();
   }
   const long long t1 = clock64();
@@ -135,8 +123,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "attend_rate: needs compute capability 9.0 (sm_90a code)\n");
     return 2;
   }
-  std::printf("attend_rate on %s (%d SMs), %d stages a warp\n", prop.name,
-              prop.multiProcessorCount, iters);
+  std::printf("attend_rate on %s (%d SMs), %d stages a warp\n", prop.name, prop.multiProcessorCount,
+              iters);
   const int sms = prop.multiProcessorCount;
   // Today's TMA kernel: 4 warps a CTA, 2 CTAs an SM. Then more warps an SM.
   measure<false, 4, 2>(sms, iters);

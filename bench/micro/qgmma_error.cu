@@ -28,26 +28,14 @@
 
 #include "cuda/kernels/sm90/hopper.cuh"
 
+#include "micro_check.h"
+
 namespace {
 
 using namespace m3sa::cuda;
 
-#define CK(expr)                                                                                   \
-  do {                                                                                             \
-    const cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_));   \
-      std::exit(2);                                                                                \
-    }                                                                                              \
-  } while (0)
-
 constexpr int kRows = 64, kKeys = 128, kDims = 128;
 constexpr int kSmemBytes = 1024 + kRows * kDims + kKeys * kDims;
-
-__device__ uint32_t hash32(uint32_t x) {
-  x ^= x >> 16, x *= 0x7feb352dU, x ^= x >> 15, x *= 0x846ca68bU, x ^= x >> 16;
-  return x;
-}
 
 // A standard normal value from two hashes (Box-Muller), times `scale`, as e4m3 (saturating).
 __device__ uint8_t normal_e4m3(uint32_t seed, float scale) {
@@ -59,32 +47,6 @@ __device__ uint8_t normal_e4m3(uint32_t seed, float scale) {
 
 __device__ float e4m3_value(uint8_t v) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(v, __NV_E4M3)));
-}
-
-// D (64 x 128) (+)= A (64 x 32) . B (128 x 32)^T, e4m3 operands K-major in shared memory (the
-// m64nNk32 register layout of wgmma_m64n128k16_bf16's comment). accumulate == 0 overwrites D.
-__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a,
-                                                      uint64_t desc_b, int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#endif
 }
 
 // Per CTA and query row: [exact max, accumulate max, promoted max, sum |q k| of the exact argmax];
@@ -117,8 +79,8 @@ __global__ void __launch_bounds__(128, 1) qgmma_error_kernel(float4* rows, float
   sm90::wgmma_fence();
 #pragma unroll
   for (int k = 0; k < 4; ++k) // 32 bytes = 32 dims of the 128-byte row per instruction
-    wgmma_m64n128k32_e4m3(acc, sm90::operand_descriptor(a_base + 32 * k),
-                          sm90::operand_descriptor(b_base + 32 * k), k);
+    sm90::wgmma_m64n128k32_e4m3(acc, sm90::operand_descriptor(a_base + 32 * k),
+                                sm90::operand_descriptor(b_base + 32 * k), k);
   sm90::wgmma_commit_group();
   sm90::wgmma_wait_all();
   sm90::fence_accumulators(acc);
@@ -126,8 +88,8 @@ __global__ void __launch_bounds__(128, 1) qgmma_error_kernel(float4* rows, float
   for (int k = 0; k < 4; ++k) {
     sm90::fence_accumulators(step);
     sm90::wgmma_fence();
-    wgmma_m64n128k32_e4m3(step, sm90::operand_descriptor(a_base + 32 * k),
-                          sm90::operand_descriptor(b_base + 32 * k), 0);
+    sm90::wgmma_m64n128k32_e4m3(step, sm90::operand_descriptor(a_base + 32 * k),
+                                sm90::operand_descriptor(b_base + 32 * k), 0);
     sm90::wgmma_commit_group();
     sm90::wgmma_wait_all();
     sm90::fence_accumulators(step);
