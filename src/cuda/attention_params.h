@@ -20,6 +20,18 @@ inline constexpr int kAttentionCtasPerSm = 2;
 inline constexpr int kMaxSelection = 32;   // top_k limit (config.h kMaxTopK)
 inline constexpr int kGatherThreads = 256; // the prefill's entry gather: one thread per entry
 
+// How the splits of a (token, KV head) merge their partials (log-sum-exp).
+enum SplitMerge : int32_t {
+  // Each CTA writes its partial to `partials`; the last to arrive (`arrivals`) merges them.
+  kMergeByLastArrival = 0,
+  // The splits are the CTAs of one cluster (launched with cluster size `splits`) and merge
+  // through distributed shared memory.
+  kMergeInCluster = 1,
+  // Each CTA writes its partial to `partials` and exits; merge_decode_splits_kernel, launched
+  // next in the stream, merges them.
+  kMergeByNextKernel = 2,
+};
+
 struct SparseAttentionParams {
   const void* q; // [T, Hq, 128] bf16
   int64_t q_stride_token, q_stride_head;
@@ -41,15 +53,14 @@ struct SparseAttentionParams {
   int32_t token_begin, token_end; // packed tokens this launch serves
   int32_t kv_heads, group, top_k;
   int32_t splits; // selection ranges per (token, KV head); > 1 merges them (log-sum-exp)
-  // 1: the splits of a (token, KV head) are the CTAs of one cluster (launched with cluster size
-  // `splits`) and merge through distributed shared memory; 0: through `partials` and `arrivals`.
-  int32_t cluster_merge;
+  int32_t split_merge; // SplitMerge: how splits > 1 merge
   void* out; // [T, Hq, 128] bf16
   int64_t out_stride_token, out_stride_head;
   float* lse; // [T, Hq] f32 natural log, or null
   int64_t lse_stride_token, lse_stride_head;
   float* partials;   // [(token_end - token_begin) * Hkv * splits, kPartialFloats] when splits > 1
   int32_t* arrivals; // [(token_end - token_begin) * Hkv] zero on entry, left zero on exit
+                     // (kMergeByLastArrival)
   int32_t* error_flags; // [1]
   // Prefill (block-major) pass over tokens [token_begin, token_end): one entry per
   // (KV head, token, slot), keyed by KV head * num_pages + page (entry_sentinel: no visible block).

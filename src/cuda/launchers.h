@@ -54,7 +54,8 @@ cudaError_t launch_norm_rope_insert(const NormRopeInsertParams& params, int toke
 cudaError_t launch_insert_index_k(const InsertIndexKParams& params, int token_capacity,
                                   cudaStream_t stream);
 // Sparse attention, decode rows: persistent grid, one token per CTA, selections split over CTAs
-// (in clusters of `cluster` CTAs when params.cluster_merge; grid a multiple of it);
+// (in clusters of `cluster` CTAs when params.split_merge is kMergeInCluster; grid a multiple of
+// it);
 // overlap_prior (SM90 only): programmatic dependent launch after the stream's previous kernel.
 cudaError_t launch_sparse_attention_decode_bf16(const SparseAttentionParams& params, int grid,
                                                 int cluster, bool overlap_prior,
@@ -66,7 +67,8 @@ cudaError_t launch_sparse_attention_decode_fp8(const SparseAttentionParams& para
 int sparse_attention_decode_bf16_active_clusters(int cluster);
 int sparse_attention_decode_fp8_active_clusters(int cluster);
 // The Hopper decode kernel (TMA ring per warp): one CTA per (token, KV head, split), grid =
-// decode tokens x KV heads x splits, no clusters (params.attention.cluster_merge 0), PDL;
+// decode tokens x KV heads x splits, no clusters, PDL; splits > 1 merge by the next kernel
+// (launch_merge_decode_splits);
 // *_has_sm90a_code: the binary holds its sm_90a code.
 cudaError_t launch_sparse_attention_decode_sm90_bf16(const SparseAttentionSm90Params& params,
                                                      int grid, cudaStream_t stream);
@@ -74,6 +76,10 @@ cudaError_t launch_sparse_attention_decode_sm90_fp8(const SparseAttentionSm90Par
                                                     int grid, cudaStream_t stream);
 bool sparse_attention_decode_sm90_bf16_has_sm90a_code();
 bool sparse_attention_decode_sm90_fp8_has_sm90a_code();
+// The splits of the decode items launched just before (SplitMerge kMergeByNextKernel) merged
+// from params.partials into the output rows and lse; overlap_prior: programmatic dependent launch.
+cudaError_t launch_merge_decode_splits(const SparseAttentionParams& params, bool overlap_prior,
+                                       cudaStream_t stream);
 // Sparse attention, prefill rows, block-major: gather (KV head, token, slot) entries, sort them by
 // (KV head, page), attend each page's member tokens, merge each token's partials.
 cudaError_t launch_gather_selection_entries(const SparseAttentionParams& params, int grid,

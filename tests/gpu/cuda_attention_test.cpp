@@ -184,6 +184,18 @@ const AttentionCase kCases[] = {
     {"DecodeFp8Scales", spec({1, 1, 1}, {4000, 20000, 300}, 3, 1, 64, 4, DType::fp8_e4m3), 16, 0.5f,
      2.f, true},
     {"DecodeFp8Batch1", spec({1}, {70000}, 1, 1, 16, 1, DType::fp8_e4m3), 16, 1.5f, 0.75f},
+    // 48 (token, KV head) pairs: more than the clusters an sm90 plan takes, so its TMA kernel
+    // splits the selections and merge_decode_splits_kernel merges them; short, padded and
+    // one-token contexts leave ranges without keys.
+    {"DecodeBatch12SplitsMergedByKernel",
+     spec(std::vector<int32_t>(12, 1), long_contexts(12), 12, 1, 64, 4), 16, 1, 1, true},
+    {"DecodeBatch12ShortPaddedFp8",
+     spec(std::vector<int32_t>(12, 1), {1, 129, 640, 0, 5000, 300, 20000, 77, 0, 1000, 2500, 128},
+          12, 1, 64, 4, DType::fp8_e4m3),
+     16, 0.5f, 2.f, true},
+    // 80 pairs: three ranges a pair on an H200, merged by the last CTA to arrive.
+    {"DecodeBatch20SplitsMergedByLastArrival",
+     spec(std::vector<int32_t>(20, 1), long_contexts(20), 20, 1, 64, 4), 16},
     // More (token, KV head) pairs than two a resident CTA: one range a pair, no merge of splits.
     {"DecodeBatch40Tp1", spec(std::vector<int32_t>(40, 1), long_contexts(40), 40, 1, 64, 4), 16},
     {"DecodeBatch40Fp8",

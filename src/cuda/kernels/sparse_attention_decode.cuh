@@ -8,7 +8,7 @@
 // 16 query rows of the GQA group and take 16 keys each of every 64-key stage; K and V of a stage
 // arrive by cp.async, kStages - 1 stages ahead of the MMAs (bf16 3 stages, e4m3 4: its stages
 // are half the bytes, and the copy rate needs the bytes in flight). The warps merge their
-// (m, l, O) in shared memory. With splits on SM90 (p.cluster_merge), the splits of a (token, KV
+// (m, l, O) in shared memory. With splits on SM90 (kMergeInCluster), the splits of a (token, KV
 // head) are the CTAs of one thread-block cluster: each leaves its merged partial in its own
 // shared memory and, after a cluster barrier, every CTA merges a share of the 16 rows from all
 // the partials through distributed shared memory (one DSMEM round; no global traffic, fence or
@@ -192,7 +192,8 @@ __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionPar
 // CTA's four warps has stored its partial (`warp_stride` bytes apart from `warp_partials`): the
 // warps' partials merged, then the output written (one split), or the splits merged in the
 // cluster (`cluster_slot`: shared memory free for the CTA's merged partial), or through the
-// workspace by the last CTA to arrive (`last_arrival`: a shared flag).
+// workspace by the last CTA to arrive (`last_arrival`: a shared flag), or left in the workspace
+// for merge_decode_splits_kernel.
 __device__ __forceinline__ void finish_decode_item(const SparseAttentionParams& p,
                                                    const float* warp_partials, int64_t warp_stride,
                                                    float* cluster_slot, int64_t pair, int split,
@@ -202,12 +203,13 @@ __device__ __forceinline__ void finish_decode_item(const SparseAttentionParams& 
   if (p.splits == 1) {
     store_output_row(p, warps, t, g, threadIdx.x);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  } else if (p.cluster_merge) {
+  } else if (p.split_merge == kMergeInCluster) {
     merge_splits_in_cluster(p, warps, cluster_slot, t, g);
 #endif
   } else {
     store_merged_partial(warps, p.partials + (pair * p.splits + split) * kPartialFloats,
                          threadIdx.x);
+    if (p.split_merge == kMergeByNextKernel) return; // the merge kernel waits for this grid
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
