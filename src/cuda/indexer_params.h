@@ -123,6 +123,9 @@ struct SelectTopkParams {
   // (ties) rank every candidate. 1: every row ranks every candidate (the tests' comparison).
   // Same selections either way.
   int32_t rank_every_candidate;
+  // Set by launch_select_topk: > 0 when select_topk_groups_kernel has selected the rows of at most
+  // this many candidates and select_topk_kernel is to take only the longer ones.
+  int32_t group_candidates;
 };
 
 // Decode rows of index_topk: scoring as above (tiles, num_tiles and scores unused; tiles are

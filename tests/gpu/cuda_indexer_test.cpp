@@ -219,11 +219,18 @@ TEST(GpuIndexerLarge, PrefillChunk16kAfterMillionTokenPrefixSpotCheck) {
     EXPECT_EQ(topk_row(want, 0, i), topk_row(got, 0, tokens[i])) << "token " << tokens[i];
 }
 
+// Requests whose rows straddle select_topk_kernel's 256 candidates a group: 200, 256 and 257
+// blocks (fewer candidates once init and local blocks are taken out) and 301.
+const std::vector<int32_t> kGroupAndWarpRows = {200 * 128, 40 * 128, 301 * 128 + 5, 257 * 128 - 3,
+                                                256 * 128, 129, 0};
+
 TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
   M3SA_SKIP_WITHOUT_CUDA();
-  // Narrow rows take the warp-per-row kernel, 2344-block rows the CTA-per-row one.
+  // Rows of up to 256 candidates are selected by 8 lanes, longer ones (here up to 301 blocks) by
+  // the whole warp, in the same launch; 2344-block rows take the CTA-per-row kernel.
   for (std::vector<int32_t> lens :
-       {std::vector<int32_t>{40 * 128, 3000, 129, 0}, std::vector<int32_t>{300000, 40 * 128, 0}}) {
+       {std::vector<int32_t>{40 * 128, 3000, 129, 0}, kGroupAndWarpRows,
+        std::vector<int32_t>{300000, 40 * 128, 0}}) {
     SyntheticBatch sb(decode_spec(lens, 2, DType::bf16));
     HostTensor scores(DType::f32, {2, sb.num_tokens(), sb.width()});
     Rng rng(test_seed());
@@ -242,14 +249,15 @@ TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
 }
 
 // The select kernels' floor + survivors path (SelectTopkParams::rank_every_candidate = 0) chooses
-// exactly what ranking every candidate chooses, and both equal the reference, in the warp-per-row
-// kernel (narrow rows) and the CTA-per-row one (few wide rows), on scores full of ties, NaN and
-// infinities (rows whose survivors overflow and fall back), on smooth scores (few survivors) and
-// on integers of a wide range (ties at the floor, survivors that fit).
+// exactly what ranking every candidate chooses, and both equal the reference, in select_topk_kernel
+// (rows by 8-lane groups, or by the warp past 256 candidates or when a group's survivors overflow)
+// and the CTA-per-row kernel (few wide rows), on scores full of ties, NaN and infinities (rows
+// whose survivors overflow and fall back), on smooth scores (few survivors) and on integers of a
+// wide range (ties at the floor, survivors that fit).
 TEST(GpuIndexerSmall, RankFloorSelectionEqualsTheFullRanking) {
   M3SA_SKIP_WITHOUT_CUDA();
   for (std::vector<int32_t> lens : {std::vector<int32_t>{40 * 128, 3000, 129, 0, 1000, 77},
-                                    std::vector<int32_t>{300000, 40 * 128, 0}}) {
+                                    kGroupAndWarpRows, std::vector<int32_t>{300000, 40 * 128, 0}}) {
     SyntheticBatch sb(decode_spec(lens, 2, DType::bf16));
     Rng rng(test_seed());
     for (const int mode : {0, 1, 2}) {

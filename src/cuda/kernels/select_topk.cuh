@@ -49,17 +49,17 @@ __device__ __forceinline__ SelectionRow make_selection_row(int32_t* out, int64_t
   return row;
 }
 
-// Rows with n <= K need no ranking: blocks 0..n-1 then -1 padding. Lanes of one warp share the
-// writes. Returns whether the row was written.
-__device__ __forceinline__ bool write_short_row(const SelectionRow& row, int lane) {
+// Rows with n <= K need no ranking: blocks 0..n-1 then -1 padding. `lanes` lanes (a warp, or a
+// group of select_topk_kernel) share the writes. Returns whether the row was written.
+__device__ __forceinline__ bool write_short_row(const SelectionRow& row, int lane, int lanes = 32) {
   if (row.n > row.top_k) return false;
-  for (int slot = lane; slot < row.top_k; slot += 32)
+  for (int slot = lane; slot < row.top_k; slot += lanes)
     row.out[slot * row.out_stride] = slot < row.n ? slot : -1;
   return true;
 }
 
-__device__ __forceinline__ void write_empty_row(const SelectionRow& row, int lane) {
-  for (int slot = lane; slot < row.top_k; slot += 32) row.out[slot * row.out_stride] = -1;
+__device__ __forceinline__ void write_empty_row(const SelectionRow& row, int lane, int lanes = 32) {
+  for (int slot = lane; slot < row.top_k; slot += lanes) row.out[slot * row.out_stride] = -1;
 }
 
 // Inserts `key` into a lane's descending list (compare-exchange chain: constant indices only).
@@ -355,20 +355,20 @@ __device__ __forceinline__ SelectionRow selection_row_of(const SelectionRows& ro
 }
 
 // Row (h, t) of a select launch, and whether it is written already (rows owned by the decode
-// kernel, rows past the score width, rows with n <= K).
+// kernel, rows past the score width, rows with n <= K) by the `lanes` lanes sharing it.
 __device__ __forceinline__ bool begin_scored_row(const SelectTopkParams& p, int h, int t, int lane,
-                                                 bool writer, SelectionRow* row) {
+                                                 bool writer, SelectionRow* row, int lanes = 32) {
   if (t < p.rows.cu_q_lens[p.first_request]) return true; // decode rows: another kernel's
   *row = selection_row_of(p.rows, h, t);
   if (row->n > p.score_width) { // seq_len beyond the block table: nothing valid to read
     if (writer) {
-      write_empty_row(*row, lane);
+      write_empty_row(*row, lane, lanes);
       if (lane == 0) atomicOr(p.error_flags, kSeqLenBeyondTable);
     }
     return true;
   }
   if (row->n <= row->top_k) {
-    if (writer) write_short_row(*row, lane);
+    if (writer) write_short_row(*row, lane, lanes);
     return true;
   }
   return false;
@@ -449,18 +449,214 @@ __device__ __forceinline__ uint64_t best_of_share(const SelectTopkParams& p,
 // bandwidth (the lists of the full ranking, 2 MaxK registers, fit either way without spills).
 template <int MaxK> inline constexpr int kSelectMinBlocks = MaxK <= 16 ? 4 : 2;
 
-// One warp per row: rows of up to a few thousand blocks (prefill, small decode contexts).
+// Rows by groups of kGroupLanes lanes, kGroupsPerWarp rows a warp (rows (t, h) in token-major
+// order: at H = 4 a warp's rows are one token's heads). Why: the select is issue-bound (s11 r2:
+// ~900 warp instructions a row at C=8K S=8K H=4, 0.84 warps issued per scheduler and cycle), and
+// a warp per row spends most of them on steps whose cost is per warp, not per candidate - the
+// floor's scan of 32 lane maxima, the survivors' ranking, the fill-step rank loop of the write.
+// A group runs the same algorithm on up to kGroupMaxCandidates candidates (kGroupScoresPerLane a
+// lane): the floor is the largest of the group's lane values (each lane's kTop largest, 8 kTop >=
+// fill) that at least fill of them reach - fill distinct candidates are at least that large -,
+// the candidates at or above it are gathered in block order into the group's quarter of the
+// warp's survivor space and ranked against each other, and the fill best are written in block
+// order by a prefix count of the chosen flags over that order (no rank loop over the chosen ids).
+// Rows whose survivors overflow the group's space (ties), and every row under
+// rank_every_candidate, are selected afterwards by the whole warp, one at a time (best_of_share).
+// Rows with more candidates are left to select_topk_kernel, launched next (p.group_candidates).
+inline constexpr int kGroupLanes = 8, kGroupsPerWarp = 32 / kGroupLanes;
+inline constexpr int kGroupScoresPerLane = 32;
+inline constexpr int kGroupMaxCandidates = kGroupLanes * kGroupScoresPerLane;
+inline constexpr int kGroupSurvivorCapacity = kSurvivorCapacity / kGroupsPerWarp; // 56
+inline constexpr int kGroupSurvivorsPerLane = kGroupSurvivorCapacity / kGroupLanes;
+static_assert(kGroupSurvivorCapacity % 8 == 0, "a group's survivors are padded to 8 keys");
+
+// The group's floor: the largest of its lanes' values v (each lane's kTop) with at least `fill`
+// values >= v, or 0. Uniform over the group.
+template <int kTop>
+__device__ __forceinline__ uint32_t group_floor(const uint32_t (&top)[kTop], int fill) {
+  int at_least[kTop] = {};
+#pragma unroll
+  for (int j = 0; j < kGroupLanes; ++j)
+#pragma unroll
+    for (int v = 0; v < kTop; ++v) {
+      const uint32_t other = __shfl_sync(0xffffffffu, top[v], j, kGroupLanes);
+#pragma unroll
+      for (int w = 0; w < kTop; ++w) at_least[w] += other >= top[w];
+    }
+  uint32_t floor = 0;
+#pragma unroll
+  for (int w = 0; w < kTop; ++w)
+    if (at_least[w] >= fill) floor = max(floor, top[w]);
+#pragma unroll
+  for (int offset = kGroupLanes / 2; offset > 0; offset >>= 1)
+    floor = max(floor, __shfl_xor_sync(0xffffffffu, floor, offset, kGroupLanes));
+  return floor;
+}
+
+template <int MaxK>
+__global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
+    select_topk_groups_kernel(const __grid_constant__ SelectTopkParams p) {
+  __shared__ SurvivorSpace space[kSelectWarps];
+  wait_for_prior_grids(); // launched to overlap the scorer by SM90 plans
+  allow_next_grid();
+  constexpr int kTop = (MaxK + kGroupLanes - 1) / kGroupLanes; // lane values for the floor
+  constexpr int kChunk = 8;                                    // candidates a lane loads at once
+  const int lane = threadIdx.x & 31, group = lane / kGroupLanes, glane = lane % kGroupLanes;
+  const unsigned lower_in_group = ((1u << glane) - 1) << (group * kGroupLanes);
+  const unsigned group_lanes = 0xffu << (group * kGroupLanes);
+  SurvivorSpace& warp_space = space[threadIdx.x >> 5];
+  uint64_t* survivors = warp_space.survivors + group * kGroupSurvivorCapacity;
+  // Rows fit 32 bits (heads x token capacity): no 64-bit division.
+  const int first_row = (blockIdx.x * kSelectWarps + (threadIdx.x >> 5)) * kGroupsPerWarp;
+  const auto row_head_token = [&](int g, int* h, int* t) { // false past the live rows
+    const int r = first_row + g;
+    *t = r / p.rows.heads;
+    *h = r - *t * p.rows.heads;
+    return *t < p.rows.num_tokens;
+  };
+
+  // The group's row: ranked here (by_group), by the warp afterwards (by_warp), written already, or
+  // select_topk_kernel's (more candidates than a group takes).
+  int h, t;
+  SelectionRow row{};
+  bool by_group = false, by_warp = false;
+  if (row_head_token(group, &h, &t) && !begin_scored_row(p, h, t, glane, true, &row, kGroupLanes)) {
+    const bool ours = row.fill <= 0 || row.local_begin - row.init_blocks <= kGroupMaxCandidates;
+    by_warp = ours && row.fill > 0 && p.rank_every_candidate;
+    by_group = ours && !by_warp;
+  }
+  // fill <= 0: the forced init and local blocks fill the row, nothing is ranked.
+  const int candidates = by_group && row.fill > 0 ? row.local_begin - row.init_blocks : 0;
+  const float* scores = by_group ? row_scores(p, h, t) + row.init_blocks * p.score_stride_block
+                                 : p.scores;
+  const int warp_candidates = __reduce_max_sync(0xffffffffu, candidates);
+  // Candidates glane + kGroupLanes (kChunk chunk + u), u < kChunk, of the row into s: loaded all
+  // at once; 0 past the row. Chunks no row of the warp reaches are skipped by the callers.
+  const auto load_chunk = [&](int chunk, float (&s)[kChunk]) {
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      const int i = glane + kGroupLanes * (kChunk * chunk + u);
+      s[u] = i < candidates ? scores[int64_t{i} * p.score_stride_block] : 0.f;
+    }
+  };
+
+  // The floor from each lane's kTop largest rank keys (descending). The first chunk stays in
+  // registers for the gather; rows of more candidates read their later chunks again (L1).
+  uint32_t top[kTop] = {};
+  float first[kChunk];
+  load_chunk(0, first);
+#pragma unroll 1
+  for (int chunk = 0; kGroupLanes * kChunk * chunk < warp_candidates; ++chunk) {
+    float later[kChunk];
+    if (chunk > 0) load_chunk(chunk, later);
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      const bool valid = glane + kGroupLanes * (kChunk * chunk + u) < candidates;
+      uint32_t key = valid ? rank_key(chunk == 0 ? first[u] : later[u]) : 0u;
+#pragma unroll
+      for (int v = 0; v < kTop; ++v) {
+        const uint32_t hi = max(top[v], key);
+        key = min(top[v], key);
+        top[v] = hi;
+      }
+    }
+  }
+  const uint32_t floor = group_floor(top, row.fill);
+
+  // Survivors in block order (chunk, then u, then lane).
+  int held = 0;
+#pragma unroll 1
+  for (int chunk = 0; kGroupLanes * kChunk * chunk < warp_candidates; ++chunk) {
+    float later[kChunk];
+    if (chunk > 0) load_chunk(chunk, later);
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      const int i = glane + kGroupLanes * (kChunk * chunk + u);
+      const uint64_t key = selection_key(chunk == 0 ? first[u] : later[u], row.init_blocks + i);
+      const bool keep = i < candidates && static_cast<uint32_t>(key >> 32) >= floor;
+      const unsigned kept = __ballot_sync(0xffffffffu, keep) & group_lanes;
+      const int at = held + __popc(kept & lower_in_group);
+      if (keep && at < kGroupSurvivorCapacity) survivors[at] = key;
+      held += __popc(kept);
+    }
+  }
+  if (held > kGroupSurvivorCapacity) by_group = false, by_warp = true; // ties: the warp ranks all
+  if (!by_group) held = 0;
+  const int padded = (held + 7) & ~7; // the 0 keys rank below every key
+  for (int i = held + glane; i < padded; i += kGroupLanes) survivors[i] = 0;
+  __syncwarp();
+
+  // Survivor glane + kGroupLanes j: its rank among the group's survivors, then its slot among the
+  // chosen ones in block order.
+  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(survivors);
+  int chosen_before = by_group ? row.init_blocks : 0;
+#pragma unroll
+  for (int j = 0; j < kGroupSurvivorsPerLane; ++j) {
+    const int i = glane + kGroupLanes * j;
+    uint64_t key = 0;
+    bool chosen = false;
+    if (i < held) {
+      key = survivors[i];
+      int rank = 0;
+      for (int k = 0; k < padded / 2; k += 4) {
+        ulonglong2 pair[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) pair[u] = pairs[k + u];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) rank += (pair[u].x > key) + (pair[u].y > key);
+      }
+      chosen = rank < row.fill;
+    }
+    const unsigned picked = __ballot_sync(0xffffffffu, chosen) & group_lanes;
+    if (chosen)
+      row.out[(chosen_before + __popc(picked & lower_in_group)) * row.out_stride] =
+          block_of_key(key);
+    chosen_before += __popc(picked);
+  }
+  if (by_group) {
+    for (int slot = glane; slot < row.init_blocks; slot += kGroupLanes)
+      row.out[slot * row.out_stride] = slot;
+    for (int i = glane; i < row.local_blocks; i += kGroupLanes)
+      row.out[(row.init_blocks + row.fill + i) * row.out_stride] = row.local_begin + i;
+  }
+  __syncwarp(); // the groups' survivors are read: the space is the warp's again
+
+  // Rows left to the whole warp, one at a time.
+  const unsigned warp_rows = __ballot_sync(0xffffffffu, by_warp && glane == 0);
+  for (unsigned left = warp_rows; left != 0; left &= left - 1) {
+    const int g = (__ffs(left) - 1) / kGroupLanes;
+    int gh, gt;
+    row_head_token(g, &gh, &gt);
+    const SelectionRow warp_row_of_group = selection_row_of(p.rows, gh, gt);
+    const uint64_t key =
+        best_of_share<MaxK>(p, warp_row_of_group, row_scores(p, gh, gt),
+                            warp_row_of_group.init_blocks, 32, warp_space, lane);
+    write_selection(warp_row_of_group, key, lane);
+  }
+}
+
+// One warp per row: rows of up to a few thousand blocks. After select_topk_groups_kernel
+// (p.group_candidates > 0) only the rows with more candidates than a group takes, the others
+// being that kernel's.
 template <int MaxK>
 __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
     select_topk_kernel(const __grid_constant__ SelectTopkParams p) {
   __shared__ SurvivorSpace space[kSelectWarps];
-  wait_for_prior_grids(); // launched to overlap the scorer by SM90 plans
+  wait_for_prior_grids(); // launched to overlap the scorer (or the groups' kernel) by SM90 plans
   allow_next_grid();
   const int lane = threadIdx.x & 31;
   int h, t;
   if (!warp_row(p.rows, &h, &t)) return;
   SelectionRow row;
-  if (begin_scored_row(p, h, t, lane, true, &row)) return;
+  if (p.group_candidates > 0) {
+    if (t < p.rows.cu_q_lens[p.first_request]) return; // decode rows: another kernel's
+    row = selection_row_of(p.rows, h, t);
+    if (row.n > p.score_width || row.n <= row.top_k || row.fill <= 0 ||
+        row.local_begin - row.init_blocks <= p.group_candidates)
+      return; // written by the groups' kernel
+  } else if (begin_scored_row(p, h, t, lane, true, &row)) {
+    return;
+  }
   const uint64_t key = best_of_share<MaxK>(p, row, row_scores(p, h, t), row.init_blocks, 32,
                                            space[threadIdx.x >> 5], lane);
   write_selection(row, key, lane);
