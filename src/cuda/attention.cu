@@ -11,6 +11,7 @@
 
 #include "common/check.h"
 #include "cuda/control.h"
+#include "cuda/decode_splits.h"
 #include "cuda/launch.h"
 #include "cuda/launchers.h"
 #include "cuda/tensor_maps.h"
@@ -118,47 +119,13 @@ Status prepare_attention(const OpPlan& plan, Workspace workspace, void* stream) 
   return initialise_control_area(run_layout(plan, workspace).control, stream);
 }
 
-// Selection ranges per (decode token, KV head), and how they merge: enough CTAs for every
-// resident slot when the decode rows are few, one range when they fill the GPU alone.
-// In clusters: the largest power of two up to top_k whose clusters, one per (token, KV head), the
-// device holds at once (batch 1: one selected block per CTA, so that every K/V byte is requested
-// at once; a second wave of clusters measured slower than the workspace merge, bench/NOTES.md).
-// Clusters of `min_cluster` CTAs or more only: an sm90 plan leaves splits of 2 and 4 to the TMA
-// kernel (with clusters of 2 the TMA kernel measured 4-5 us slower than its workspace merge at
-// 128 pairs, s9 r3; a cluster launch of it drew synccheck reports, s9 r5).
-// The TMA kernel's splits merge in the next kernel from 4 ranges (up to one selected block a
-// range, since more ranges only add loads to a round the merge kernel issues at once) and by the
-// last CTA to arrive below that: the merge kernel starts only when the last CTA of the grid ends,
-// while arrivals merge each pair as soon as its own ranges are done. Measured (s11 r1): B=32 16/1
-// (8 ranges) 21.2 -> 17.8 us with the merge kernel, 128 pairs of 2 ranges 44.1 -> 45.0-45.5.
-// Merged by the last CTA to arrive (the cp.async kernel without clusters): at least two selected
-// blocks a range, since the last CTA's merge reads every range's 8 KB partial, and at batch 1 one
-// block per range (16 ranges) measured 14.8 us against 13.3 us with two.
 #ifndef M3SA_ATTENTION_DECODE_MIN_CLUSTER // diagnostic builds only: 32 = never a cluster on SM90
 #define M3SA_ATTENTION_DECODE_MIN_CLUSTER 8
 #endif
-inline constexpr int kMinSplitsMergedByKernel = 4;
-struct DecodeSplits {
-  int splits;
-  SplitMerge merge;
-};
 DecodeSplits decode_splits(const OpPlan& plan, const AttentionPlanInfo& info, int64_t decode_pairs,
                            int min_cluster, SplitMerge otherwise) {
-  const int64_t resident = split_pairs(info.sm_count);
-  const int top_k = plan.request.config.top_k;
-  if (decode_pairs <= 0 || decode_pairs * 2 > resident) return {1, otherwise};
-  // The TMA kernel: pairs that alone fill 90 % of the SMs take one range each, one CTA an SM
-  // streaming a whole pair (128 pairs: 44.5 -> 40.8 us with 2 ranges merged by arrivals, s11 r5).
-  if (otherwise == kMergeByNextKernel && decode_pairs * 10 >= int64_t{info.sm_count} * 9)
-    return {1, otherwise};
-  for (int i = 3; i >= 0 && (2 << i) >= min_cluster; --i)
-    if ((2 << i) <= top_k && decode_pairs <= info.active_clusters[i])
-      return {2 << i, kMergeInCluster};
-  const int most = otherwise == kMergeByNextKernel ? top_k : std::max(1, top_k / 2);
-  const int splits = static_cast<int>(std::min<int64_t>(most, resident / decode_pairs));
-  return {splits, otherwise == kMergeByNextKernel && splits < kMinSplitsMergedByKernel
-                      ? kMergeByLastArrival
-                      : otherwise};
+  return choose_decode_splits(decode_pairs, info.sm_count, plan.request.config.top_k,
+                              info.active_clusters, min_cluster, otherwise);
 }
 
 Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Workspace workspace,
@@ -211,8 +178,9 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     // where one selected block a CTA is what counts) and the TMA kernel for everything else,
     // where both views are TMA-addressable.
     const int min_cluster = info.decode_sm90 ? M3SA_ATTENTION_DECODE_MIN_CLUSTER : 2;
-    DecodeSplits splits = decode_splits(plan, info, pairs, min_cluster,
-                                        info.decode_sm90 ? kMergeByNextKernel : kMergeByLastArrival);
+    DecodeSplits splits =
+        decode_splits(plan, info, pairs, min_cluster,
+                      info.decode_sm90 ? kMergeByNextKernel : kMergeByLastArrival);
     SparseAttentionSm90Params sm90{};
     const int stage_keys = fp8 ? kDecodeSm90StageKeysFp8 : kDecodeSm90StageKeysBf16;
     const bool tma = info.decode_sm90 && splits.merge != kMergeInCluster &&

@@ -52,9 +52,9 @@ struct SparseAttentionParams {
   int32_t decode_q_len;           // decode rows: token t belongs to request t / decode_q_len
   int32_t token_begin, token_end; // packed tokens this launch serves
   int32_t kv_heads, group, top_k;
-  int32_t splits; // selection ranges per (token, KV head); > 1 merges them (log-sum-exp)
+  int32_t splits;      // selection ranges per (token, KV head); > 1 merges them (log-sum-exp)
   int32_t split_merge; // SplitMerge: how splits > 1 merge
-  void* out; // [T, Hq, 128] bf16
+  void* out;           // [T, Hq, 128] bf16
   int64_t out_stride_token, out_stride_head;
   float* lse; // [T, Hq] f32 natural log, or null
   int64_t lse_stride_token, lse_stride_head;

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(32 * kRowsPerCta)
     float m_new = m_run;
 #pragma unroll
     for (int j = 0; j < kSplitsPerRound; ++j) m_new = fmaxf(m_new, m[j]);
-    if (m_new == -INFINITY) continue; // no key in these splits or before
+    if (m_new == -INFINITY) continue;         // no key in these splits or before
     const float carry = exp2f(m_run - m_new); // 0 while m_run is -inf
     l_run *= carry;
     o_run.x *= carry, o_run.y *= carry, o_run.z *= carry, o_run.w *= carry;
@@ -83,8 +83,7 @@ cudaError_t launch_merge_decode_splits(const SparseAttentionParams& p, bool over
   const int64_t grid = pairs * ((p.group + kRowsPerCta - 1) / kRowsPerCta);
   if (grid <= 0) return cudaSuccess;
   return launch_with_shared_memory(merge_decode_splits_kernel, dim3(static_cast<unsigned>(grid)),
-                                   32 * kRowsPerCta, 0, stream, p,
-                                   LaunchOptions{1, overlap_prior});
+                                   32 * kRowsPerCta, 0, stream, p, LaunchOptions{1, overlap_prior});
 }
 
 } // namespace m3sa::cuda

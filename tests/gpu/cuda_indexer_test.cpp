@@ -221,16 +221,15 @@ TEST(GpuIndexerLarge, PrefillChunk16kAfterMillionTokenPrefixSpotCheck) {
 
 // Requests whose rows straddle select_topk_kernel's 256 candidates a group: 200, 256 and 257
 // blocks (fewer candidates once init and local blocks are taken out) and 301.
-const std::vector<int32_t> kGroupAndWarpRows = {200 * 128, 40 * 128, 301 * 128 + 5, 257 * 128 - 3,
-                                                256 * 128, 129, 0};
+const std::vector<int32_t> kGroupAndWarpRows = {
+    200 * 128, 40 * 128, 301 * 128 + 5, 257 * 128 - 3, 256 * 128, 129, 0};
 
 TEST(GpuIndexerSmall, SelectionMatchesReferenceOnTiesNanAndInfinities) {
   M3SA_SKIP_WITHOUT_CUDA();
   // Rows of up to 256 candidates are selected by 8 lanes, longer ones (here up to 301 blocks) by
   // the whole warp, in the same launch; 2344-block rows take the CTA-per-row kernel.
-  for (std::vector<int32_t> lens :
-       {std::vector<int32_t>{40 * 128, 3000, 129, 0}, kGroupAndWarpRows,
-        std::vector<int32_t>{300000, 40 * 128, 0}}) {
+  for (std::vector<int32_t> lens : {std::vector<int32_t>{40 * 128, 3000, 129, 0}, kGroupAndWarpRows,
+                                    std::vector<int32_t>{300000, 40 * 128, 0}}) {
     SyntheticBatch sb(decode_spec(lens, 2, DType::bf16));
     HostTensor scores(DType::f32, {2, sb.num_tokens(), sb.width()});
     Rng rng(test_seed());

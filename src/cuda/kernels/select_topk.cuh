@@ -527,12 +527,12 @@ __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
   }
   // fill <= 0: the forced init and local blocks fill the row, nothing is ranked.
   const int candidates = by_group && row.fill > 0 ? row.local_begin - row.init_blocks : 0;
-  const float* scores = by_group ? row_scores(p, h, t) + row.init_blocks * p.score_stride_block
-                                 : p.scores;
+  const float* scores =
+      by_group ? row_scores(p, h, t) + row.init_blocks * p.score_stride_block : p.scores;
   const int warp_candidates = __reduce_max_sync(0xffffffffu, candidates);
   // Candidates glane + kGroupLanes (kChunk chunk + u), u < kChunk, of the row into s: loaded all
   // at once; 0 past the row. Chunks no row of the warp reaches are skipped by the callers.
-  const auto load_chunk = [&](int chunk, float (&s)[kChunk]) {
+  const auto load_chunk = [&](int chunk, float(&s)[kChunk]) {
 #pragma unroll
     for (int u = 0; u < kChunk; ++u) {
       const int i = glane + kGroupLanes * (kChunk * chunk + u);
@@ -628,9 +628,8 @@ __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
     int gh, gt;
     row_head_token(g, &gh, &gt);
     const SelectionRow warp_row_of_group = selection_row_of(p.rows, gh, gt);
-    const uint64_t key =
-        best_of_share<MaxK>(p, warp_row_of_group, row_scores(p, gh, gt),
-                            warp_row_of_group.init_blocks, 32, warp_space, lane);
+    const uint64_t key = best_of_share<MaxK>(p, warp_row_of_group, row_scores(p, gh, gt),
+                                             warp_row_of_group.init_blocks, 32, warp_space, lane);
     write_selection(warp_row_of_group, key, lane);
   }
 }

@@ -1,0 +1,105 @@
+// The decode attention's split rule (choose_decode_splits, cuda/decode_splits.h), checked on the
+// host: which pairs split, into how many ranges, merged how. The kernels behind each choice are
+// checked on the GPU (CudaAttention cases of 1, 4, 12, 20 and 40 requests).
+#include <gtest/gtest.h>
+
+#include "cuda/decode_splits.h"
+
+namespace m3sa::testing {
+namespace {
+
+using cuda::choose_decode_splits;
+using cuda::kMergeByLastArrival;
+using cuda::kMergeByNextKernel;
+using cuda::kMergeInCluster;
+using cuda::SplitMerge;
+
+constexpr int kH200Sms = 132;
+// Clusters of 2, 4, 8 and 16 CTAs an H200 holds at once (the cp.async kernel, two CTAs an SM;
+// CudaAttentionSmall.DecodeClustersFitOnHopper prints them).
+constexpr int32_t kH200Clusters[4] = {132, 62, 30, 14};
+constexpr int32_t kNoClusters[4] = {0, 0, 0, 0};
+
+// An sm90 plan: clusters of 8 or more, the TMA kernel otherwise.
+cuda::DecodeSplits sm90(int64_t pairs, int top_k = 16,
+                        const int32_t (&clusters)[4] = kH200Clusters) {
+  return choose_decode_splits(pairs, kH200Sms, top_k, clusters, 8, kMergeByNextKernel);
+}
+// An sm80 plan (or views TMA cannot address): any cluster, the cp.async kernel otherwise.
+cuda::DecodeSplits sm80(int64_t pairs, int top_k = 16,
+                        const int32_t (&clusters)[4] = kH200Clusters) {
+  return choose_decode_splits(pairs, kH200Sms, top_k, clusters, 2, kMergeByLastArrival);
+}
+
+void expect_splits(cuda::DecodeSplits got, int splits, SplitMerge merge, const char* what) {
+  EXPECT_EQ(got.splits, splits) << what;
+  EXPECT_EQ(got.merge, merge) << what;
+}
+
+TEST(DecodeSplits, BatchOneTakesTheLargestClusterThatFits) {
+  expect_splits(sm90(1), 16, kMergeInCluster, "16/1, one pair: clusters of 16");
+  expect_splits(sm90(4), 16, kMergeInCluster, "64/4, four pairs");
+  expect_splits(sm90(14), 16, kMergeInCluster, "14 pairs: as many 16-clusters as fit");
+  expect_splits(sm90(15), 8, kMergeInCluster, "15 pairs: clusters of 8");
+  expect_splits(sm90(30), 8, kMergeInCluster, "30 pairs");
+  expect_splits(sm90(1, 8), 8, kMergeInCluster, "top_k 8 caps the cluster");
+  // top_k 4: an sm90 plan takes no cluster below 8 CTAs, so the TMA kernel with 4 ranges.
+  expect_splits(sm90(1, 4), 4, kMergeByNextKernel, "top_k 4");
+  expect_splits(sm80(1, 4), 4, kMergeInCluster, "sm80 plan: clusters of 4");
+  expect_splits(sm80(40), 4, kMergeInCluster, "sm80 plan: 40 pairs in clusters of 4");
+}
+
+TEST(DecodeSplits, TheTmaKernelMergesManyRangesByKernelAndFewByArrival) {
+  expect_splits(sm90(32), 8, kMergeByNextKernel, "B=32 16/1");
+  expect_splits(sm90(48), 5, kMergeByNextKernel, "12 requests x 4 KV heads");
+  expect_splits(sm90(66), 4, kMergeByNextKernel, "66 pairs");
+  expect_splits(sm90(67), 3, kMergeByLastArrival, "67 pairs");
+  expect_splits(sm90(80), 3, kMergeByLastArrival, "20 requests x 4 KV heads");
+  expect_splits(sm90(118), 2, kMergeByLastArrival, "below 90 % of the SMs");
+  expect_splits(sm90(1, 16, kNoClusters), 16, kMergeByNextKernel,
+                "no cluster fits: one selected block a range");
+}
+
+TEST(DecodeSplits, PairsThatFillTheGpuTakeOneRange) {
+  expect_splits(sm90(119), 1, kMergeByNextKernel, "90 % of the SMs");
+  expect_splits(sm90(128), 1, kMergeByNextKernel, "B=32 64/4 and B=128 16/1");
+  expect_splits(sm90(512), 1, kMergeByNextKernel, "B=128 64/4");
+  expect_splits(sm80(128), 2, kMergeInCluster, "an sm80 plan still splits, in clusters of 2");
+  expect_splits(sm80(128, 16, kNoClusters), 2, kMergeByLastArrival, "or merged by arrivals");
+  expect_splits(sm80(133), 1, kMergeByLastArrival, "more pairs than half the resident CTAs");
+  expect_splits(sm90(0), 1, kMergeByNextKernel, "no decode rows");
+}
+
+TEST(DecodeSplits, TheCpAsyncKernelKeepsTwoBlocksARange) {
+  expect_splits(sm80(32, 16, kNoClusters), 8, kMergeByLastArrival, "B=32 16/1 without clusters");
+  expect_splits(sm80(1, 16, kNoClusters), 8, kMergeByLastArrival, "batch 1 without clusters");
+  expect_splits(sm80(1, 1, kNoClusters), 1, kMergeByLastArrival, "top_k 1");
+}
+
+// Whatever the pairs and top_k: at least one range and at most top_k, never more CTAs than the
+// resident ones (the workspace holds that many partials), and a cluster only of a size that fits.
+TEST(DecodeSplits, EveryChoiceFitsTheWorkspaceAndTheSelection) {
+  for (const bool tma : {true, false})
+    for (int top_k = 1; top_k <= 32; ++top_k)
+      for (int64_t pairs = 1; pairs <= 600; ++pairs) {
+        const cuda::DecodeSplits s = tma ? sm90(pairs, top_k) : sm80(pairs, top_k);
+        ASSERT_GE(s.splits, 1) << pairs << " " << top_k;
+        ASSERT_LE(s.splits, top_k) << pairs << " " << top_k;
+        if (s.splits > 1) {
+          ASSERT_LE(pairs * s.splits, int64_t{cuda::kAttentionCtasPerSm} * kH200Sms)
+              << pairs << " " << top_k;
+        }
+        if (s.merge == kMergeInCluster) {
+          const int i = __builtin_ctz(static_cast<unsigned>(s.splits)) - 1;
+          ASSERT_EQ(s.splits & (s.splits - 1), 0) << pairs << " " << top_k;
+          ASSERT_LE(pairs, kH200Clusters[i]) << pairs << " " << top_k;
+          ASSERT_GE(s.splits, tma ? 8 : 2) << pairs << " " << top_k;
+        }
+        if (s.merge == kMergeByNextKernel && s.splits > 1) {
+          ASSERT_GE(s.splits, cuda::kMinSplitsMergedByKernel) << pairs << " " << top_k;
+        }
+      }
+}
+
+} // namespace
+} // namespace m3sa::testing
