@@ -221,6 +221,21 @@ __device__ __forceinline__ uint64_t lists_floor(const ListSet<kPerSplit>& set, i
   return fill_th_of_lanes(mine, fill, lane);
 }
 
+// How many of the `padded` keys (a multiple of 8, 16-byte aligned, in shared memory) are larger
+// than `key`: a sum over 16-byte broadcast reads, four in flight.
+__device__ __forceinline__ int rank_among(const uint64_t* keys, int padded, uint64_t key) {
+  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(keys);
+  int rank = 0;
+  for (int j = 0; j < padded / 2; j += 4) {
+    ulonglong2 pair[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) pair[u] = pairs[j + u];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) rank += (pair[u].x > key) + (pair[u].y > key);
+  }
+  return rank;
+}
+
 // Ranks `held` unique keys in `survivors` (16-byte aligned, room for held rounded up to 8) and
 // writes the fill largest, descending, to chosen[0 .. fill), 0 past the last key there is: each
 // key takes the slot of its rank, a sum over 16-byte broadcast reads (independent loads).
@@ -230,17 +245,9 @@ __device__ __forceinline__ void rank_held_survivors(uint64_t* survivors, int hel
   for (int i = held + lane; i < padded; i += 32) survivors[i] = 0;
   for (int i = lane; i < fill; i += 32) chosen[i] = 0;
   __syncwarp();
-  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(survivors);
   for (int i = lane; i < held; i += 32) { // keys are unique (they hold the block id)
     const uint64_t key = survivors[i];
-    int rank = 0;
-    for (int j = 0; j < padded / 2; j += 4) {
-      ulonglong2 pair[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) pair[u] = pairs[j + u];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) rank += (pair[u].x > key) + (pair[u].y > key);
-    }
+    const int rank = rank_among(survivors, padded, key);
     if (rank < fill) chosen[rank] = key;
   }
   __syncwarp();
@@ -588,7 +595,6 @@ __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
 
   // Survivor glane + kGroupLanes j: its rank among the group's survivors, then its slot among the
   // chosen ones in block order.
-  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(survivors);
   int chosen_before = by_group ? row.init_blocks : 0;
 #pragma unroll
   for (int j = 0; j < kGroupSurvivorsPerLane; ++j) {
@@ -597,15 +603,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
     bool chosen = false;
     if (i < held) {
       key = survivors[i];
-      int rank = 0;
-      for (int k = 0; k < padded / 2; k += 4) {
-        ulonglong2 pair[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) pair[u] = pairs[k + u];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) rank += (pair[u].x > key) + (pair[u].y > key);
-      }
-      chosen = rank < row.fill;
+      chosen = rank_among(survivors, padded, key) < row.fill;
     }
     const unsigned picked = __ballot_sync(0xffffffffu, chosen) & group_lanes;
     if (chosen)
