@@ -549,44 +549,42 @@ __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
 
   // The floor from each lane's kTop largest rank keys (descending). The first chunk stays in
   // registers for the gather; rows of more candidates read their later chunks again (L1).
-  uint32_t top[kTop] = {};
   float first[kChunk];
   load_chunk(0, first);
+  // visit(i, score) for the lane's candidates i in chunk order, every lane making the same calls
+  // (candidates past the row too, with i >= candidates), so visit may vote.
+  const auto for_each_candidate = [&](auto&& visit) {
 #pragma unroll 1
-  for (int chunk = 0; kGroupLanes * kChunk * chunk < warp_candidates; ++chunk) {
-    float later[kChunk];
-    if (chunk > 0) load_chunk(chunk, later);
+    for (int chunk = 0; kGroupLanes * kChunk * chunk < warp_candidates; ++chunk) {
+      float later[kChunk];
+      if (chunk > 0) load_chunk(chunk, later);
 #pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const bool valid = glane + kGroupLanes * (kChunk * chunk + u) < candidates;
-      uint32_t key = valid ? rank_key(chunk == 0 ? first[u] : later[u]) : 0u;
-#pragma unroll
-      for (int v = 0; v < kTop; ++v) {
-        const uint32_t hi = max(top[v], key);
-        key = min(top[v], key);
-        top[v] = hi;
-      }
+      for (int u = 0; u < kChunk; ++u)
+        visit(glane + kGroupLanes * (kChunk * chunk + u), chunk == 0 ? first[u] : later[u]);
     }
-  }
+  };
+  uint32_t top[kTop] = {};
+  for_each_candidate([&](int i, float score) {
+    uint32_t key = i < candidates ? rank_key(score) : 0u;
+#pragma unroll
+    for (int v = 0; v < kTop; ++v) {
+      const uint32_t hi = max(top[v], key);
+      key = min(top[v], key);
+      top[v] = hi;
+    }
+  });
   const uint32_t floor = group_floor(top, row.fill);
 
   // Survivors in block order (chunk, then u, then lane).
   int held = 0;
-#pragma unroll 1
-  for (int chunk = 0; kGroupLanes * kChunk * chunk < warp_candidates; ++chunk) {
-    float later[kChunk];
-    if (chunk > 0) load_chunk(chunk, later);
-#pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const int i = glane + kGroupLanes * (kChunk * chunk + u);
-      const uint64_t key = selection_key(chunk == 0 ? first[u] : later[u], row.init_blocks + i);
-      const bool keep = i < candidates && static_cast<uint32_t>(key >> 32) >= floor;
-      const unsigned kept = __ballot_sync(0xffffffffu, keep) & group_lanes;
-      const int at = held + __popc(kept & lower_in_group);
-      if (keep && at < kGroupSurvivorCapacity) survivors[at] = key;
-      held += __popc(kept);
-    }
-  }
+  for_each_candidate([&](int i, float score) {
+    const uint64_t key = selection_key(score, row.init_blocks + i);
+    const bool keep = i < candidates && static_cast<uint32_t>(key >> 32) >= floor;
+    const unsigned kept = __ballot_sync(0xffffffffu, keep) & group_lanes;
+    const int at = held + __popc(kept & lower_in_group);
+    if (keep && at < kGroupSurvivorCapacity) survivors[at] = key;
+    held += __popc(kept);
+  });
   if (held > kGroupSurvivorCapacity) by_group = false, by_warp = true; // ties: the warp ranks all
   if (!by_group) held = 0;
   const int padded = (held + 7) & ~7; // the 0 keys rank below every key
