@@ -95,8 +95,10 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
   }
   const double kv_bytes = keys * c.kv_heads * 2 * 128 * elem;
   const double flops = keys * c.q_heads * 4 * 128;
-  // Decode rotates over block tables (cold L2); pages come from one pool per case.
-  const int sets = c.decode ? cold_l2_sets(static_cast<size_t>(kv_bytes)) : 1;
+  // Decode rotates over block tables as the peer does (bench_timing.h); pages come from one pool
+  // per case.
+  const int sets = c.decode ? decode_rotation_sets(static_cast<size_t>(kv_bytes)) : 1;
+  const int calls = c.decode ? decode_graph_calls(sets) : 1; // a timed graph's calls
   const int64_t page_bytes = int64_t{128} * c.kv_heads * 128 * static_cast<int64_t>(elem);
   const int64_t pool = c.decode ? std::min<int64_t>(int64_t{c.batch} * blocks * sets,
                                                     (int64_t{4} << 30) / page_bytes)
@@ -168,7 +170,7 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
   const DeviceBuffer ws = testing::device_workspace(plan, true, ctx);
   M3SA_RETURN_IF_ERROR(ws.status());
   M3SA_RETURN_IF_ERROR(time_graph(
-      stream, sets, c.decode ? 20 : 5,
+      stream, calls, c.decode ? 20 : 5,
       [&](int i) {
         SparseAttentionArgs a;
         a.q = q.view(DType::bf16, {tokens, c.q_heads, 128});

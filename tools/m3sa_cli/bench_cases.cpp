@@ -40,8 +40,9 @@ std::vector<Case> cases(const std::string& set) {
   return all;
 }
 
-// One case: build data sets (enough to rotate past 2x L2 for small caches), plan the three ops,
-// time each: score_blocks, select_topk_blocks, index_topk.
+// One case: build data sets (decode: as the peer rotates them; prefill: enough to rotate past 2x
+// L2 for small caches), plan the three ops, time each: score_blocks, select_topk_blocks,
+// index_topk.
 Status run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
                 std::vector<Record>* records) {
   const int blocks = (c.context + 127) / 128;
@@ -49,7 +50,8 @@ Status run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
   const int64_t tokens = c.decode ? c.batch : c.chunk;
   const size_t elem = dtype_size(c.dtype);
   const size_t cache_bytes = static_cast<size_t>(pages) * 128 * 128 * elem;
-  const int sets = cold_l2_sets(cache_bytes);
+  const int sets = c.decode ? decode_rotation_sets(cache_bytes) : cold_l2_sets(cache_bytes);
+  const int calls = c.decode ? decode_graph_calls(sets) : sets; // a timed graph's calls
   std::vector<DeviceBuffer> caches;
   for (int i = 0; i < sets; ++i) {
     caches.emplace_back(cache_bytes);
@@ -100,7 +102,7 @@ Status run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
     Timing t;
     std::string implementation;
     M3SA_RETURN_IF_ERROR(time_planned(
-        request, stream, sets, c.decode ? 20 : 5,
+        request, stream, calls, c.decode ? 20 : 5,
         [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx, int i) {
           const TensorView cache = caches[i % sets].view(c.dtype, {pages, 128, 128});
           if (op == OpKind::score_blocks)

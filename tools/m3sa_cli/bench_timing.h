@@ -34,6 +34,18 @@ inline int cold_l2_sets(size_t bytes) {
   return static_cast<int>(std::clamp<size_t>((size_t{240} << 20) / bytes + 1, 1, 16));
 }
 
+// Decode cases, as the peer (../shared/peer/peer_bench.py: rotations, bench_graph) times them, so
+// that the side-by-side compares the same method: data sets to touch 256 MiB (1 to 128), and a
+// graph of max(sets, 16) calls, at most 128. With cold_l2_sets' 16 copies a batch-1 case touched
+// 16-32 MB (inside the 50 MB L2) and spread the graph's launch over 16 calls, against the peer's
+// 128 calls over 128-256 MB.
+inline int decode_rotation_sets(size_t bytes) {
+  const size_t target = size_t{256} << 20;
+  return static_cast<int>(std::clamp<size_t>((target + bytes - 1) / std::max<size_t>(bytes, 1), 1,
+                                             128));
+}
+inline int decode_graph_calls(int sets) { return std::min(128, std::max(sets, 16)); }
+
 // Median and CV over `samples` timings of one graph that runs `launches` back-to-back calls
 // `enqueue(i)` (each a Status; rotating over data sets larger than L2 when the caller built them
 // so), per call; three warm-up replays first.
