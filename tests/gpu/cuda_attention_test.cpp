@@ -193,6 +193,12 @@ const AttentionCase kCases[] = {
      spec(std::vector<int32_t>(12, 1), {1, 129, 640, 0, 5000, 300, 20000, 77, 0, 1000, 2500, 128},
           12, 1, 64, 4, DType::fp8_e4m3),
      16, 0.5f, 2.f, true},
+    // The merge kernel with a GQA group of 8 (two CTAs a pair) and top_k 8, and with MTP rows
+    // (12 requests x 4 query tokens, one KV head).
+    {"DecodeGroup8K8SplitsMergedByKernel",
+     spec(std::vector<int32_t>(12, 1), long_contexts(12), 12, 1, 32, 4), 8, 1, 1, true},
+    {"DecodeMtp4SplitsMergedByKernel",
+     spec(std::vector<int32_t>(12, 4), long_contexts(12), 12, 4, 16, 1), 16},
     // 80 pairs: three ranges a pair on an H200, merged by the last CTA to arrive.
     {"DecodeBatch20SplitsMergedByLastArrival",
      spec(std::vector<int32_t>(20, 1), long_contexts(20), 20, 1, 64, 4), 16},
