@@ -21,6 +21,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda/kernels/attention_common.cuh"
+#include "cuda/kernels/decode_stamps.cuh"
 
 namespace m3sa::cuda {
 
@@ -241,9 +242,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   const int warp = threadIdx.x >> 5;
   const float logit_scale = logit_scale_log2(p.k_scale);
 
+  M3SA_DECODE_STAMPS_BEGIN();
+  M3SA_DECODE_STAMP(0);
   // Launched to overlap the previous kernel (PDL) by SM90 plans.
   wait_for_prior_grids();
   allow_next_grid();
+  M3SA_DECODE_STAMP(1);
   const int tokens = p.token_end - p.token_begin;
   const int64_t items = int64_t{tokens} * p.kv_heads * p.splits;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -254,6 +258,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     uint32_t q[8][4];
     load_query(p, t, g, true, q); // in flight during the selection's loads (unused without keys)
     select_blocks(p, t, g, sel);
+    M3SA_DECODE_STAMP(2);
     const int position = sel.position;
     RowState st;
     st.reset();
@@ -274,6 +279,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     for (int s = 0; s < stages; ++s) {
       cp_async_wait<kStages - 2>();
       __syncthreads(); // stage s landed for all; stage s - 1 is free for the next copy
+      if (s == 0) M3SA_DECODE_STAMP(3);
       issue(s + kStages - 1);
       const unsigned char* k_tile = smem + (s % kStages) * kRawStageBytes;
       if constexpr (kFp8) {
@@ -286,14 +292,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     }
     cp_async_wait<0>();
     __syncthreads(); // the stage buffers are free for the partials
+    M3SA_DECODE_STAMP(4);
 
     float* partials = reinterpret_cast<float*>(smem);
     store_partial(st, partials + warp * kPartialFloats);
     finish_decode_item(p, partials, kPartialFloats * sizeof(float),
                        partials + kClusterSlot * kPartialFloats, pair, split, t, g,
                        &sel.last_arrival);
+    M3SA_DECODE_STAMP(5);
     __syncthreads(); // the selection and the buffers are reused by the next item
   }
+  M3SA_DECODE_STAMPS_END(p.splits, 0);
 }
 
 // `grid` CTAs in clusters of `cluster` (1: no cluster attribute); `attribute` outlives the config.

@@ -32,6 +32,7 @@
 // e4m3 K/V: K fragments are widened in registers straight from the raw box (the queries' dims
 // permuted to match, load_query<true>); V is widened 16 keys at a time into the slot's K tile,
 // whose keys are consumed by then, and read back by ldmatrix.trans (exact, as bf16).
+#include "cuda/kernels/decode_stamps.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 #include "cuda/kernels/sparse_attention_decode.cuh"
 
@@ -111,34 +112,6 @@ __device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&
 #define M3SA_ATTENTION_DECODE_SM90_VARIANT 0
 #endif
 
-// Diagnostic builds only (never in the library): with M3SA_ATTENTION_DECODE_SM90_STAMPS, warp 0
-// of every CTA of the kernel's 20th launch records clock64 at its phases (entry, after the PDL
-// wait, selection resolved, first slot landed, stream done, item finished), and the last CTA of
-// that launch prints them (device printf, flushed at the host's next synchronisation). Built by
-// bench/micro/stamped_m3sa.sh into .gpu/m3sa_stamps.
-#ifndef M3SA_ATTENTION_DECODE_SM90_STAMPS
-#define M3SA_ATTENTION_DECODE_SM90_STAMPS 0
-#endif
-#if M3SA_ATTENTION_DECODE_SM90_STAMPS
-struct DecodeStamps {
-  long long clock[6];
-  unsigned long long entry_ns, exit_ns;
-  int sm, last;
-};
-inline constexpr int kStampedLaunch = 20, kStampedCtas = 2048;
-__device__ DecodeStamps g_decode_stamps[kStampedCtas];
-__device__ unsigned g_decode_launch, g_decode_arrivals;
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#define M3SA_DECODE_STAMP(i)                                                                       \
-  if (threadIdx.x == 0) stamp.clock[i] = clock64()
-#else
-#define M3SA_DECODE_STAMP(i)
-#endif
-
 template <bool kFp8>
 __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     sparse_attention_decode_sm90_kernel(const __grid_constant__ SparseAttentionSm90Params params) {
@@ -151,10 +124,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   __shared__ DecodeSelection sel;
   __shared__ uint64_t full[Traits::kWarps][kSlots];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#if M3SA_ATTENTION_DECODE_SM90_STAMPS
-  DecodeStamps stamp{};
-  if (threadIdx.x == 0) stamp.entry_ns = global_ns();
-#endif
+  M3SA_DECODE_STAMPS_BEGIN();
   M3SA_DECODE_STAMP(0);
 
   // One item a CTA: the grid is decode tokens x KV heads x splits.
@@ -238,36 +208,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
                      reinterpret_cast<float*>(ring) + kPartialFloats, pair, split, t, g,
                      &sel.last_arrival);
   M3SA_DECODE_STAMP(5);
-#if M3SA_ATTENTION_DECODE_SM90_STAMPS
-  if (threadIdx.x == 0) {
-    const unsigned launch = *reinterpret_cast<volatile unsigned*>(&g_decode_launch);
-    stamp.exit_ns = global_ns();
-    stamp.last = sel.last_arrival;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(stamp.sm));
-    if (launch == kStampedLaunch && blockIdx.x < kStampedCtas) g_decode_stamps[blockIdx.x] = stamp;
-    __threadfence();
-    if (atomicAdd(&g_decode_arrivals, 1) == gridDim.x - 1) {
-      g_decode_arrivals = 0;
-      if (launch == kStampedLaunch) {
-        __threadfence();
-        const int n = min(static_cast<int>(gridDim.x), kStampedCtas);
-        unsigned long long t0 = ~0ull;
-        for (int c = 0; c < n; ++c) t0 = min(t0, g_decode_stamps[c].entry_ns);
-        printf("stamps grid %d splits %d (cycles: wait select first_slot stream finish)\n",
-               gridDim.x, p.splits);
-        for (int c = 0; c < n; ++c) {
-          const DecodeStamps& d = g_decode_stamps[c];
-          printf("stamp cta %d sm %d last %d entry_ns %llu exit_ns %llu | %lld %lld %lld %lld "
-                 "%lld\n",
-                 c, d.sm, d.last, d.entry_ns - t0, d.exit_ns - t0, d.clock[1] - d.clock[0],
-                 d.clock[2] - d.clock[1], d.clock[3] - d.clock[2], d.clock[4] - d.clock[3],
-                 d.clock[5] - d.clock[4]);
-        }
-      }
-      atomicAdd(&g_decode_launch, 1);
-    }
-  }
-#endif
+  M3SA_DECODE_STAMPS_END(p.splits, sel.last_arrival);
 #endif
 }
 

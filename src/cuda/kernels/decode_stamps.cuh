@@ -1,0 +1,77 @@
+#pragma once
+// Diagnostic builds only (never in the library): with M3SA_ATTENTION_DECODE_STAMPS, thread 0 of
+// every CTA of a decode attention kernel's 20th launch records clock64 at the item's phases (0
+// entry, 1 after the PDL wait, 2 selection resolved, 3 first stage landed, 4 stream done, 5 item
+// finished; the persistent kernel keeps its last item's), and the last CTA of that launch prints
+// them (device printf, flushed at the host's next synchronisation). Built by
+// bench/micro/stamped_m3sa.sh into .gpu/m3sa_stamps (both decode kernels, bf16).
+#include <cstdio>
+
+#ifndef M3SA_ATTENTION_DECODE_STAMPS
+#define M3SA_ATTENTION_DECODE_STAMPS 0
+#endif
+
+#if M3SA_ATTENTION_DECODE_STAMPS
+namespace m3sa::cuda {
+
+struct DecodeStamps {
+  long long clock[6];
+  unsigned long long entry_ns, exit_ns;
+  int sm, last;
+};
+inline constexpr int kStampedLaunch = 20, kStampedCtas = 2048;
+// Internal linkage: each kernel's translation unit counts its own launches.
+static __device__ DecodeStamps g_decode_stamps[kStampedCtas];
+static __device__ unsigned g_decode_launch, g_decode_arrivals;
+
+static __device__ __forceinline__ unsigned long long decode_stamp_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Thread 0: this CTA's stamps into the launch's table; the last CTA prints the table.
+static __device__ __noinline__ void record_decode_stamps(DecodeStamps stamp, int splits, int last) {
+  if (threadIdx.x != 0) return;
+  const unsigned launch = *reinterpret_cast<volatile unsigned*>(&g_decode_launch);
+  stamp.exit_ns = decode_stamp_ns();
+  stamp.last = last;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(stamp.sm));
+  if (launch == kStampedLaunch && blockIdx.x < kStampedCtas) g_decode_stamps[blockIdx.x] = stamp;
+  __threadfence();
+  if (atomicAdd(&g_decode_arrivals, 1) != gridDim.x - 1) return;
+  g_decode_arrivals = 0;
+  if (launch == kStampedLaunch) {
+    __threadfence();
+    const int n = min(static_cast<int>(gridDim.x), kStampedCtas);
+    unsigned long long t0 = ~0ull;
+    for (int c = 0; c < n; ++c) t0 = min(t0, g_decode_stamps[c].entry_ns);
+    unsigned cluster = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(cluster));
+#endif
+    printf("stamps grid %d cluster %u splits %d (cycles: wait select first_stage stream finish)\n",
+           gridDim.x, cluster, splits);
+    for (int c = 0; c < n; ++c) {
+      const DecodeStamps& d = g_decode_stamps[c];
+      printf("stamp cta %d sm %d last %d entry_ns %llu exit_ns %llu | %lld %lld %lld %lld %lld\n",
+             c, d.sm, d.last, d.entry_ns - t0, d.exit_ns - t0, d.clock[1] - d.clock[0],
+             d.clock[2] - d.clock[1], d.clock[3] - d.clock[2], d.clock[4] - d.clock[3],
+             d.clock[5] - d.clock[4]);
+    }
+  }
+  atomicAdd(&g_decode_launch, 1);
+}
+
+} // namespace m3sa::cuda
+#define M3SA_DECODE_STAMPS_BEGIN()                                                                 \
+  DecodeStamps stamp{};                                                                            \
+  if (threadIdx.x == 0) stamp.entry_ns = decode_stamp_ns()
+#define M3SA_DECODE_STAMP(i)                                                                       \
+  if (threadIdx.x == 0) stamp.clock[i] = clock64()
+#define M3SA_DECODE_STAMPS_END(splits, last) record_decode_stamps(stamp, splits, last)
+#else
+#define M3SA_DECODE_STAMPS_BEGIN()
+#define M3SA_DECODE_STAMP(i)
+#define M3SA_DECODE_STAMPS_END(splits, last)
+#endif
