@@ -548,19 +548,25 @@ __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
   };
 
   // The floor from each lane's kTop largest rank keys (descending). The first chunk stays in
-  // registers for the gather; rows of more candidates read their later chunks again (L1).
+  // registers for the gather; rows of more candidates read their later chunks again (L1), each
+  // pass issuing all of them before it uses any (one round trip a pass, not one a chunk).
+  constexpr int kChunks = kGroupScoresPerLane / kChunk;
   float first[kChunk];
   load_chunk(0, first);
   // visit(i, score) for the lane's candidates i in chunk order, every lane making the same calls
   // (candidates past the row too, with i >= candidates), so visit may vote.
   const auto for_each_candidate = [&](auto&& visit) {
-#pragma unroll 1
-    for (int chunk = 0; kGroupLanes * kChunk * chunk < warp_candidates; ++chunk) {
-      float later[kChunk];
-      if (chunk > 0) load_chunk(chunk, later);
+    float later[kChunks - 1][kChunk];
+#pragma unroll
+    for (int chunk = 1; chunk < kChunks; ++chunk)
+      if (kGroupLanes * kChunk * chunk < warp_candidates) load_chunk(chunk, later[chunk - 1]);
+#pragma unroll
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
+      if (kGroupLanes * kChunk * chunk >= warp_candidates) break;
 #pragma unroll
       for (int u = 0; u < kChunk; ++u)
-        visit(glane + kGroupLanes * (kChunk * chunk + u), chunk == 0 ? first[u] : later[u]);
+        visit(glane + kGroupLanes * (kChunk * chunk + u),
+              chunk == 0 ? first[u] : later[chunk - 1][u]);
     }
   };
   uint32_t top[kTop] = {};
