@@ -202,8 +202,10 @@ struct SwizzledHalves {
 // of dependent MMAs instead of one twice as long, since a warp's stage is latency-bound,
 // bench/NOTES.md s9 r3): keys past `last_key` masked, the running max,
 // denominator and O rescaled, and the weights returned as A fragments of kTiles / 2 k-steps of
-// 16 keys, split into a bf16 high part and the bf16 rounding of the rest.
-template <int kTiles>
+// 16 keys, split into a bf16 high part and the bf16 rounding of the rest (kHalf: fp16 parts, for
+// P·V on fp16 values; the weights are in [0, 1], where fp16's 11 bits keep more of each than
+// bf16's 8).
+template <int kTiles, bool kHalf = false>
 __device__ __forceinline__ void softmax_weights(RowState& st, const float (&chains)[2][kTiles][4],
                                                 int key_row, int last_key, float logit_scale,
                                                 uint32_t (&p_hi)[kTiles / 2][4],
@@ -240,10 +242,18 @@ __device__ __forceinline__ void softmax_weights(RowState& st, const float (&chai
     for (int r = 0; r < 2; ++r) {
       const float w0 = exp2f(s[nt][2 * r] - m_use[r]), w1 = exp2f(s[nt][2 * r + 1] - m_use[r]);
       sum[r] += w0 + w1;
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(w0, w1);
-      const float2 hi_f = __bfloat1622float2(hi);
-      p_hi[nt / 2][2 * (nt % 2) + r] = *reinterpret_cast<const uint32_t*>(&hi);
-      p_lo[nt / 2][2 * (nt % 2) + r] = pack_bf16x2(w0 - hi_f.x, w1 - hi_f.y);
+      if constexpr (kHalf) {
+        const __half2 hi = __floats2half2_rn(w0, w1);
+        const float2 hi_f = __half22float2(hi);
+        const __half2 lo = __floats2half2_rn(w0 - hi_f.x, w1 - hi_f.y);
+        p_hi[nt / 2][2 * (nt % 2) + r] = *reinterpret_cast<const uint32_t*>(&hi);
+        p_lo[nt / 2][2 * (nt % 2) + r] = *reinterpret_cast<const uint32_t*>(&lo);
+      } else {
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(w0, w1);
+        const float2 hi_f = __bfloat1622float2(hi);
+        p_hi[nt / 2][2 * (nt % 2) + r] = *reinterpret_cast<const uint32_t*>(&hi);
+        p_lo[nt / 2][2 * (nt % 2) + r] = pack_bf16x2(w0 - hi_f.x, w1 - hi_f.y);
+      }
     }
 #pragma unroll
   for (int r = 0; r < 2; ++r) st.l[r] = st.l[r] * scale[r] + sum[r];
@@ -258,10 +268,11 @@ __device__ __forceinline__ void softmax_weights(RowState& st, const float (&chai
   }
 }
 
-// O += P V for one k-step of 16 keys (rows key_row .. key_row + 15 of the V tile). With
-// kMaskValues, V elements of keys past `last_key` are zeroed in the fragments: their weights are
-// 0, but such rows may hold NaN where the tile was not zero-filled (TMA boxes of whole pages).
-template <bool kMaskValues, typename VTile>
+// O += P V for one k-step of 16 keys (rows key_row .. key_row + 15 of the V tile: bf16, or fp16
+// with kHalf, P then from softmax_weights<.., true>). With kMaskValues, V elements of keys past
+// `last_key` are zeroed in the fragments: their weights are 0, but such rows may hold NaN where
+// the tile was not zero-filled (TMA boxes of whole pages).
+template <bool kMaskValues, bool kHalf = false, typename VTile>
 __device__ __forceinline__ void accumulate_values(RowState& st, const uint32_t (&p_hi)[4],
                                                   const uint32_t (&p_lo)[4], const VTile& v_tile,
                                                   int key_row, int last_key) {
@@ -281,10 +292,17 @@ __device__ __forceinline__ void accumulate_values(RowState& st, const uint32_t (
     ldmatrix_x4_trans(b,
                       v_tile.chunk(key_row + (matrix & 1) * 8 + (lane & 7), 2 * j + (matrix >> 1)));
     if (masked) b[0] &= keep[0], b[1] &= keep[1], b[2] &= keep[0], b[3] &= keep[1];
-    mma_bf16_16816(st.o[2 * j], p_hi, b[0], b[1]);
-    mma_bf16_16816(st.o[2 * j], p_lo, b[0], b[1]);
-    mma_bf16_16816(st.o[2 * j + 1], p_hi, b[2], b[3]);
-    mma_bf16_16816(st.o[2 * j + 1], p_lo, b[2], b[3]);
+    if constexpr (kHalf) {
+      mma_f16_16816(st.o[2 * j], p_hi, b[0], b[1]);
+      mma_f16_16816(st.o[2 * j], p_lo, b[0], b[1]);
+      mma_f16_16816(st.o[2 * j + 1], p_hi, b[2], b[3]);
+      mma_f16_16816(st.o[2 * j + 1], p_lo, b[2], b[3]);
+    } else {
+      mma_bf16_16816(st.o[2 * j], p_hi, b[0], b[1]);
+      mma_bf16_16816(st.o[2 * j], p_lo, b[0], b[1]);
+      mma_bf16_16816(st.o[2 * j + 1], p_hi, b[2], b[3]);
+      mma_bf16_16816(st.o[2 * j + 1], p_lo, b[2], b[3]);
+    }
   }
 }
 

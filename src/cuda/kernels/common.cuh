@@ -68,6 +68,26 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// D += A x B on tensor cores, 16x8x16, fp16 operands, fp32 accumulation (SM80+).
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+               "{%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 e4m3 values widened to 16 fp16 (exact: every e4m3 value is an fp16 value; one conversion
+// per two values), order kept: out[i] holds values 2 i and 2 i + 1.
+__device__ __forceinline__ void widen_e4m3x16_to_half(uint4 raw, uint32_t (&out)[8]) {
+  const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3);
+    out[i] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+  }
+}
+
 // 16 e4m3 values widened to 16 bf16 (exact: every e4m3 value is a bf16 value), order kept:
 // out[i] holds values 2 i and 2 i + 1.
 __device__ __forceinline__ void widen_e4m3x16(uint4 raw, uint32_t (&out)[8]) {

@@ -31,7 +31,10 @@
 // TMA reads whole boxes, and the rows past seq_len may hold anything, NaN included.
 // e4m3 K/V: K fragments are widened in registers straight from the raw box (the queries' dims
 // permuted to match, load_query<true>); V is widened 16 keys at a time into the slot's K tile,
-// whose keys are consumed by then, and read back by ldmatrix.trans (exact, as bf16).
+// whose keys are consumed by then, and read back by ldmatrix.trans - as fp16 (exact, one
+// conversion per two values where bf16 takes four instructions), with P·V as fp16 MMAs on P split
+// into fp16 high and low parts: e4m3 retired 4.6 stages/us an SM against the 3.65 its copy rate
+// needs (bench/NOTES.md s10 attend_rate), so the widening bounds it.
 #include "cuda/kernels/decode_stamps.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 #include "cuda/kernels/sparse_attention_decode.cuh"
@@ -61,8 +64,8 @@ template <bool kFp8> struct DecodeAttentionSm90Traits {
 // Logits, online softmax and P·V of one e4m3 slot (32 keys; keys past `last_key` masked). K
 // fragments come from the raw swizzled box: lane (gid, tid) reads chunks 2 tid and 2 tid + 1 of
 // key rows 8 nt + gid, which hold its dims of k-steps 0-3 and 4-7 (load_query<true>'s order; the
-// two rows of an 8-lane phase read 8 distinct chunks). V is widened 16 keys at a time into the K
-// tile ([2 halves][16 rows][128 B], swizzled) for ldmatrix.trans.
+// two rows of an 8-lane phase read 8 distinct chunks). V is widened to fp16 16 keys at a time into
+// the K tile ([2 halves][16 rows][128 B], swizzled) for ldmatrix.trans.
 __device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&q)[8][4],
                                                  unsigned char* k_tile, const unsigned char* v_tile,
                                                  int last_key, float logit_scale) {
@@ -81,7 +84,7 @@ __device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&
         mma_bf16_16816(chains[j][nt], q[4 * j + sub], w[2 * sub], w[2 * sub + 1]);
     }
   uint32_t p_hi[2][4], p_lo[2][4];
-  softmax_weights<4>(st, chains, 0, last_key, logit_scale, p_hi, p_lo);
+  softmax_weights<4, true>(st, chains, 0, last_key, logit_scale, p_hi, p_lo);
   const SwizzledHalves widened{k_tile, 16 * 128};
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
@@ -93,15 +96,15 @@ __device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&
       const uint4 raw =
           *reinterpret_cast<const uint4*>(v_tile + sm90::swizzled_offset(16 * kk + r, c));
       uint32_t w[8];
-      widen_e4m3x16(raw, w);
-      // dims 16 c .. 16 c + 15: bf16 chunks 2 c and 2 c + 1 of half c / 4
+      widen_e4m3x16_to_half(raw, w);
+      // dims 16 c .. 16 c + 15: fp16 chunks 2 c and 2 c + 1 of half c / 4
       *reinterpret_cast<uint4*>(k_tile + widened.offset(r, 2 * c)) =
           make_uint4(w[0], w[1], w[2], w[3]);
       *reinterpret_cast<uint4*>(k_tile + widened.offset(r, 2 * c + 1)) =
           make_uint4(w[4], w[5], w[6], w[7]);
     }
     __syncwarp();
-    accumulate_values<true>(st, p_hi[kk], p_lo[kk], widened, 0, last_key - 16 * kk);
+    accumulate_values<true, true>(st, p_hi[kk], p_lo[kk], widened, 0, last_key - 16 * kk);
   }
 }
 
