@@ -114,11 +114,8 @@ void expect_close(const HostAttention& expected, const HostTensor& out, const Ho
   EXPECT_LE(c.max_lse_error, kGpuAttentionLse) << oracle << ": " << describe(c);
 }
 
-class CudaAttention : public ::testing::TestWithParam<AttentionCase> {};
-
-TEST_P(CudaAttention, MatchesHostBackends) {
-  M3SA_SKIP_WITHOUT_CUDA();
-  const AttentionCase& c = GetParam();
+// Both CUDA implementations on case c against the CPU backend (and the reference where asked).
+void expect_matches_host_backends(const AttentionCase& c) {
   const uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   BatchSpec spec = c.spec;
@@ -145,6 +142,13 @@ TEST_P(CudaAttention, MatchesHostBackends) {
     expect_close(cpu, out, lse, "cpu");
     if (c.use_reference) expect_close(reference, out, lse, "reference");
   }
+}
+
+class CudaAttention : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(CudaAttention, MatchesHostBackends) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  expect_matches_host_backends(GetParam());
 }
 
 BatchSpec spec(std::vector<int32_t> q_lens, std::vector<int32_t> seq_lens, int num_decode,
@@ -222,6 +226,23 @@ const AttentionCase kCases[] = {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(kCases),
                          [](const auto& param_info) { return std::string(param_info.param.name); });
+
+// The split merges of an sm90 plan on short contexts, small enough for compute-sanitizer's round
+// (`*Small*`): 48 pairs (five ranges a pair, merged by merge_decode_splits_kernel), with padding,
+// one-token and empty ranges; and 80 pairs (three ranges, merged by the last CTA to arrive).
+TEST(CudaAttentionSmall, DecodeSplitMergesMatchTheReference) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  expect_matches_host_backends(
+      {"SplitsMergedByKernel",
+       spec(std::vector<int32_t>(12, 1), {1, 129, 640, 0, 2000, 300, 2100, 77, 0, 1000, 2500, 128},
+            12, 1, 64, 4),
+       16, 0.5f, 2.f, true});
+  std::vector<int32_t> lengths(20);
+  for (int i = 0; i < 20; ++i) lengths[i] = 100 + 97 * i;
+  expect_matches_host_backends({"SplitsMergedByArrival",
+                                spec(std::vector<int32_t>(20, 1), lengths, 20, 1, 64, 4), 16, 1.f,
+                                1.f, true});
+}
 
 // A batch and its device copies, reused by the tests below.
 struct Fixture {
