@@ -500,6 +500,12 @@ __device__ __forceinline__ uint32_t group_floor(const uint32_t (&top)[kTop], int
   return floor;
 }
 
+// Whether a ranked row belongs to select_topk_groups_kernel: nothing to rank (the forced blocks
+// fill it), or at most `max_candidates` candidates.
+__device__ __forceinline__ bool row_fits_group(const SelectionRow& row, int max_candidates) {
+  return row.fill <= 0 || row.local_begin - row.init_blocks <= max_candidates;
+}
+
 template <int MaxK>
 __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
     select_topk_groups_kernel(const __grid_constant__ SelectTopkParams p) {
@@ -528,7 +534,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
   SelectionRow row{};
   bool by_group = false, by_warp = false;
   if (row_head_token(group, &h, &t) && !begin_scored_row(p, h, t, glane, true, &row, kGroupLanes)) {
-    const bool ours = row.fill <= 0 || row.local_begin - row.init_blocks <= kGroupMaxCandidates;
+    const bool ours = row_fits_group(row, kGroupMaxCandidates);
     by_warp = ours && row.fill > 0 && p.rank_every_candidate;
     by_group = ours && !by_warp;
   }
@@ -649,15 +655,9 @@ __global__ void __launch_bounds__(kSelectWarps * 32, kSelectMinBlocks<MaxK>)
   int h, t;
   if (!warp_row(p.rows, &h, &t)) return;
   SelectionRow row;
-  if (p.group_candidates > 0) {
-    if (t < p.rows.cu_q_lens[p.first_request]) return; // decode rows: another kernel's
-    row = selection_row_of(p.rows, h, t);
-    if (row.n > p.score_width || row.n <= row.top_k || row.fill <= 0 ||
-        row.local_begin - row.init_blocks <= p.group_candidates)
-      return; // written by the groups' kernel
-  } else if (begin_scored_row(p, h, t, lane, true, &row)) {
-    return;
-  }
+  const bool after_groups = p.group_candidates > 0; // which wrote every row but the long ones
+  if (begin_scored_row(p, h, t, lane, !after_groups, &row)) return;
+  if (after_groups && row_fits_group(row, p.group_candidates)) return;
   const uint64_t key = best_of_share<MaxK>(p, row, row_scores(p, h, t), row.init_blocks, 32,
                                            space[threadIdx.x >> 5], lane);
   write_selection(row, key, lane);
