@@ -128,6 +128,12 @@ __device__ __forceinline__ void widen_bf16x8(uint4 raw, float* v) {
   }
 }
 
+// A hint: the 128-byte line holding `p` is brought into L2 (nothing is read into the SM, and
+// the instruction never faults).
+__device__ __forceinline__ void prefetch_to_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 // ---- programmatic dependent launch (LaunchOptions::overlap_prior) ----------------------------
 // A kernel launched with overlap_prior may start while the stream's previous grid still runs: it
 // calls wait_for_prior_grids before it touches global memory (set-up of shared memory and

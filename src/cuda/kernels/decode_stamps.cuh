@@ -23,6 +23,9 @@ inline constexpr int kStampedLaunch = 20, kStampedCtas = 2048;
 // Internal linkage: each kernel's translation unit counts its own launches.
 static __device__ DecodeStamps g_decode_stamps[kStampedCtas];
 static __device__ unsigned g_decode_launch, g_decode_arrivals;
+// Inside the finish (clock64 of thread 0: warps merged, partial pushed, pushes received, rows
+// written), every launch; printed after the phase stamps.
+static __device__ long long g_decode_finish_stamps[kStampedCtas][4];
 
 static __device__ __forceinline__ unsigned long long decode_stamp_ns() {
   unsigned long long t;
@@ -50,14 +53,18 @@ static __device__ __noinline__ void record_decode_stamps(DecodeStamps stamp, int
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(cluster));
 #endif
-    printf("stamps grid %d cluster %u splits %d (cycles: wait select first_stage stream finish)\n",
+    printf("stamps grid %d cluster %u splits %d (cycles: wait select first_stage stream finish "
+           "| finish: warps_merged pushed received written rest)\n",
            gridDim.x, cluster, splits);
     for (int c = 0; c < n; ++c) {
       const DecodeStamps& d = g_decode_stamps[c];
-      printf("stamp cta %d sm %d last %d entry_ns %llu exit_ns %llu | %lld %lld %lld %lld %lld\n",
+      const long long* f = g_decode_finish_stamps[c];
+      printf("stamp cta %d sm %d last %d entry_ns %llu exit_ns %llu | %lld %lld %lld %lld %lld | "
+             "%lld %lld %lld %lld %lld\n",
              c, d.sm, d.last, d.entry_ns - t0, d.exit_ns - t0, d.clock[1] - d.clock[0],
              d.clock[2] - d.clock[1], d.clock[3] - d.clock[2], d.clock[4] - d.clock[3],
-             d.clock[5] - d.clock[4]);
+             d.clock[5] - d.clock[4], f[0] - d.clock[4], f[1] - f[0], f[2] - f[1], f[3] - f[2],
+             d.clock[5] - f[3]);
     }
   }
   atomicAdd(&g_decode_launch, 1);
@@ -70,8 +77,12 @@ static __device__ __noinline__ void record_decode_stamps(DecodeStamps stamp, int
 #define M3SA_DECODE_STAMP(i)                                                                       \
   if (threadIdx.x == 0) stamp.clock[i] = clock64()
 #define M3SA_DECODE_STAMPS_END(splits, last) record_decode_stamps(stamp, splits, last)
+#define M3SA_DECODE_FINISH_STAMP(i)                                                                \
+  if (threadIdx.x == 0 && blockIdx.x < kStampedCtas)                                               \
+  g_decode_finish_stamps[blockIdx.x][i] = clock64()
 #else
 #define M3SA_DECODE_STAMPS_BEGIN()
 #define M3SA_DECODE_STAMP(i)
 #define M3SA_DECODE_STAMPS_END(splits, last)
+#define M3SA_DECODE_FINISH_STAMP(i)
 #endif

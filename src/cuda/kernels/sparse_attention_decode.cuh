@@ -9,17 +9,15 @@
 // arrive by cp.async, kStages - 1 stages ahead of the MMAs (bf16 3 stages, e4m3 4: its stages
 // are half the bytes, and the copy rate needs the bytes in flight). The warps merge their
 // (m, l, O) in shared memory. With splits on SM90 (kMergeInCluster), the splits of a (token, KV
-// head) are the CTAs of one thread-block cluster: each leaves its merged partial in its own
-// shared memory and, after a cluster barrier, every CTA merges a share of the 16 rows from all
-// the partials through distributed shared memory (one DSMEM round; no global traffic, fence or
-// atomic: the global merge below was ~6 us of batch 1, bench/NOTES.md). Elsewhere each CTA
-// writes its merged partial to the workspace and the last CTA to arrive for a (token, KV head)
-// merges them (log-sum-exp) and writes the output, then resets the arrival counter.
-// Keys past the token's position are zero-filled by the copy, never read. Bad metadata is
+// head) are the CTAs of one thread-block cluster: each pushes its merged partial of every row into
+// the shared memory of the CTA that merges that row (st.async, counted down that CTA's mbarrier),
+// which merges its rows and writes them (no global traffic, fence or atomic: the global merge
+// below was ~6 us of batch 1; no cluster-wide barrier after the kernel's first, bench/NOTES.md
+// s12). Elsewhere each CTA writes its merged partial to the workspace and the last CTA to arrive
+// for a (token, KV head) merges them (log-sum-exp) and writes the output, then resets the arrival
+// counter. Keys past the token's position are zero-filled by the copy, never read. Bad metadata is
 // flagged (attention_common.cuh) and contributes no key.
 // fp8 KV: each warp widens the e4m3 rows its MMAs read into a bf16 tile in shared memory (exact).
-#include <cooperative_groups.h>
-
 #include "cuda/kernels/attention_common.cuh"
 #include "cuda/kernels/decode_stamps.cuh"
 
@@ -28,23 +26,49 @@ namespace m3sa::cuda {
 inline constexpr int kDecodeThreads = 128;
 inline constexpr int kDecodeStageKeys = 64;
 template <bool kFp8> inline constexpr int kDecodeStages = kFp8 ? 4 : 3;
+// Cluster merge: the receiving CTA's slots, a row's (O[128], m, l) from one split each, 16 B
+// aligned. Cluster splits are powers of two up to 16 (decode_splits.h), so a CTA's rows times the
+// splits, ceil(group / splits) * splits, never exceed the 16 rows of a group.
+inline constexpr int kClusterSlotFloats = 132;
+inline constexpr int kClusterSlots = kAttentionRows;
+inline constexpr int kClusterReceiveBytes = kClusterSlots * kClusterSlotFloats * 4;
+inline constexpr int kClusterSlotBytesPushed = (128 + 2) * 4; // O, m and l; not the padding
+inline constexpr int kMaxClusterSplits = 16; // the largest (non-portable) cluster on SM90
+// Rows of a group of `group` that the CTA of rank `split` of `splits` merges: split, split +
+// splits, ...
+__host__ __device__ constexpr int cluster_rows_owned(int group, int splits, int split) {
+  return split < group ? (group - split + splits - 1) / splits : 0;
+}
+constexpr bool cluster_slots_fit() {
+  for (int splits = 1; splits <= kMaxClusterSplits; splits *= 2)
+    for (int group = 1; group <= kAttentionRows; ++group)
+      if (cluster_rows_owned(group, splits, 0) * splits > kClusterSlots) return false;
+  return true;
+}
+static_assert(cluster_slots_fit(), "every power-of-two cluster's rows fit the receiving slots");
 // clang-format reads the template arguments below as comparisons:
 // clang-format off
 template <bool kFp8>
 inline constexpr int kDecodeRawStageBytes = 2 * kDecodeStageKeys * (kFp8 ? 128 : kRowBytes); // K, V
+// The stages, the widened bf16 K|V tile (e4m3 only), then the cluster merge's slots, which peers
+// fill while this CTA may still stream (so they have their own bytes).
 template <bool kFp8>
-inline constexpr int kDecodeSmemBytes =
-    kDecodeStages<kFp8> * kDecodeRawStageBytes<kFp8> +
-    (kFp8 ? 2 * kDecodeStageKeys * kRowBytes : 0); // + the widened bf16 K|V tile
+inline constexpr int kDecodeStreamBytes =
+    kDecodeStages<kFp8> * kDecodeRawStageBytes<kFp8> + (kFp8 ? 2 * kDecodeStageKeys * kRowBytes : 0);
+template <bool kFp8>
+inline constexpr int kDecodeSmemBytes = kDecodeStreamBytes<kFp8> + kClusterReceiveBytes;
 // clang-format on
-// Cluster merge: the CTA's partial (slot 4) after the four warps' partials (slots 0-3).
-inline constexpr int kClusterSlot = 4;
-inline constexpr int kMaxClusterSplits = 16; // the largest (non-portable) cluster on SM90
-static_assert(kDecodeSmemBytes<true> >= (kClusterSlot + 1) * kPartialFloats * 4 &&
-                  kDecodeSmemBytes<false> >= (kClusterSlot + 1) * kPartialFloats * 4,
-              "the warps' and the cluster's partials reuse the stage buffers");
+static_assert(kDecodeStreamBytes<true> >= 4 * kSharedPartialFloats * 4 &&
+                  kDecodeStreamBytes<false> >= 4 * kSharedPartialFloats * 4,
+              "the warps' partials reuse the stage buffers");
 static_assert(kDecodeThreads == 128, "the cluster merge gives a thread one of a row's 128 dims");
-static_assert(kDecodeSmemBytes<true> <= 110 * 1024 && kDecodeSmemBytes<false> <= 110 * 1024,
+// Two CTAs an SM (kAttentionCtasPerSm): an SM's 228 KB of shared memory, less 1 KB reserved a
+// CTA and (generously) 1 KB of static shared memory (the selection, the barrier).
+inline constexpr bool fits_two_ctas_an_sm(int dynamic_bytes) {
+  return kAttentionCtasPerSm * (dynamic_bytes + 2 * 1024) <= 228 * 1024;
+}
+static_assert(fits_two_ctas_an_sm(kDecodeSmemBytes<true>) &&
+                  fits_two_ctas_an_sm(kDecodeSmemBytes<false>),
               "two CTAs per SM (kAttentionCtasPerSm)");
 
 // Issues the copy of keys first_row .. first_row + 63 of `page` (head g) into the stage's K and V
@@ -105,9 +129,26 @@ struct DecodeSelection {
   int32_t last_arrival;
 };
 
+#ifndef M3SA_ATTENTION_DECODE_PREFETCH_TABLE // diagnostic builds only: 0 = no prefetch
+#define M3SA_ATTENTION_DECODE_PREFETCH_TABLE 1
+#endif
+inline constexpr bool kDecodePrefetchTableRow = M3SA_ATTENTION_DECODE_PREFETCH_TABLE != 0;
+// With splits (the small batches, where the selection's two dependent round trips - the slot,
+// then its page in the block table - are a quarter of the time: s12 r1 stamps, 2.1 us of batch
+// 1's 8.8), the request's block-table row is known under the decode layout's guess before any
+// load, so warps 1-3 of the pair's CTAs bring it into L2 (a 128-byte line a thread, the CTAs
+// interleaved) while warp 0 loads the slots: the pages' loads then hit L2. The whole allocated
+// row (3072 x splits blocks at most), since the positions are not known yet.
 __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, int t, int g,
-                                              DecodeSelection& sel) {
+                                              int split, DecodeSelection& sel) {
   const int lane = threadIdx.x & 31;
+  if (kDecodePrefetchTableRow && threadIdx.x >= 32 && p.splits > 1 && p.num_requests > 0) {
+    constexpr int kEntriesPerLine = 128 / sizeof(int32_t);
+    const int request = min(t / max(1, p.decode_q_len), p.num_requests - 1);
+    const int entry = ((threadIdx.x - 32) * p.splits + split) * kEntriesPerLine;
+    if (entry < p.block_table_width)
+      prefetch_to_l2(p.block_table + int64_t{request} * p.block_table_stride + entry);
+  }
   if (threadIdx.x < 32) { // one warp: ballot-compact the slots that hold a visible block
     // Every load that does not depend on another is issued at once: the selection slot, and the
     // request's bounds and length under the decode layout's guess (request t / decode_q_len),
@@ -139,30 +180,48 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The splits of a (token, KV head) as the p.splits CTAs of this cluster: this CTA's merged
-// partial goes to `slot` (its shared memory), and rows rank, rank + splits, ... are merged from
-// every CTA's slot and written as token t's output (a thread per dim: one row per CTA and step).
-// Same order of terms as the workspace merge (merge_rows): split 0 first.
+// The splits of a (token, KV head) as the p.splits CTAs of this cluster (split == rank). Row r of
+// the group is merged by the CTA of rank r % splits; every CTA pushes its merged partial of row r
+// (O, then m and l) into that CTA's `receive` slot (r / splits) * splits + split by st.async, which
+// counts the bytes down the receiver's `bar`; each CTA then waits for its own rows' bytes only,
+// merges them (a thread per dim; same order of terms as the workspace merge, merge_rows: split 0
+// first) and writes token t's output. No fence and no cluster-wide barrier: the cluster.sync()
+// version (a DSMEM read of every partial between two of them, each a MEMBAR.ALL.GPU) finished
+// batch 1 in 7,000-7,800 cycles, this one in 4,400-5,100 (s12 r1 / r5 stamps).
+// `first_item`: the peers' barriers may not exist before the kernel's cluster barrier completes.
 __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionParams& p,
-                                                        const MergedRow& mine, float* slot, int t,
-                                                        int g) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  store_merged_partial(mine, slot, threadIdx.x);
-  cluster.sync(); // every split's partial is in place
-  const int d = threadIdx.x, splits = p.splits;
-  const float* parts[kMaxClusterSplits];
+                                                        const MergedRow& mine, float* receive,
+                                                        uint64_t* bar, uint32_t parity, int split,
+                                                        bool first_item, int t, int g) {
+  const int splits = p.splits;
+  if (first_item) sm90::cluster_wait();
+  const int row = threadIdx.x >> 3, d0 = (threadIdx.x & 7) * 16;
+  if (row < p.group) {
+    const uint32_t owner = static_cast<uint32_t>(row % splits);
+    const float* slot = receive + ((row / splits) * splits + split) * kClusterSlotFloats;
+    const uint32_t peer_bar = sm90::peer_shared_address(bar, owner);
+    const uint32_t peer_o = sm90::peer_shared_address(slot + d0, owner);
 #pragma unroll
-  for (int i = 0; i < kMaxClusterSplits; ++i)
-    parts[i] = i < splits ? cluster.map_shared_rank(slot, i) : slot;
-  for (int row = static_cast<int>(cluster.block_rank()); row < p.group; row += splits) {
-    // Every split's m, l and O element in one round of DSMEM loads.
+    for (int d = 0; d < 4; ++d) sm90::push_to_peer(peer_o + 16 * d, mine.o[d], peer_bar);
+    if ((threadIdx.x & 7) == 0)
+      sm90::push_to_peer(sm90::peer_shared_address(slot + 128, owner), make_float2(mine.m, mine.l),
+                         peer_bar);
+  }
+  M3SA_DECODE_FINISH_STAMP(1);
+  const int owned = cluster_rows_owned(p.group, splits, split);
+  if (owned == 0) return;
+  sm90::mbarrier_wait(bar, parity);
+  M3SA_DECODE_FINISH_STAMP(2);
+  const int d = threadIdx.x;
+  for (int i_row = 0; i_row < owned; ++i_row) {
+    // Every split's m, l and O element loaded at once, then merged.
+    const float* slots = receive + i_row * splits * kClusterSlotFloats;
     float m[kMaxClusterSplits], l[kMaxClusterSplits], o[kMaxClusterSplits];
 #pragma unroll
     for (int i = 0; i < kMaxClusterSplits; ++i) {
-      m[i] = i < splits ? parts[i][row] : -INFINITY;
-      l[i] = i < splits ? parts[i][kAttentionRows + row] : 0.f;
-      o[i] = i < splits ? parts[i][2 * kAttentionRows + row * 128 + d] : 0.f;
+      const float* part = slots + (i < splits ? i : 0) * kClusterSlotFloats;
+      m[i] = i < splits ? part[128] : -INFINITY;
+      l[i] = part[129], o[i] = part[d];
     }
     float m_max = -INFINITY;
 #pragma unroll
@@ -171,13 +230,13 @@ __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionPar
     float l_sum = 0.f, o_sum = 0.f;
 #pragma unroll
     for (int i = 0; i < kMaxClusterSplits; ++i) {
-      if (m[i] == -INFINITY) continue; // no key of this row in split i
+      if (m[i] == -INFINITY) continue; // no key of this row in split i (or no split i)
       const float w = exp2f(m[i] - m_use);
       l_sum += w * l[i];
       o_sum += w * o[i];
     }
     const float inverse = l_sum > 0.f ? p.v_scale / l_sum : 0.f;
-    const int64_t head = int64_t{g} * p.group + row;
+    const int64_t head = int64_t{g} * p.group + split + i_row * splits;
     static_cast<__nv_bfloat16*>(
         p.out)[int64_t{t} * p.out_stride_token + head * p.out_stride_head + d] =
         __float2bfloat16_rn(o_sum * inverse);
@@ -185,27 +244,36 @@ __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionPar
       p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] =
           l_sum > 0.f ? (m_max + __log2f(l_sum)) * kLn2 : -INFINITY;
   }
-  cluster.sync(); // the partials stay until every CTA of the cluster has read them
+  M3SA_DECODE_FINISH_STAMP(3);
 }
 #endif
 
 // The end of a decode item (token t, KV head g, `split` of the pair's selection), once each of the
 // CTA's four warps has stored its partial (`warp_stride` bytes apart from `warp_partials`): the
 // warps' partials merged, then the output written (one split), or the splits merged in the
-// cluster (`cluster_slot`: shared memory free for the CTA's merged partial), or through the
-// workspace by the last CTA to arrive (`last_arrival`: a shared flag), or left in the workspace
-// for merge_decode_splits_kernel.
+// cluster (`cluster`: the receiving slots and their barrier), or through the workspace by the
+// last CTA to arrive (`last_arrival`: a shared flag), or left in the workspace for
+// merge_decode_splits_kernel.
+struct ClusterMerge {
+  float* receive;
+  uint64_t* bar;
+  uint32_t parity;
+  bool first_item;
+};
 __device__ __forceinline__ void finish_decode_item(const SparseAttentionParams& p,
                                                    const float* warp_partials, int64_t warp_stride,
-                                                   float* cluster_slot, int64_t pair, int split,
-                                                   int t, int g, int32_t* last_arrival) {
+                                                   const ClusterMerge& cluster, int64_t pair,
+                                                   int split, int t, int g, int32_t* last_arrival) {
   __syncthreads();
-  const MergedRow warps = merge_rows<false, false>(warp_partials, warp_stride, 4, threadIdx.x);
+  const MergedRow warps =
+      merge_rows<false, false, SharedPartialLayout>(warp_partials, warp_stride, 4, threadIdx.x);
+  M3SA_DECODE_FINISH_STAMP(0);
   if (p.splits == 1) {
     store_output_row(p, warps, t, g, threadIdx.x);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   } else if (p.split_merge == kMergeInCluster) {
-    merge_splits_in_cluster(p, warps, cluster_slot, t, g);
+    merge_splits_in_cluster(p, warps, cluster.receive, cluster.bar, cluster.parity, split,
+                            cluster.first_item, t, g);
 #endif
   } else {
     store_merged_partial(warps, p.partials + (pair * p.splits + split) * kPartialFloats,
@@ -241,6 +309,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   unsigned char* widened = smem + kStages * kRawStageBytes; // fp8 only
   const int warp = threadIdx.x >> 5;
   const float logit_scale = logit_scale_log2(p.k_scale);
+  __shared__ uint64_t cluster_bar; // the cluster merge's receiving slots are complete
+  float* cluster_receive = reinterpret_cast<float*>(smem + kDecodeStreamBytes<kFp8>);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool clustered = p.split_merge == kMergeInCluster && p.splits > 1;
+  // The barrier exists before any peer pushes (the first item's cluster_wait). A CTA barrier and
+  // a release arrive, not a relaxed one after the init fence: racecheck reported the relaxed form
+  // (s12 r3-r5), and here, before any global access, the release's fence waits for nothing.
+  if (clustered) {
+    if (threadIdx.x == 0) sm90::mbarrier_init(&cluster_bar, 1), sm90::fence_barrier_init();
+    __syncthreads();
+    sm90::cluster_arrive_release();
+  }
+#endif
 
   M3SA_DECODE_STAMPS_BEGIN();
   M3SA_DECODE_STAMP(0);
@@ -250,14 +331,20 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   M3SA_DECODE_STAMP(1);
   const int tokens = p.token_end - p.token_begin;
   const int64_t items = int64_t{tokens} * p.kv_heads * p.splits;
+  uint32_t parity = 0; // of cluster_bar's phase for this item
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int split = static_cast<int>(item % p.splits);
     const int64_t pair = item / p.splits; // (token, KV head)
     const int g = static_cast<int>(pair % p.kv_heads);
     const int t = p.token_begin + static_cast<int>(pair / p.kv_heads);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (clustered && threadIdx.x == 0) // this item's rows: a (O, m, l) slot from every split
+      sm90::mbarrier_arrive_expect_tx(&cluster_bar, cluster_rows_owned(p.group, p.splits, split) *
+                                                        p.splits * kClusterSlotBytesPushed);
+#endif
     uint32_t q[8][4];
     load_query(p, t, g, true, q); // in flight during the selection's loads (unused without keys)
-    select_blocks(p, t, g, sel);
+    select_blocks(p, t, g, split, sel);
     M3SA_DECODE_STAMP(2);
     const int position = sel.position;
     RowState st;
@@ -295,12 +382,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     M3SA_DECODE_STAMP(4);
 
     float* partials = reinterpret_cast<float*>(smem);
-    store_partial(st, partials + warp * kPartialFloats);
-    finish_decode_item(p, partials, kPartialFloats * sizeof(float),
-                       partials + kClusterSlot * kPartialFloats, pair, split, t, g,
-                       &sel.last_arrival);
+    store_partial<SharedPartialLayout>(st, partials + warp * kSharedPartialFloats);
+    const ClusterMerge cluster{cluster_receive, &cluster_bar, parity, item == blockIdx.x};
+    parity ^= 1;
+    finish_decode_item(p, partials, kSharedPartialFloats * sizeof(float), cluster, pair, split, t,
+                       g, &sel.last_arrival);
     M3SA_DECODE_STAMP(5);
-    __syncthreads(); // the selection and the buffers are reused by the next item
+    // The selection and the buffers are reused by the next item; so are the receiving slots
+    // (no plan gives a clustered CTA two items, so the fence of a release is never paid).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (clustered && item + gridDim.x < items) sm90::cluster_arrive_release(), sm90::cluster_wait();
+#endif
+    __syncthreads();
   }
   M3SA_DECODE_STAMPS_END(p.splits, 0);
 }

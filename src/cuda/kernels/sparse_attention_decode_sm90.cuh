@@ -53,9 +53,8 @@ template <bool kFp8> struct DecodeAttentionSm90Traits {
   static constexpr int kWarpBytes = kSlots * kSlotBytes;
   // The ring at a 1024-byte boundary (the swizzle atom).
   static constexpr int kSmemBytes = 1024 + kWarps * kWarpBytes;
-  // After the stream, each warp's partial sits at the start of its ring; warp 0's ring also has
-  // room after its own for the cluster slot finish_decode_item takes (unused: no clusters here).
-  static_assert(2 * kPartialFloats * 4 <= kWarpBytes, "partials fit a warp's ring");
+  // After the stream, each warp's partial sits at the start of its ring.
+  static_assert(kSharedPartialFloats * 4 <= kWarpBytes, "partials fit a warp's ring");
   static_assert(kSmemBytes <= 110 * 1024, "two CTAs per SM (kAttentionCtasPerSm)");
   // e4m3: the widened V of 16 keys ([2 halves][16 rows][128 B]) fits the slot's K tile.
   static_assert(!kFp8 || kTileBytes == 2 * 16 * 128, "widened V fills the K tile");
@@ -148,7 +147,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   M3SA_DECODE_STAMP(1);
   uint32_t q[8][4];
   load_query<kFp8>(p, t, g, true, q); // in flight during the selection's loads
-  select_blocks(p, t, g, sel);        // ends in a CTA barrier
+  select_blocks(p, t, g, split, sel); // ends in a CTA barrier
   M3SA_DECODE_STAMP(2);
   const int position = sel.position;
   const int b_begin = sel.count * split / p.splits;
@@ -206,10 +205,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   }
   M3SA_DECODE_STAMP(4);
   // Every box this warp issued has landed and been read: its ring holds its partial.
-  store_partial(st, reinterpret_cast<float*>(my_ring));
-  finish_decode_item(p, reinterpret_cast<const float*>(ring), Traits::kWarpBytes,
-                     reinterpret_cast<float*>(ring) + kPartialFloats, pair, split, t, g,
-                     &sel.last_arrival);
+  store_partial<SharedPartialLayout>(st, reinterpret_cast<float*>(my_ring));
+  finish_decode_item(p, reinterpret_cast<const float*>(ring), Traits::kWarpBytes, ClusterMerge{},
+                     pair, split, t, g, &sel.last_arrival); // never clustered
   M3SA_DECODE_STAMP(5);
   M3SA_DECODE_STAMPS_END(p.splits, sel.last_arrival);
 #endif

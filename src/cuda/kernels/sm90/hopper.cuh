@@ -62,6 +62,45 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
                : "memory");
 }
 
+// ---- clusters: barriers and pushes into a peer CTA's shared memory ----------------------------
+//
+// Why not cooperative_groups' cluster.sync(): its release / acquire at cluster scope compiles to
+// MEMBAR.ALL.GPU + CCTL.IVALL around the barrier (so does fence.acq_rel.cluster), a wait for
+// every outstanding global access of the thread. A push by st.async needs no fence: the bytes
+// count down the receiver's mbarrier, whose phase completing makes them visible there.
+
+// Arrive on the cluster barrier, this thread's earlier accesses ordered before the peers' later
+// ones (pair with cluster_wait). Costs a MEMBAR.ALL.GPU: where it is paid, nothing is in flight.
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+// The shared::cluster address of `p` (this CTA's shared memory) in the CTA of rank `rank`.
+__device__ __forceinline__ uint32_t peer_shared_address(const void* p, uint32_t rank) {
+  uint32_t address;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(address)
+               : "r"(shared_address(p)), "r"(rank));
+  return address;
+}
+// 16 (8) bytes from registers into peer shared memory at `address`; they count down the peer's
+// mbarrier at `bar` (both from peer_shared_address).
+__device__ __forceinline__ void push_to_peer(uint32_t address, float4 v, uint32_t bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, "
+      "[%5];\n" ::"r"(address),
+      "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void push_to_peer(uint32_t address, float2 v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, "
+               "[%3];\n" ::"r"(address),
+               "f"(v.x), "f"(v.y), "r"(bar)
+               : "memory");
+}
+
 // ---- TMA -------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void prefetch_tensor_map(const void* map) {
