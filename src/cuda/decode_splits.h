@@ -23,9 +23,30 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/host_device.h"
 #include "cuda/attention_params.h"
 
 namespace m3sa::cuda {
+
+// The cluster merge (kMergeInCluster, sparse_attention_decode.cuh): the splits of a pair are the
+// CTAs of one cluster (split == rank). Row `row` of the GQA group is merged by the CTA of rank
+// row % splits, which receives split s's partial of that row in its slot (row / splits) * splits +
+// s, and waits for exactly cluster_rows_owned(...) * splits slots: a count that differs from the
+// slots pushed to it never completes its barrier, so the CPU tests check that the two agree and
+// that the slots are distinct and fit, for every group and cluster size.
+M3SA_HOST_DEVICE constexpr int cluster_merge_owner(int row, int splits) { return row % splits; }
+M3SA_HOST_DEVICE constexpr int cluster_merge_slot(int row, int split, int splits) {
+  return row / splits * splits + split;
+}
+// Rows of a group of `group` that the CTA of rank `split` of `splits` merges: split, split +
+// splits, ...
+M3SA_HOST_DEVICE constexpr int cluster_rows_owned(int group, int splits, int split) {
+  return split < group ? (group - split + splits - 1) / splits : 0;
+}
+// A CTA's receiving slots: with a power-of-two cluster of at most 16 CTAs (the rule below), a
+// CTA's rows times the splits, ceil(group / splits) * splits, never exceed the group's 16 rows.
+inline constexpr int kClusterMergeSlots = kAttentionRows;
+inline constexpr int kMaxClusterSplits = 16; // the largest (non-portable) cluster on SM90
 
 inline constexpr int kMinSplitsMergedByKernel = 4;
 

@@ -3,6 +3,9 @@
 // checked on the GPU (CudaAttention cases of 1, 4, 12, 20 and 40 requests).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "cuda/decode_splits.h"
 
 namespace m3sa::testing {
@@ -99,6 +102,50 @@ TEST(DecodeSplits, EveryChoiceFitsTheWorkspaceAndTheSelection) {
           ASSERT_GE(s.splits, cuda::kMinSplitsMergedByKernel) << pairs << " " << top_k;
         }
       }
+}
+
+// The cluster merge's bookkeeping (decode_splits.h), for every group and every cluster size the
+// rule can pick: each row goes to exactly one CTA and one slot, the slots of a CTA are distinct
+// and fit its receiving area, and the slots a CTA waits for are exactly those pushed to it (one
+// from each split for each of its rows) - a count that differs would leave its barrier waiting.
+TEST(DecodeSplits, ClusterMergeSlotsAreDistinctFitAndMatchTheWait) {
+  using cuda::cluster_merge_owner;
+  using cuda::cluster_merge_slot;
+  using cuda::cluster_rows_owned;
+  for (int splits = 2; splits <= cuda::kMaxClusterSplits; splits *= 2)
+    for (int group = 1; group <= cuda::kAttentionRows; ++group) {
+      std::vector<std::vector<int>> pushed(splits); // slots pushed into each CTA
+      for (int split = 0; split < splits; ++split)
+        for (int row = 0; row < group; ++row) {
+          const int owner = cluster_merge_owner(row, splits);
+          ASSERT_GE(owner, 0);
+          ASSERT_LT(owner, splits);
+          pushed[owner].push_back(cluster_merge_slot(row, split, splits));
+        }
+      int rows = 0;
+      for (int cta = 0; cta < splits; ++cta) {
+        std::vector<int>& slots = pushed[cta];
+        std::sort(slots.begin(), slots.end());
+        EXPECT_EQ(std::adjacent_find(slots.begin(), slots.end()), slots.end())
+            << "a slot pushed twice: group " << group << " splits " << splits << " CTA " << cta;
+        if (!slots.empty()) {
+          EXPECT_GE(slots.front(), 0);
+          EXPECT_LT(slots.back(), cuda::kClusterMergeSlots)
+              << "group " << group << " splits " << splits << " CTA " << cta;
+        }
+        const int owned = cluster_rows_owned(group, splits, cta);
+        EXPECT_EQ(static_cast<int>(slots.size()), owned * splits)
+            << "group " << group << " splits " << splits << " CTA " << cta;
+        // The receiver reads row split + i * splits from slots cluster_merge_slot(row,
+        // 0..splits-1).
+        for (int row = cta; row < group; row += splits)
+          for (int split = 0; split < splits; ++split)
+            EXPECT_TRUE(std::binary_search(slots.begin(), slots.end(),
+                                           cluster_merge_slot(row, split, splits)));
+        rows += owned;
+      }
+      EXPECT_EQ(rows, group) << "every row merged once: splits " << splits;
+    }
 }
 
 } // namespace

@@ -18,6 +18,7 @@
 // counter. Keys past the token's position are zero-filled by the copy, never read. Bad metadata is
 // flagged (attention_common.cuh) and contributes no key.
 // fp8 KV: each warp widens the e4m3 rows its MMAs read into a bf16 tile in shared memory (exact).
+#include "cuda/decode_splits.h"
 #include "cuda/kernels/attention_common.cuh"
 #include "cuda/kernels/decode_stamps.cuh"
 
@@ -26,26 +27,11 @@ namespace m3sa::cuda {
 inline constexpr int kDecodeThreads = 128;
 inline constexpr int kDecodeStageKeys = 64;
 template <bool kFp8> inline constexpr int kDecodeStages = kFp8 ? 4 : 3;
-// Cluster merge: the receiving CTA's slots, a row's (O[128], m, l) from one split each, 16 B
-// aligned. Cluster splits are powers of two up to 16 (decode_splits.h), so a CTA's rows times the
-// splits, ceil(group / splits) * splits, never exceed the 16 rows of a group.
+// Cluster merge: the receiving CTA's slots (decode_splits.h says which), a row's (O[128], m, l)
+// from one split each, 16 B aligned.
 inline constexpr int kClusterSlotFloats = 132;
-inline constexpr int kClusterSlots = kAttentionRows;
-inline constexpr int kClusterReceiveBytes = kClusterSlots * kClusterSlotFloats * 4;
+inline constexpr int kClusterReceiveBytes = kClusterMergeSlots * kClusterSlotFloats * 4;
 inline constexpr int kClusterSlotBytesPushed = (128 + 2) * 4; // O, m and l; not the padding
-inline constexpr int kMaxClusterSplits = 16; // the largest (non-portable) cluster on SM90
-// Rows of a group of `group` that the CTA of rank `split` of `splits` merges: split, split +
-// splits, ...
-__host__ __device__ constexpr int cluster_rows_owned(int group, int splits, int split) {
-  return split < group ? (group - split + splits - 1) / splits : 0;
-}
-constexpr bool cluster_slots_fit() {
-  for (int splits = 1; splits <= kMaxClusterSplits; splits *= 2)
-    for (int group = 1; group <= kAttentionRows; ++group)
-      if (cluster_rows_owned(group, splits, 0) * splits > kClusterSlots) return false;
-  return true;
-}
-static_assert(cluster_slots_fit(), "every power-of-two cluster's rows fit the receiving slots");
 // clang-format reads the template arguments below as comparisons:
 // clang-format off
 template <bool kFp8>
@@ -180,6 +166,42 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Row `head` of token t from the `splits` slots at `slots` (kMaxSplits: a bound, or the count):
+// every split's m, l and O element loaded at once, then merged in split order as merge_rows does.
+// A split without keys (m = -inf, l = O = 0) adds exact zeros (exp2 of -inf), so no branch.
+template <int kMaxSplits>
+__device__ __forceinline__ void merge_cluster_row(const SparseAttentionParams& p,
+                                                  const float* slots, int splits, int t,
+                                                  int64_t head, int d) {
+  float m[kMaxSplits], l[kMaxSplits], o[kMaxSplits];
+#pragma unroll
+  for (int i = 0; i < kMaxSplits; ++i) {
+    const bool present = kMaxSplits == kMaxClusterSplits ? i < splits : true;
+    const float* part = slots + (present ? i : 0) * kClusterSlotFloats;
+    m[i] = present ? part[128] : -INFINITY;
+    l[i] = present ? part[129] : 0.f;
+    o[i] = present ? part[d] : 0.f;
+  }
+  float m_max = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kMaxSplits; ++i) m_max = fmaxf(m_max, m[i]);
+  const float m_use = m_max == -INFINITY ? 0.f : m_max;
+  float l_sum = 0.f, o_sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kMaxSplits; ++i) {
+    const float w = exp2f(m[i] - m_use);
+    l_sum += w * l[i];
+    o_sum += w * o[i];
+  }
+  const float inverse = l_sum > 0.f ? p.v_scale / l_sum : 0.f;
+  static_cast<__nv_bfloat16*>(
+      p.out)[int64_t{t} * p.out_stride_token + head * p.out_stride_head + d] =
+      __float2bfloat16_rn(o_sum * inverse);
+  if (p.lse && d == 0)
+    p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] =
+        l_sum > 0.f ? (m_max + __log2f(l_sum)) * kLn2 : -INFINITY;
+}
+
 // The splits of a (token, KV head) as the p.splits CTAs of this cluster (split == rank). Row r of
 // the group is merged by the CTA of rank r % splits; every CTA pushes its merged partial of row r
 // (O, then m and l) into that CTA's `receive` slot (r / splits) * splits + split by st.async, which
@@ -197,8 +219,8 @@ __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionPar
   if (first_item) sm90::cluster_wait();
   const int row = threadIdx.x >> 3, d0 = (threadIdx.x & 7) * 16;
   if (row < p.group) {
-    const uint32_t owner = static_cast<uint32_t>(row % splits);
-    const float* slot = receive + ((row / splits) * splits + split) * kClusterSlotFloats;
+    const uint32_t owner = static_cast<uint32_t>(cluster_merge_owner(row, splits));
+    const float* slot = receive + cluster_merge_slot(row, split, splits) * kClusterSlotFloats;
     const uint32_t peer_bar = sm90::peer_shared_address(bar, owner);
     const uint32_t peer_o = sm90::peer_shared_address(slot + d0, owner);
 #pragma unroll
@@ -208,41 +230,22 @@ __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionPar
                          peer_bar);
   }
   M3SA_DECODE_FINISH_STAMP(1);
-  const int owned = cluster_rows_owned(p.group, splits, split);
-  if (owned == 0) return;
+  if (cluster_rows_owned(p.group, splits, split) == 0) return;
   sm90::mbarrier_wait(bar, parity);
   M3SA_DECODE_FINISH_STAMP(2);
   const int d = threadIdx.x;
-  for (int i_row = 0; i_row < owned; ++i_row) {
-    // Every split's m, l and O element loaded at once, then merged.
-    const float* slots = receive + i_row * splits * kClusterSlotFloats;
-    float m[kMaxClusterSplits], l[kMaxClusterSplits], o[kMaxClusterSplits];
-#pragma unroll
-    for (int i = 0; i < kMaxClusterSplits; ++i) {
-      const float* part = slots + (i < splits ? i : 0) * kClusterSlotFloats;
-      m[i] = i < splits ? part[128] : -INFINITY;
-      l[i] = part[129], o[i] = part[d];
-    }
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kMaxClusterSplits; ++i) m_max = fmaxf(m_max, m[i]);
-    const float m_use = m_max == -INFINITY ? 0.f : m_max;
-    float l_sum = 0.f, o_sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kMaxClusterSplits; ++i) {
-      if (m[i] == -INFINITY) continue; // no key of this row in split i (or no split i)
-      const float w = exp2f(m[i] - m_use);
-      l_sum += w * l[i];
-      o_sum += w * o[i];
-    }
-    const float inverse = l_sum > 0.f ? p.v_scale / l_sum : 0.f;
-    const int64_t head = int64_t{g} * p.group + split + i_row * splits;
-    static_cast<__nv_bfloat16*>(
-        p.out)[int64_t{t} * p.out_stride_token + head * p.out_stride_head + d] =
-        __float2bfloat16_rn(o_sum * inverse);
-    if (p.lse && d == 0)
-      p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] =
-          l_sum > 0.f ? (m_max + __log2f(l_sum)) * kLn2 : -INFINITY;
+  for (int row = split; row < p.group; row += splits) {
+    const float* slots = receive + cluster_merge_slot(row, 0, splits) * kClusterSlotFloats;
+    const int64_t head = int64_t{g} * p.group + row;
+    // A thread a dim, latency-bound after the wait: with the split count a run-time bound the
+    // merge was ~440 instructions and ~1,800 cycles of batch 1, with it known 860 cycles (s12 r5
+    // / r6 stamps), so the sm90 plan's cluster sizes get their own unrolled merge.
+    if (splits == 16)
+      merge_cluster_row<16>(p, slots, splits, t, head, d);
+    else if (splits == 8)
+      merge_cluster_row<8>(p, slots, splits, t, head, d);
+    else
+      merge_cluster_row<kMaxClusterSplits>(p, slots, splits, t, head, d);
   }
   M3SA_DECODE_FINISH_STAMP(3);
 }

@@ -29,8 +29,9 @@
 // Launched with programmatic dependent launch: the barrier set-up overlaps the previous kernel.
 // Keys past the position inside a box are masked in the logits and zeroed in the V fragments:
 // TMA reads whole boxes, and the rows past seq_len may hold anything, NaN included.
-// e4m3 K/V: K fragments are widened in registers straight from the raw box (the queries' dims
-// permuted to match, load_query<true>); V is widened 16 keys at a time into the slot's K tile,
+// e4m3 K/V: K fragments are widened to fp16 in registers straight from the raw box (the queries'
+// dims permuted to match, load_query<true>, and the queries scaled into fp16 for fp16 MMAs:
+// queries_to_scaled_half); V is widened 16 keys at a time into the slot's K tile,
 // whose keys are consumed by then, and read back by ldmatrix.trans - as fp16 (exact, one
 // conversion per two values where bf16 takes four instructions), with P·V as fp16 MMAs on P split
 // into fp16 high and low parts: e4m3 retired 4.6 stages/us an SM against the 3.65 its copy rate
@@ -60,11 +61,44 @@ template <bool kFp8> struct DecodeAttentionSm90Traits {
   static_assert(!kFp8 || kTileBytes == 2 * 16 * 128, "widened V fills the K tile");
 };
 
-// Logits, online softmax and P·V of one e4m3 slot (32 keys; keys past `last_key` masked). K
-// fragments come from the raw swizzled box: lane (gid, tid) reads chunks 2 tid and 2 tid + 1 of
-// key rows 8 nt + gid, which hold its dims of k-steps 0-3 and 4-7 (load_query<true>'s order; the
-// two rows of an 8-lane phase read 8 distinct chunks). V is widened to fp16 16 keys at a time into
-// the K tile ([2 halves][16 rows][128 B], swizzled) for ldmatrix.trans.
+// e4m3 slots take K as fp16 MMA operands (one conversion per two values, where bf16 takes three
+// more instructions a pair: ~190 fewer a slot and lane), so the queries go to fp16 as well, scaled
+// by 2^e, which brings the group's largest |q| into [2^14, 2^15): fp16 keeps 11 bits where bf16
+// has 8, so every query at or above 2^-28 of the largest converts exactly (smaller ones become
+// fp16 subnormals, within 2^-25 of their value at that scale), the products stay exact in the
+// fp32 accumulators, and the logits' scale takes 2^-e back - the logits of the bf16 MMAs. Every
+// warp holds the whole group (load_query), so the scale needs no CTA barrier. Returns 2^-e.
+__device__ __forceinline__ float queries_to_scaled_half(uint32_t (&q)[8][4]) {
+  uint32_t largest = 0; // |q| as bf16 bits, two a word: their unsigned order is magnitude order
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) largest = __vmaxu2(largest, q[ks][r] & 0x7fff7fffu);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) largest = __vmaxu2(largest, __shfl_xor_sync(~0u, largest, o));
+  const int exponent = static_cast<int>(max(largest & 0xffffu, largest >> 16) >> 7); // 0..255
+  // 2^e and 2^-e as normal floats: a largest |q| below 2^-112 stays below 2^14 (and inf or NaN,
+  // exponent 255, is scaled down and stays what it is, as with bf16 MMAs).
+  const int e = min(126, 141 - exponent);
+  const float up = __int_as_float((127 + e) << 23), down = __int_as_float((127 - e) << 23);
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t w = q[ks][r];
+      const __half2 h =
+          __floats2half2_rn(__uint_as_float(w << 16) * up, __uint_as_float(w & 0xffff0000u) * up);
+      q[ks][r] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+  return down;
+}
+
+// Logits, online softmax and P·V of one e4m3 slot (32 keys; keys past `last_key` masked), the
+// queries as queries_to_scaled_half left them (`logit_scale` times its 2^-e). K fragments come
+// from the raw swizzled box: lane (gid, tid) reads chunks 2 tid and 2 tid + 1 of key rows 8 nt +
+// gid, which hold its dims of k-steps 0-3 and 4-7 (load_query<true>'s order; the two rows of an
+// 8-lane phase read 8 distinct chunks). V is widened to fp16 16 keys at a time into the K tile
+// ([2 halves][16 rows][128 B], swizzled) for ldmatrix.trans.
 __device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&q)[8][4],
                                                  unsigned char* k_tile, const unsigned char* v_tile,
                                                  int last_key, float logit_scale) {
@@ -77,10 +111,10 @@ __device__ __forceinline__ void attend_e4m3_slot(RowState& st, const uint32_t (&
       const uint4 raw = *reinterpret_cast<const uint4*>(
           k_tile + sm90::swizzled_offset(nt * 8 + gid, 2 * tid + j));
       uint32_t w[8];
-      widen_e4m3x16(raw, w);
+      widen_e4m3x16_to_half(raw, w);
 #pragma unroll
       for (int sub = 0; sub < 4; ++sub)
-        mma_bf16_16816(chains[j][nt], q[4 * j + sub], w[2 * sub], w[2 * sub + 1]);
+        mma_f16_16816(chains[j][nt], q[4 * j + sub], w[2 * sub], w[2 * sub + 1]);
     }
   uint32_t p_hi[2][4], p_lo[2][4];
   softmax_weights<4, true>(st, chains, 0, last_key, logit_scale, p_hi, p_lo);
@@ -183,7 +217,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   if (lane == 0 && kVariant != 2)
     for (int i = 0; i < min(count, kSlots); ++i) issue(i);
 
-  const float logit_scale = logit_scale_log2(p.k_scale);
+  float logit_scale = logit_scale_log2(p.k_scale);
+  if constexpr (kFp8) logit_scale *= queries_to_scaled_half(q);
   RowState st;
   st.reset();
   for (int i = 0; i < count; ++i) {
