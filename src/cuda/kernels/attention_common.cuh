@@ -20,6 +20,7 @@
 #include "cuda/indexer_params.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
+#include "cuda/partial_layout.h"
 
 namespace m3sa::cuda {
 
@@ -333,23 +334,6 @@ __device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8]
   attend_keys(st, q, PaddedRows{k_tile}, PaddedRows{v_tile}, key_row, last_key, logit_scale);
 }
 
-// Where a partial's O element (row, dim) sits after its m and l. The fp32 form (global memory,
-// and the prefill's shared partials): rows of 128 floats. A decode CTA's warp partials in shared
-// memory: rows padded to 136 floats and their 16-byte chunks swizzled (chunk c at c ^ ((c >> 3) &
-// 3)), so that the warps' fragment stores (half-warps of 4 rows x 4 lanes) and the merge's float4
-// loads (quarter-warps of one row's 8 threads, 4 chunks each) meet no bank conflict: in the fp32
-// form both were 4-way (batch 1's merge of its warps: 2,250 -> 960 cycles, s12 r4 / r5 stamps).
-struct PlainPartialLayout {
-  static constexpr int kRowFloats = 128;
-  __device__ static int chunk(int c) { return c; }
-};
-struct SharedPartialLayout {
-  static constexpr int kRowFloats = 136;
-  __device__ static int chunk(int c) { return c ^ ((c >> 3) & 3); }
-};
-inline constexpr int kSharedPartialFloats =
-    2 * kAttentionRows + kAttentionRows * SharedPartialLayout::kRowFloats;
-
 // Writes a warp's state as a partial [m 16][l 16][O 16 x 128 in Layout] (denominator summed over
 // the quad) to shared or global memory.
 template <typename Layout = PlainPartialLayout>
@@ -367,9 +351,8 @@ __device__ __forceinline__ void store_partial(RowState& st, float* partial) {
 #pragma unroll
   for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) // dims nt * 8 + 2 * tid, + 1: chunk 2 * nt + tid / 2
-      *reinterpret_cast<float2*>(o + (gid + 8 * r) * Layout::kRowFloats +
-                                 Layout::chunk(2 * nt + (tid >> 1)) * 4 + 2 * (tid & 1)) =
+    for (int r = 0; r < 2; ++r) // dims nt * 8 + 2 * tid and + 1: one chunk
+      *reinterpret_cast<float2*>(o + Layout::offset(gid + 8 * r, nt * 8 + 2 * tid)) =
           make_float2(st.o[nt][2 * r], st.o[nt][2 * r + 1]);
 }
 
@@ -483,10 +466,10 @@ __device__ __forceinline__ MergedRow merge_rows(const void* first, int64_t strid
         }
       }
     } else {
-      const float* po = part + 2 * kAttentionRows + row * Layout::kRowFloats;
+      const float* po = part + 2 * kAttentionRows;
 #pragma unroll
       for (int d = 0; d < 4; ++d) {
-        const float4 v = load_partial4<kCoherent>(po + Layout::chunk(d0 / 4 + d) * 4);
+        const float4 v = load_partial4<kCoherent>(po + Layout::offset(row, d0 + 4 * d));
         float4& o = merged.o[d];
         o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
       }
