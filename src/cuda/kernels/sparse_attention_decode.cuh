@@ -166,9 +166,11 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Row `head` of token t from the `splits` slots at `slots` (kMaxSplits: a bound, or the count):
-// every split's m, l and O element loaded at once, then merged in split order as merge_rows does.
-// A split without keys (m = -inf, l = O = 0) adds exact zeros (exp2 of -inf), so no branch.
+// Row `head` of token t from the `splits` slots at `slots` (kMaxSplits: the count, or with
+// kMaxClusterSplits a bound): every split's m, l and O element loaded at once, then merged in
+// split order as merge_rows does. A split without keys (m = -inf, l = O = 0) adds exact zeros
+// (exp2 of -inf), so there is no branch: with one per split (s12 r5) the slot merge of batch 1
+// took ~1,800 cycles, straight-line 860 (s12 r6 stamps).
 template <int kMaxSplits>
 __device__ __forceinline__ void merge_cluster_row(const SparseAttentionParams& p,
                                                   const float* slots, int splits, int t,
@@ -209,7 +211,7 @@ __device__ __forceinline__ void merge_cluster_row(const SparseAttentionParams& p
 // merges them (a thread per dim; same order of terms as the workspace merge, merge_rows: split 0
 // first) and writes token t's output. No fence and no cluster-wide barrier: the cluster.sync()
 // version (a DSMEM read of every partial between two of them, each a MEMBAR.ALL.GPU) finished
-// batch 1 in 7,000-7,800 cycles, this one in 4,400-5,100 (s12 r1 / r5 stamps).
+// batch 1 in 7,000-7,800 cycles, this one in 3,400-4,000 (s12 r1 / r6 stamps).
 // `first_item`: the peers' barriers may not exist before the kernel's cluster barrier completes.
 __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionParams& p,
                                                         const MergedRow& mine, float* receive,
@@ -237,12 +239,8 @@ __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionPar
   for (int row = split; row < p.group; row += splits) {
     const float* slots = receive + cluster_merge_slot(row, 0, splits) * kClusterSlotFloats;
     const int64_t head = int64_t{g} * p.group + row;
-    // A thread a dim, latency-bound after the wait: with the split count a run-time bound the
-    // merge was ~440 instructions and ~1,800 cycles of batch 1, with it known 860 cycles (s12 r5
-    // / r6 stamps), so the sm90 plan's cluster sizes get their own unrolled merge.
-    if (splits == 16)
-      merge_cluster_row<16>(p, slots, splits, t, head, d);
-    else if (splits == 8)
+    // A thread a dim: the sm90 plan's clusters of 8 get an exact unroll, 16 is the bound itself.
+    if (splits == 8)
       merge_cluster_row<8>(p, slots, splits, t, head, d);
     else
       merge_cluster_row<kMaxClusterSplits>(p, slots, splits, t, head, d);
@@ -318,7 +316,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   const bool clustered = p.split_merge == kMergeInCluster && p.splits > 1;
   // The barrier exists before any peer pushes (the first item's cluster_wait). A CTA barrier and
   // a release arrive, not a relaxed one after the init fence: racecheck reported the relaxed form
-  // (s12 r3-r5), and here, before any global access, the release's fence waits for nothing.
+  // (s12 r3, r4), and here, before any global access, the release's fence waits for nothing.
   if (clustered) {
     if (threadIdx.x == 0) sm90::mbarrier_init(&cluster_bar, 1), sm90::fence_barrier_init();
     __syncthreads();
