@@ -20,7 +20,7 @@
 #include "cuda/indexer_params.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
-#include "cuda/partial_layout.h"
+#include "cuda/attention_math.h"
 
 namespace m3sa::cuda {
 

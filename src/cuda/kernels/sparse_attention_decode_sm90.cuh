@@ -76,10 +76,8 @@ __device__ __forceinline__ float queries_to_scaled_half(uint32_t (&q)[8][4]) {
     for (int r = 0; r < 4; ++r) largest = __vmaxu2(largest, q[ks][r] & 0x7fff7fffu);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) largest = __vmaxu2(largest, __shfl_xor_sync(~0u, largest, o));
-  const int exponent = static_cast<int>(max(largest & 0xffffu, largest >> 16) >> 7); // 0..255
-  // 2^e and 2^-e as normal floats: a largest |q| below 2^-112 stays below 2^14 (and inf or NaN,
-  // exponent 255, is scaled down and stays what it is, as with bf16 MMAs).
-  const int e = min(126, 141 - exponent);
+  const int e = fp16_query_scale_exponent(
+      static_cast<int>(max(largest & 0xffffu, largest >> 16) >> 7)); // exponent field 0..255
   const float up = __int_as_float((127 + e) << 23), down = __int_as_float((127 - e) << 23);
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks)

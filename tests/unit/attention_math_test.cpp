@@ -1,13 +1,14 @@
-// The attention partials' shared-memory layout (cuda/partial_layout.h), checked on the host: every
-// (row, dim) has its own float, and the two access patterns that use it - the warps' fragment
-// stores and the merge's float4 loads (kernels/attention_common.cuh, store_partial and merge_rows)
-// - meet no bank conflict, which is what the layout is for (bench/NOTES.md s12 r4 / r5).
+// The decode attention's host-checkable arithmetic (cuda/attention_math.h). The partials' shared-
+// memory layout: every (row, dim) has its own float, and the two access patterns that use it - the
+// warps' fragment stores and the merge's float4 loads (kernels/attention_common.cuh, store_partial
+// and merge_rows) - meet no bank conflict, which is what the layout is for (bench/NOTES.md s12 r4 /
+// r5). The e4m3 path's query scale keeps the largest query inside fp16's range.
 #include <gtest/gtest.h>
 
 #include <set>
 #include <vector>
 
-#include "cuda/partial_layout.h"
+#include "cuda/attention_math.h"
 
 namespace m3sa::testing {
 namespace {
@@ -80,6 +81,26 @@ TEST(PartialLayout, SharedLayoutHasNoBankConflicts) {
   // What it replaced, for the record: 4-way on both.
   EXPECT_EQ(worst_fragment_store<PlainPartialLayout>(), 4);
   EXPECT_EQ(worst_merge_load<PlainPartialLayout>(), 4);
+}
+
+// The e4m3 decode attention's query scale (fp16_query_scale_exponent): 2^e and 2^-e are normal
+// floats for every exponent field, the largest |q| lands in [2^14, 2^15) wherever it can, and
+// never above 2^15 (fp16's largest finite value is 65504, just under 2^16).
+TEST(E4m3QueryScale, KeepsTheLargestQueryInFp16Range) {
+  for (int field = 0; field <= 255; ++field) {
+    const int e = cuda::fp16_query_scale_exponent(field);
+    EXPECT_GE(127 + e, 1) << field;
+    EXPECT_LE(127 + e, 254) << field;
+    EXPECT_GE(127 - e, 1) << field;
+    EXPECT_LE(127 - e, 254) << field;
+    if (field == 0 || field == 255) continue; // zero / subnormal, or inf / NaN
+    // A normal bf16 of this field lies in [2^(field - 127), 2^(field - 126)).
+    const int low = field - 127 + e, high = field - 126 + e;
+    EXPECT_LE(high, 15) << field;
+    if (field >= 15) {
+      EXPECT_EQ(low, 14) << field;
+    }
+  }
 }
 
 } // namespace

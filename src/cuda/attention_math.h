@@ -1,6 +1,7 @@
 #pragma once
-// Where an attention partial's O element (row, dim) sits after its m and l (host- and device-
-// includable, no CUDA headers; the CPU tests check the layouts: partial_layout_test.cpp).
+// The decode attention's arithmetic that the CPU tests check (attention_math_test.cpp), host- and
+// device-includable, no CUDA headers: where a partial's O element (row, dim) sits after its m and
+// l, and the power of two that scales e4m3 attention's queries into fp16.
 //
 // The fp32 form (global memory, and the prefill's shared partials): rows of 128 floats. A decode
 // CTA's warp partials in shared memory: rows padded to 136 floats and their 16-byte chunks
@@ -28,5 +29,15 @@ struct SharedPartialLayout {
 };
 inline constexpr int kSharedPartialFloats =
     2 * kAttentionRows + kAttentionRows * SharedPartialLayout::kRowFloats;
+
+// e4m3 decode attention's queries as fp16 (queries_to_scaled_half,
+// sparse_attention_decode_sm90.cuh): the power of two 2^e they are scaled by, from the bf16
+// exponent field (0..255) of the group's largest |q|, brings that value into [2^14, 2^15) - as
+// far as 2^e and 2^-e stay normal floats (e in [-114, 126]: a largest |q| below 2^-112 stays
+// smaller, and inf / NaN, field 255, is scaled down and stays what it is).
+M3SA_HOST_DEVICE int fp16_query_scale_exponent(int bf16_exponent_field) {
+  const int e = 141 - bf16_exponent_field;
+  return e < 126 ? e : 126;
+}
 
 } // namespace m3sa::cuda
