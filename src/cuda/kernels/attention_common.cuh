@@ -16,11 +16,11 @@
 
 #include <cstdint>
 
+#include "cuda/attention_math.h"
 #include "cuda/attention_params.h"
 #include "cuda/indexer_params.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
-#include "cuda/attention_math.h"
 
 namespace m3sa::cuda {
 
@@ -293,17 +293,10 @@ __device__ __forceinline__ void accumulate_values(RowState& st, const uint32_t (
     ldmatrix_x4_trans(b,
                       v_tile.chunk(key_row + (matrix & 1) * 8 + (lane & 7), 2 * j + (matrix >> 1)));
     if (masked) b[0] &= keep[0], b[1] &= keep[1], b[2] &= keep[0], b[3] &= keep[1];
-    if constexpr (kHalf) {
-      mma_f16_16816(st.o[2 * j], p_hi, b[0], b[1]);
-      mma_f16_16816(st.o[2 * j], p_lo, b[0], b[1]);
-      mma_f16_16816(st.o[2 * j + 1], p_hi, b[2], b[3]);
-      mma_f16_16816(st.o[2 * j + 1], p_lo, b[2], b[3]);
-    } else {
-      mma_bf16_16816(st.o[2 * j], p_hi, b[0], b[1]);
-      mma_bf16_16816(st.o[2 * j], p_lo, b[0], b[1]);
-      mma_bf16_16816(st.o[2 * j + 1], p_hi, b[2], b[3]);
-      mma_bf16_16816(st.o[2 * j + 1], p_lo, b[2], b[3]);
-    }
+    mma_16816<kHalf>(st.o[2 * j], p_hi, b[0], b[1]);
+    mma_16816<kHalf>(st.o[2 * j], p_lo, b[0], b[1]);
+    mma_16816<kHalf>(st.o[2 * j + 1], p_hi, b[2], b[3]);
+    mma_16816<kHalf>(st.o[2 * j + 1], p_lo, b[2], b[3]);
   }
 }
 

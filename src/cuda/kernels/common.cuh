@@ -74,6 +74,15 @@ __device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)
   M3SA_MMA_16816("f16");
 }
 #undef M3SA_MMA_16816
+// The same on fp16 operands with kHalf, bf16 without.
+template <bool kHalf>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (kHalf)
+    mma_f16_16816(c, a, b0, b1);
+  else
+    mma_bf16_16816(c, a, b0, b1);
+}
 
 // 16 e4m3 values widened to 16 fp16 (exact: every e4m3 value is an fp16 value; one conversion
 // per two values), order kept: out[i] holds values 2 i and 2 i + 1.

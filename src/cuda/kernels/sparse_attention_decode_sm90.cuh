@@ -34,8 +34,8 @@
 // queries_to_scaled_half); V is widened 16 keys at a time into the slot's K tile,
 // whose keys are consumed by then, and read back by ldmatrix.trans - as fp16 (exact, one
 // conversion per two values where bf16 takes four instructions), with P·V as fp16 MMAs on P split
-// into fp16 high and low parts: e4m3 retired 4.6 stages/us an SM against the 3.65 its copy rate
-// needs (bench/NOTES.md s10 attend_rate), so the widening bounds it.
+// into fp16 high and low parts. (s10's attend_rate suggested the widening bounds e4m3; s12 r6,
+// with K's conversions gone too, gained ~2 % at B=128 64/4, so it does not: bench/NOTES.md.)
 #include "cuda/kernels/decode_stamps.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 #include "cuda/kernels/sparse_attention_decode.cuh"
