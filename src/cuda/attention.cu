@@ -1,6 +1,7 @@
 // CUDA sparse_attention host side. Implementations: cuda.sparse_attention.sm80 (mma.sync, SM80+)
 // and cuda.sparse_attention.sm90 (the same, but decode rows stream K/V by TMA:
-// sparse_attention_decode_sm90.cuh, where the caches' views allow it).
+// sparse_attention_decode_sm90.cuh, and the prefill's attend step runs on wgmma fed by TMA:
+// sparse_attention_prefill_sm90.cuh, where the views allow it).
 // Decode rows run token-major (sparse_attention_decode.cuh): one token per CTA, its selection
 // split over CTAs when the decode rows alone cannot fill the GPU, merged in a cluster or by the
 // last CTA to arrive. Prefill rows run block-major (sparse_attention_prefill.cuh) in passes whose
@@ -21,7 +22,7 @@ namespace m3sa::cuda {
 namespace {
 
 struct AttentionPlanInfo {
-  static constexpr uint32_t kVersion = 4;
+  static constexpr uint32_t kVersion = 5;
   int32_t sm_count;
   int32_t pass_tokens;     // prefill tokens per block-major pass
   int64_t sort_temp_bytes; // CUB's radix sort scratch for a pass's entries, asked once at plan time
@@ -29,8 +30,9 @@ struct AttentionPlanInfo {
   // the splits merge in the workspace).
   int32_t active_clusters[4];
   // 1 (cuda.sparse_attention.sm90): decode rows take the TMA kernel where the K/V views allow it
-  // and no cluster is chosen, and the decode kernels overlap the previous kernel (PDL).
-  int32_t decode_sm90;
+  // and no cluster is chosen, the decode kernels overlap the previous kernel (PDL), and prefill
+  // passes attend on the wgmma kernel where q, K and V are TMA-addressable.
+  int32_t sm90;
 };
 
 // (token, KV head) pairs that may split their selection: at most the resident CTAs, since a
@@ -81,9 +83,9 @@ AttentionLayout run_layout(const OpPlan& plan, Workspace workspace) {
   return carve_attention(plan.request, detail::load_plan_info<AttentionPlanInfo>(plan), carver);
 }
 
-Status plan_attention_with(bool decode_sm90, const PlanRequest& request,
+Status plan_attention_with(bool sm90, const PlanRequest& request,
                            const detail::DeviceCaps& caps, OpPlan* plan) {
-  AttentionPlanInfo info{caps.sm_count, pass_tokens(request), 0, {}, decode_sm90 ? 1 : 0};
+  AttentionPlanInfo info{caps.sm_count, pass_tokens(request), 0, {}, sm90 ? 1 : 0};
   for (int i = 0; i < 4 && caps.compute_capability >= 90; ++i)
     info.active_clusters[i] = std::min(sparse_attention_decode_bf16_active_clusters(2 << i),
                                        sparse_attention_decode_fp8_active_clusters(2 << i));
@@ -107,12 +109,14 @@ Status plan_attention_sm90(const PlanRequest& request, const detail::DeviceCaps&
   return plan_attention_with(true, request, caps, plan);
 }
 
-// The TMA decode kernel.
+// The TMA decode kernels and the wgmma prefill kernel.
 Status can_run_attention_sm90(const PlanRequest& request, const detail::DeviceCaps& caps) {
   return can_run_sm90a(request, caps,
                        sparse_attention_decode_sm90_bf16_has_sm90a_code() &&
-                           sparse_attention_decode_sm90_fp8_has_sm90a_code(),
-                       "the TMA decode attention kernels");
+                           sparse_attention_decode_sm90_fp8_has_sm90a_code() &&
+                           attend_block_members_sm90_bf16_has_sm90a_code() &&
+                           attend_block_members_sm90_fp8_has_sm90a_code(),
+                       "the TMA / wgmma attention kernels");
 }
 
 Status prepare_attention(const OpPlan& plan, Workspace workspace, void* stream) {
@@ -177,13 +181,13 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     // An sm90 plan takes clusters only from 8 CTAs (the cp.async kernel's: the smallest batches,
     // where one selected block a CTA is what counts) and the TMA kernel for everything else,
     // where both views are TMA-addressable.
-    const int min_cluster = info.decode_sm90 ? M3SA_ATTENTION_DECODE_MIN_CLUSTER : 2;
+    const int min_cluster = info.sm90 ? M3SA_ATTENTION_DECODE_MIN_CLUSTER : 2;
     DecodeSplits splits =
         decode_splits(plan, info, pairs, min_cluster,
-                      info.decode_sm90 ? kMergeByNextKernel : kMergeByLastArrival);
+                      info.sm90 ? kMergeByNextKernel : kMergeByLastArrival);
     SparseAttentionSm90Params sm90{};
     const int stage_keys = fp8 ? kDecodeSm90StageKeysFp8 : kDecodeSm90StageKeysBf16;
-    const bool tma = info.decode_sm90 && splits.merge != kMergeInCluster &&
+    const bool tma = info.sm90 && splits.merge != kMergeInCluster &&
                      encode_kv_cache_map(a.k_cache, stage_keys, sm90.k_map) &&
                      encode_kv_cache_map(a.v_cache, stage_keys, sm90.v_map);
     if (!tma && splits.merge != kMergeInCluster) // views TMA cannot address: the cp.async kernel
@@ -204,7 +208,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
           cluster > 1 ? std::min(pairs * p.splits, resident / cluster * cluster) : resident);
       M3SA_CUDA_RETURN_IF_ERROR(
           (fp8 ? launch_sparse_attention_decode_fp8
-               : launch_sparse_attention_decode_bf16)(p, grid, cluster, info.decode_sm90 != 0, s));
+               : launch_sparse_attention_decode_bf16)(p, grid, cluster, info.sm90 != 0, s));
     }
   }
   if (tokens == decode_tokens) return {};
@@ -222,6 +226,18 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
   p.sorted_keys = l.sorted_keys, p.sorted_values = l.sorted_values;
   p.prefill_partials = l.prefill_partials;
   p.splits = 1;
+  // The wgmma attend kernel: a GQA group within its 16-row member tiles, and views that TMA can
+  // address (else the mma.sync kernel, the same partials).
+  SparseAttentionPrefillSm90Params prefill_sm90{};
+  const bool prefill_wgmma =
+      info.sm90 && p.group <= kAttentionRows &&
+      encode_query_map(a.q, kAttentionRows, prefill_sm90.q_map) &&
+      encode_kv_cache_map(a.k_cache, 128, prefill_sm90.k_map) &&
+      encode_kv_cache_map(a.v_cache, 128, prefill_sm90.v_map) &&
+      encode_compact_partials_map(
+          l.prefill_partials,
+          int64_t{info.pass_tokens} * plan.request.config.num_index_heads * p.top_k,
+          prefill_sm90.partial_map);
   for (int begin = decode_tokens; begin < tokens; begin += info.pass_tokens) {
     p.token_begin = begin;
     p.token_end = static_cast<int>(std::min<int64_t>(tokens, int64_t{begin} + info.pass_tokens));
@@ -231,9 +247,21 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     M3SA_CUDA_RETURN_IF_ERROR(launch_gather_selection_entries(p, gather_grid, s));
     M3SA_CUDA_RETURN_IF_ERROR(sort_selection_entries(p, l.sorted_keys, l.sorted_values, key_bits,
                                                      l.sort_temp, l.sort_temp_bytes, s));
-    M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_attend_block_members_fp8
-                                   : launch_attend_block_members_bf16)(p, info.sm_count, s));
-    M3SA_CUDA_RETURN_IF_ERROR(launch_merge_token_partials(p, 4 * info.sm_count, s));
+    if (prefill_wgmma) {
+      prefill_sm90.attention = p;
+      const int64_t items = (int64_t{p.entry_count} + kRunEntries - 1) / kRunEntries;
+      M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_attend_block_members_sm90_fp8
+                                     : launch_attend_block_members_sm90_bf16)(
+          prefill_sm90, static_cast<int>(std::min<int64_t>(items, info.sm_count)), s));
+    } else {
+      M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_attend_block_members_fp8
+                                     : launch_attend_block_members_bf16)(p, info.sm_count, s));
+    }
+    // The merge waits on its partials' loads: as many 128-thread groups as its registers let an
+    // SM hold (10: s13 r3's ncu measured 25 % occupancy and 2.5 TB/s with 4).
+    const int64_t merge_pairs = int64_t{p.token_end - p.token_begin} * p.kv_heads;
+    M3SA_CUDA_RETURN_IF_ERROR(launch_merge_token_partials(
+        p, static_cast<int>(std::min<int64_t>(merge_pairs, 10 * int64_t{info.sm_count})), s));
   }
   return {};
 }
@@ -263,7 +291,8 @@ const Implementation kCudaSparseAttentionSm90 = {
     "cuda.sparse_attention.sm90",
     "as cuda.sparse_attention.sm80, but decode rows stream the selected K/V by TMA into a ring per "
     "warp (four independent warps a CTA, two CTAs per SM) where the K and V views allow TMA and "
-    "no cluster merge is chosen; decode kernels overlap the previous kernel (PDL)",
+    "no cluster merge is chosen; decode kernels overlap the previous kernel (PDL); prefill pages "
+    "attend 4 member tokens a wgmma tile (TMA-fed, warp-specialised) where q, K and V allow TMA",
     Backend::cuda,
     OpKind::sparse_attention,
     1,

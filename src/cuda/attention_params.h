@@ -19,6 +19,7 @@ inline constexpr int kCompactPartialBytes = 3 * kAttentionRows * 4 + kAttentionR
 inline constexpr int kAttentionCtasPerSm = 2;
 inline constexpr int kMaxSelection = 32;   // top_k limit (config.h kMaxTopK)
 inline constexpr int kGatherThreads = 256; // the prefill's entry gather: one thread per entry
+inline constexpr int kRunEntries = 64;     // the prefill's attend step: sorted entries per work item
 
 // How the splits of a (token, KV head) merge their partials (log-sum-exp).
 enum SplitMerge : int32_t {
@@ -81,6 +82,18 @@ inline constexpr int kDecodeSm90StageKeysFp8 = 32;
 struct SparseAttentionSm90Params {
   alignas(64) uint64_t k_map[16];
   alignas(64) uint64_t v_map[16];
+  SparseAttentionParams attention;
+};
+
+// The Hopper prefill attend kernel (sparse_attention_prefill_sm90.cuh): the parameters plus the
+// TMA descriptors of q (boxes of 16 query rows x 64 dims: tensor_maps.h encode_query_map), of
+// k_cache and v_cache (boxes of a page's 128 keys x 64 dims) and of prefill_partials (boxes of a
+// partial's 16 rows x 64 values of O: encode_compact_partials_map).
+struct SparseAttentionPrefillSm90Params {
+  alignas(64) uint64_t q_map[16];
+  alignas(64) uint64_t k_map[16];
+  alignas(64) uint64_t v_map[16];
+  alignas(64) uint64_t partial_map[16];
   SparseAttentionParams attention;
 };
 

@@ -92,6 +92,13 @@ cudaError_t launch_attend_block_members_bf16(const SparseAttentionParams& params
                                              cudaStream_t stream);
 cudaError_t launch_attend_block_members_fp8(const SparseAttentionParams& params, int grid,
                                             cudaStream_t stream);
+// The Hopper attend step (wgmma, TMA), persistent: grid <= one CTA per SM.
+cudaError_t launch_attend_block_members_sm90_bf16(const SparseAttentionPrefillSm90Params& params,
+                                                  int grid, cudaStream_t stream);
+cudaError_t launch_attend_block_members_sm90_fp8(const SparseAttentionPrefillSm90Params& params,
+                                                 int grid, cudaStream_t stream);
+bool attend_block_members_sm90_bf16_has_sm90a_code();
+bool attend_block_members_sm90_fp8_has_sm90a_code();
 cudaError_t launch_merge_token_partials(const SparseAttentionParams& params, int grid,
                                         cudaStream_t stream);
 

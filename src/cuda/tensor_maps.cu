@@ -1,6 +1,8 @@
 // TMA descriptors of the cache views (tensor_maps.h).
 #include "cuda/tensor_maps.h"
 
+#include "cuda/attention_params.h"
+
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -28,13 +30,13 @@ bool addressable(int64_t bytes) {
 }
 
 // A map over `rank` dims (innermost first: 128 elements of 1 or 2 bytes, contiguous; the outermost
-// the pages, whose ids the kernels pass as 32-bit coordinates) of `view`'s data, with the outer
-// dims' byte strides, boxes of `box` elements, 128 B swizzle.
-bool encode_tiled(const TensorView& view, int rank, const cuuint64_t* dims,
+// the pages, tokens or partials, which the kernels pass as 32-bit coordinates) of the data at
+// `base`, with the outer dims' byte strides, boxes of `box` elements, 128 B swizzle.
+bool encode_tiled(const void* base, bool one_byte, int rank, const cuuint64_t* dims,
                   const int64_t* stride_bytes, const cuuint32_t* box, uint64_t (&map)[16]) {
   static_assert(sizeof(CUtensorMap) == sizeof(map));
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr || reinterpret_cast<uintptr_t>(view.data) % 16 != 0 ||
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 ||
       dims[rank - 1] > (cuuint64_t{1} << 31))
     return false;
   cuuint64_t strides[4];
@@ -43,13 +45,17 @@ bool encode_tiled(const TensorView& view, int rank, const cuuint64_t* dims,
     strides[i] = static_cast<cuuint64_t>(stride_bytes[i]);
   }
   const cuuint32_t unit_strides[5] = {1, 1, 1, 1, 1};
-  const bool fp8 = view.dtype == DType::fp8_e4m3;
   return encode(reinterpret_cast<CUtensorMap*>(map),
-                fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                static_cast<cuuint32_t>(rank), view.data, dims, strides, box, unit_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                one_byte ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, strides, box,
+                unit_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+bool encode_tiled(const TensorView& view, int rank, const cuuint64_t* dims,
+                  const int64_t* stride_bytes, const cuuint32_t* box, uint64_t (&map)[16]) {
+  return encode_tiled(view.data, view.dtype == DType::fp8_e4m3, rank, dims, stride_bytes, box,
+                      map);
 }
 
 } // namespace
@@ -73,6 +79,29 @@ bool encode_kv_cache_map(const TensorView& cache, int rows, uint64_t (&map)[16])
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / element), static_cast<cuuint32_t>(rows),
                              1, 1};
   return encode_tiled(cache, 4, dims, strides, box, map);
+}
+
+bool encode_query_map(const TensorView& q, int rows, uint64_t (&map)[16]) {
+  if (q.rank != 3 || q.dtype != DType::bf16 || q.strides[2] != 1 || q.shape[2] != 128 ||
+      rows < 1 || rows > 256)
+    return false;
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(q.shape[1]),
+                              static_cast<cuuint64_t>(q.shape[0])};
+  const int64_t strides[2] = {q.strides[1] * 2, q.strides[0] * 2};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(rows), 1};
+  return encode_tiled(q, 3, dims, strides, box, map);
+}
+
+bool encode_compact_partials_map(void* partials, int64_t count, uint64_t (&map)[16]) {
+  if (count < 1) return false;
+  // O of each partial: kAttentionRows rows x 128 16-bit values after the header (m, l, a).
+  constexpr int kHeaderBytes = 3 * kAttentionRows * 4;
+  static_assert(kCompactPartialBytes == kHeaderBytes + kAttentionRows * 128 * 2);
+  const cuuint64_t dims[3] = {128, kAttentionRows, static_cast<cuuint64_t>(count)};
+  const int64_t strides[2] = {128 * 2, kCompactPartialBytes};
+  const cuuint32_t box[3] = {64, kAttentionRows, 1};
+  return encode_tiled(static_cast<unsigned char*>(partials) + kHeaderBytes, false, 3, dims,
+                      strides, box, map);
 }
 
 } // namespace m3sa::cuda

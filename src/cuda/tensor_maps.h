@@ -20,4 +20,13 @@ bool encode_index_k_map(const TensorView& cache, uint64_t (&map)[16]);
 // (page, KV head) x 128 bytes of dims (coordinates: dim, token, head, page), 128 B swizzle.
 bool encode_kv_cache_map(const TensorView& cache, int rows, uint64_t (&map)[16]);
 
+// Queries [T, Hq, 128] bf16 (any token and head strides): boxes of `rows` consecutive heads of
+// one token x 64 dims (coordinates: dim, head, token), 128 B swizzle.
+bool encode_query_map(const TensorView& q, int rows, uint64_t (&map)[16]);
+
+// The prefill's compact partials (attention_params.h kCompactPartialBytes each, `count` of them
+// from `partials`): boxes of 16 rows x 64 16-bit values of one partial's O (coordinates: value,
+// row, partial), 128 B swizzle, for TMA stores.
+bool encode_compact_partials_map(void* partials, int64_t count, uint64_t (&map)[16]);
+
 } // namespace m3sa::cuda

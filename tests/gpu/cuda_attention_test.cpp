@@ -214,6 +214,7 @@ const AttentionCase kCases[] = {
     {"PrefillNoPrefix", spec({700}, {700}, 0, 1, 16, 1), 16, 1, 1, true},
     {"PrefillUnalignedPrefix", spec({300}, {2333}, 0, 1, 64, 4), 16},
     {"PrefillChunkAfterPrefixK32", spec({1000}, {9000}, 0, 1, 16, 1), 32},
+    {"PrefillGroup8K8Scales", spec({400}, {3000}, 0, 1, 32, 4), 8, 0.5f, 2.f, true},
     {"PrefillFp8", spec({513}, {5000}, 0, 1, 64, 4, DType::fp8_e4m3), 16, 0.25f, 4.f},
     {"SmallPrefillShortRequests", spec({3, 5, 1, 2, 7}, {3, 130, 1, 300, 7}, 0, 1, 16, 1), 16, 1, 1,
      true},

@@ -198,6 +198,15 @@ struct SwizzledHalves {
   __device__ const unsigned char* chunk(int row, int c) const { return base + offset(row, c); }
 };
 
+// Two weights of one row as A-fragment halves: their bf16 rounding (hi) and the bf16 rounding of
+// the rest (lo), so that P.V with both keeps ~16 bits of each weight.
+__device__ __forceinline__ void split_weights(float w0, float w1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(w0, w1);
+  const float2 h_f = __bfloat1622float2(h);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = pack_bf16x2(w0 - h_f.x, w1 - h_f.y);
+}
+
 // Online softmax over kTiles x 8 logits of the warp's 16 rows, each the sum of two MMA chains
 // (chains[c][nt]: keys key_row + 8 nt + 2 tid + {0, 1} of rows gid, gid + 8, raw q.k; two chains
 // of dependent MMAs instead of one twice as long, since a warp's stage is latency-bound,
@@ -250,10 +259,7 @@ __device__ __forceinline__ void softmax_weights(RowState& st, const float (&chai
         p_hi[nt / 2][2 * (nt % 2) + r] = *reinterpret_cast<const uint32_t*>(&hi);
         p_lo[nt / 2][2 * (nt % 2) + r] = *reinterpret_cast<const uint32_t*>(&lo);
       } else {
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(w0, w1);
-        const float2 hi_f = __bfloat1622float2(hi);
-        p_hi[nt / 2][2 * (nt % 2) + r] = *reinterpret_cast<const uint32_t*>(&hi);
-        p_lo[nt / 2][2 * (nt % 2) + r] = pack_bf16x2(w0 - hi_f.x, w1 - hi_f.y);
+        split_weights(w0, w1, p_hi[nt / 2][2 * (nt % 2) + r], p_lo[nt / 2][2 * (nt % 2) + r]);
       }
     }
 #pragma unroll
@@ -377,8 +383,12 @@ __device__ __forceinline__ uint32_t pack_fixed2(float x, float y) {
   return (static_cast<uint32_t>(qx) & 0xffffu) | (static_cast<uint32_t>(qy) << 16);
 }
 
-// A warp's state as a compact partial.
-__device__ __forceinline__ void store_compact_partial(RowState& st, void* base) {
+// A warp's state as a compact partial: m, l and a to the partial at `base`, and each word of O
+// (two values: row, dims 8 nt + 2 tid and + 1, as 16-bit fixed point) through
+// store_word(row, nt, word) - to the partial itself, or to a staging tile that a bulk copy writes.
+template <typename StoreWord>
+__device__ __forceinline__ void store_compact_partial(RowState& st, void* base,
+                                                      StoreWord&& store_word) {
   const CompactPartialView part(base);
   const int lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
   st.sum_denominators_over_quad();
@@ -395,9 +405,14 @@ __device__ __forceinline__ void store_compact_partial(RowState& st, void* base) 
     if (tid == 0) part.m[row] = st.m[r], part.l[row] = st.l[r], part.a[row] = a;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
-      *reinterpret_cast<uint32_t*>(part.o + row * 128 + nt * 8 + 2 * tid) =
-          pack_fixed2(st.o[nt][2 * r] * inverse, st.o[nt][2 * r + 1] * inverse);
+      store_word(row, nt, pack_fixed2(st.o[nt][2 * r] * inverse, st.o[nt][2 * r + 1] * inverse));
   }
+}
+__device__ __forceinline__ void store_compact_partial(RowState& st, void* base) {
+  int16_t* o = CompactPartialView(base).o + 2 * (threadIdx.x & 3);
+  store_compact_partial(st, base, [&](int row, int nt, uint32_t word) {
+    *reinterpret_cast<uint32_t*>(o + row * 128 + nt * 8) = word;
+  });
 }
 
 // One row of merged partials, as a group of 128 threads holds it: row thread / 8, dims

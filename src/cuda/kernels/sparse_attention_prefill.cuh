@@ -27,7 +27,6 @@ namespace m3sa::cuda {
 
 inline constexpr int kPrefillThreads = 256;
 inline constexpr int kPrefillWarps = kPrefillThreads / 32;
-inline constexpr int kRunEntries = 64; // sorted entries per work item
 template <bool kFp8>
 inline constexpr int kPrefillBufferBytes = 2 * 128 * (kFp8 ? 128 : kRowBytes); // K, V of a page
 template <bool kFp8>

@@ -128,6 +128,24 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, uint64_t
                : "memory");
 }
 
+// One box from shared memory at `src` to a 3D tensor map at (c0, c1, c2), as a bulk group of
+// this thread (bulk_commit_group / bulk_wait_group_read).
+__device__ __forceinline__ void tma_store_3d(const void* map, const void* src, int c0, int c1,
+                                             int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::
+                   "l"(reinterpret_cast<uint64_t>(map)),
+               "r"(shared_address(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups have read their shared-memory sources (it may be
+// rewritten then; the global writes may still be in flight).
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy reads
 // (wgmma reads its operands through the async proxy).
 __device__ __forceinline__ void fence_proxy_async_shared() {
@@ -203,6 +221,27 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t d
                ", %64, %65, p, 1, 1, 0, 0;\n}\n"
                : M3SA_WGMMA_D64_OUTPUTS(d)
                : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D (+)= A (64 x 16, bf16 in registers: the m64k16 fragment, per warp mma.sync's m16k16 A
+// layout) . B (16 x 128), B MN-major in shared memory (consecutive elements run along N).
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs_mn_major_b(float (&d)[64],
+                                                                    const uint32_t (&a)[4],
+                                                                    uint64_t desc_b,
+                                                                    int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " M3SA_WGMMA_D64_LIST
+               ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+               : M3SA_WGMMA_D64_OUTPUTS(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+// Keeps the compiler from moving writes of wgmma's register A fragments past the fence before
+// the wgmmas that read them, or reuse of those registers before the wait after them.
+template <int kSteps> __device__ __forceinline__ void fence_fragments(uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[j][i])::"memory");
 }
 
 // As wgmma_m64n128k16_bf16 for e4m3 operands, K = 32 a step (32 bytes of the 128-byte row; e4m3

@@ -1,0 +1,440 @@
+#pragma once
+// Sparse attention for prefill rows on Hopper: the block-major attend step
+// (sparse_attention_prefill.cuh) on wgmma, fed by TMA, warp-specialised.
+//
+// Contract: as attend_block_members_kernel: for every sorted entry (KV head g, page, token, slot)
+// of the pass, the compact partial (m, l, O) of the token's 16 query rows of group g over the
+// page's keys visible to it (the first `visible` keys), at prefill_partial(token, g, slot). The
+// entries, their sort and the merge of each token's partials are the portable path's
+// (sparse_attention_prefill_entries.cu); so are the numerics: logits in fp32 from bf16 operands,
+// P.V with P split into a bf16 high part and the bf16 rounding of the rest, partials in 16-bit
+// fixed point.
+//
+// Why this shape: a GQA group gives 16 query rows per token, and wgmma needs M = 64, so a tile is
+// 4 member tokens of one (KV head, page) - the entries of a page are consecutive after the sort,
+// so any 4 of them share the page's K and V (bench/NOTES.md s13; design doc, section 4).
+// Mapping: one CTA per SM, persistent over work items of kRunEntries sorted entries, 3
+// warpgroups. Every warp walks the same items, runs (the entries of one page) and groups (up to 4
+// consecutive entries of a run), from the item's keys and values held in its registers (read one
+// item ahead), so no schedule is shared through memory and no role waits on a load per group:
+//   - producer warpgroup (registers released): warp 0 brings each run's page, K and V as four
+//     128-key x 64-dim TMA boxes (e4m3: two raw 128 x 128 B boxes), into one of two page
+//     buffers; warp 1 brings each group's 4 tokens x 16 query rows (two 16 x 64 boxes a token)
+//     into one of its consumer's Q slots; warp 2 (e4m3: warps 2 and 3) relays "page ready" once a
+//     page has landed, after zeroing the V rows past the run's last visible key (pages hold
+//     whatever the engine left there, and 0 x NaN would poison P.V; K rows past it are masked to
+//     -inf in the logits instead) - for e4m3, after widening the raw page to bf16 (exact) into
+//     the page buffer, so that both dtypes share the MMAs and their numerics;
+//   - consumer warpgroups 1 and 2 take alternate groups: S = Q K^T (m64n128k16 SS, 8 k-steps:
+//     fp32, 64 per thread), the softmax of each row over the page (a warp holds one member's 16
+//     rows, in the mma.sync layout the portable kernel uses), then O = P V as 16 m64n128k16 RS
+//     wgmmas (P's high and low parts from registers, V from shared memory MN-major). Each warp
+//     then writes its member's m, l and scale directly and stages O, in fixed point, in its rows
+//     of the spent Q slot (the slot's swizzled layout: conflict-free), from where two TMA stores
+//     write it as whole rows: per-thread stores of the 4 KB partial were two thirds of the
+//     kernel's time (s13 r3). One consumer's softmax and epilogue overlap the other's MMAs.
+// Barriers: page_full (TMA bytes), page_ready (relay), page_empty (the 8 consumer warps, once per
+// run each, whether or not they had a group in it), q_full / q_empty per consumer and slot (a
+// slot is released once its staged partials have been read by their TMA stores), raw_full /
+// raw_empty (e4m3).
+#include "cuda/kernels/sm90/hopper.cuh"
+#include "cuda/kernels/sparse_attention_prefill.cuh"
+
+namespace m3sa::cuda {
+
+inline constexpr int kPrefillSm90Threads = 384;
+inline constexpr int kPrefillSm90Members = 4; // tokens a tile: 4 x 16 query rows = wgmma's M
+// setmaxnreg moves registers within the launch allocation (168 a thread at 384 threads).
+// The e4m3 widening loop needs 56 registers in the producers; bf16's 40 leave the consumers 232.
+template <bool kFp8> inline constexpr int kPrefillSm90ProducerRegisters = kFp8 ? 56 : 40;
+template <bool kFp8>
+inline constexpr int kPrefillSm90ConsumerRegisters =
+    (168 * kPrefillSm90Threads - 128 * kPrefillSm90ProducerRegisters<kFp8>) / 256 / 8 * 8;
+
+template <bool kFp8> struct PrefillSm90Layout {
+  static constexpr int kBoxBytes = 128 * 128;      // 128 keys x 64 bf16 dims
+  static constexpr int kPageBytes = 4 * kBoxBytes; // K dims 0-63, 64-127, then V the same
+  static constexpr int kQueryBoxBytes = 16 * 128;  // 16 query rows x 64 dims
+  static constexpr int kQueryBytes = 2 * kPrefillSm90Members * kQueryBoxBytes; // dims 0-63, 64-127
+  // Per consumer; a slot is also where its group's partials are staged for their TMA stores, so
+  // it is released only after them: three where shared memory allows.
+  static constexpr int kQuerySlots = kFp8 ? 2 : 3;
+  static constexpr int kPages = 2;
+  static constexpr int kQueryOffset = kPages * kPageBytes;
+  // e4m3: one raw page (K, then V: 128 keys x 128 B each) that the relay warps widen into a page
+  // buffer; one is enough, since a raw page is free again as soon as it is widened.
+  static constexpr int kRawOffset = kQueryOffset + 2 * kQuerySlots * kQueryBytes;
+  static constexpr int kRawBytes = kFp8 ? 2 * 128 * 128 : 0;
+  static constexpr int kSmemBytes = kRawOffset + kRawBytes + 1024; // + alignment to an atom
+  static_assert(kSmemBytes <= 227 * 1024 - 2048, "one CTA per SM, with the static barriers");
+};
+
+// One work item (kRunEntries sorted entries) as every warp holds it: lane l keeps the keys and
+// values of entries l and 32 + l, read one item ahead, so that no role waits on a global load per
+// group; the roles read an entry's fields by shuffles (so every lane of a warp walks the items).
+struct ItemEntries {
+  static_assert(kRunEntries == 64, "two entries a lane");
+  uint32_t keys[2], values[2];
+  // Entry i of the item (lanes may ask for different entries): both halves are shuffled and the
+  // asking lane selects, since a shuffle sends what the source lane holds, whatever the asker
+  // wants; a select, not an indexed load (a dynamically indexed array lives in local memory).
+  __device__ uint32_t key(int i) const { return pick(keys, i); }
+  __device__ uint32_t value(int i) const { return pick(values, i); }
+  __device__ static uint32_t pick(const uint32_t (&halves)[2], int i) {
+    const uint32_t low = __shfl_sync(0xffffffffu, halves[0], i & 31);
+    const uint32_t high = __shfl_sync(0xffffffffu, halves[1], i & 31);
+    return i < 32 ? low : high;
+  }
+};
+__device__ __forceinline__ ItemEntries load_item(const SparseAttentionParams& p, int64_t item) {
+  const int lane = threadIdx.x & 31;
+  const int64_t base = item * kRunEntries;
+  ItemEntries e;
+#pragma unroll
+  for (int half = 0; half < kRunEntries / 32; ++half) {
+    const int64_t i = base + 32 * half + lane;
+    const bool in = i < p.entry_count;
+    e.keys[half] = in ? p.sorted_keys[i] : p.entry_sentinel;
+    e.values[half] = in ? p.sorted_values[i] : 0u;
+  }
+  return e;
+}
+
+// Calls run(entries, begin, end, run_sequence) for every run (the entries [begin, end) of one KV
+// head's page) of the CTA's items in order, then returns. The sequence numbers count runs across
+// items: they pick the page buffer and its barrier phases. Sentinels (no visible block) sort last.
+template <typename Run>
+__device__ __forceinline__ void for_each_run(const SparseAttentionParams& p, Run&& run) {
+  const int lane = threadIdx.x & 31;
+  const int64_t items = (int64_t{p.entry_count} + kRunEntries - 1) / kRunEntries;
+  uint32_t sequence = 0;
+  ItemEntries entries = load_item(p, blockIdx.x);
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const ItemEntries next = load_item(p, item + gridDim.x); // in flight during this item
+    uint64_t run_starts = 0;
+    int valid = 0;
+#pragma unroll
+    for (int half = 0; half < kRunEntries / 32; ++half) {
+      const uint32_t key = entries.keys[half];
+      uint32_t previous = __shfl_up_sync(0xffffffffu, key, 1);
+      if (half > 0) {
+        const uint32_t last = __shfl_sync(0xffffffffu, entries.keys[half - 1], 31);
+        if (lane == 0) previous = last;
+      }
+      const bool live = key != p.entry_sentinel;
+      const bool head = live && ((half == 0 && lane == 0) || previous != key);
+      run_starts |= uint64_t{__ballot_sync(0xffffffffu, head)} << (32 * half);
+      valid += __popc(__ballot_sync(0xffffffffu, live));
+    }
+    if (valid == 0) return; // every later item is empty too
+    for (uint64_t left = run_starts; left != 0; ++sequence) {
+      const int begin = __ffsll(static_cast<long long>(left)) - 1;
+      left &= left - 1;
+      const int end = left != 0 ? __ffsll(static_cast<long long>(left)) - 1 : valid;
+      run(entries, begin, end, sequence);
+    }
+    entries = next;
+  }
+}
+
+// Descriptor of V (B operand, MN-major: rows of 64 dims x 128 B are consecutive keys) at 16 keys
+// from `address`: 8-key groups 1024 B apart (stride byte offset), the two 64-dim halves a box
+// apart (leading byte offset), 128 B swizzle.
+__device__ __forceinline__ uint64_t value_descriptor(uint32_t address) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
+         (uint64_t{PrefillSm90Layout<false>::kBoxBytes >> 4} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_sm90_kernel(
+    const __grid_constant__ SparseAttentionPrefillSm90Params params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = PrefillSm90Layout<kFp8>;
+  constexpr int kRelayWarps = kFp8 ? 2 : 1; // warps 2 (and 3): page ready (e4m3: widened)
+  const SparseAttentionParams& p = params.attention;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
+  __shared__ uint64_t page_full[L::kPages], page_ready[L::kPages], page_empty[L::kPages];
+  __shared__ uint64_t q_full[2][L::kQuerySlots], q_empty[2][L::kQuerySlots];
+  __shared__ uint64_t raw_full, raw_empty; // e4m3 only
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < L::kPages; ++i) {
+      sm90::mbarrier_init(&page_full[i], 1);
+      sm90::mbarrier_init(&page_ready[i], 1);
+      sm90::mbarrier_init(&page_empty[i], 8); // each consumer warp, once per run
+    }
+    for (int c = 0; c < 2; ++c)
+      for (int s = 0; s < L::kQuerySlots; ++s) {
+        sm90::mbarrier_init(&q_full[c][s], 1);
+        sm90::mbarrier_init(&q_empty[c][s], 4); // each warp of the consumer
+      }
+    sm90::mbarrier_init(&raw_full, 1);
+    sm90::mbarrier_init(&raw_empty, 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const auto page_of = [&](uint32_t sequence) {
+    return smem + (sequence % L::kPages) * L::kPageBytes;
+  };
+  uint8_t* raw_page = smem + L::kRawOffset;
+  const auto group_count = [](int begin, int end) {
+    return (end - begin + kPrefillSm90Members - 1) / kPrefillSm90Members;
+  };
+
+  if (warp < 4) { // producer warpgroup
+    sm90::release_registers<kPrefillSm90ProducerRegisters<kFp8>>();
+    if (warp == 0) { // pages (e4m3: raw pages)
+      if (lane == 0) {
+        sm90::prefetch_tensor_map(params.k_map);
+        sm90::prefetch_tensor_map(params.v_map);
+      }
+      for_each_run(p, [&](const ItemEntries& entries, int begin, int, uint32_t sequence) {
+        const uint32_t key = entries.key(begin);
+        if (lane != 0) return;
+        const int g = static_cast<int>(key / p.num_pages);
+        const int page = static_cast<int>(key % p.num_pages);
+        if constexpr (kFp8) {
+          sm90::mbarrier_wait(&raw_empty, (sequence & 1) ^ 1);
+          sm90::mbarrier_arrive_expect_tx(&raw_full, L::kRawBytes);
+          sm90::tma_load_4d(raw_page, params.k_map, &raw_full, 0, 0, g, page);
+          sm90::tma_load_4d(raw_page + L::kRawBytes / 2, params.v_map, &raw_full, 0, 0, g, page);
+        } else {
+          const int b = sequence % L::kPages;
+          sm90::mbarrier_wait(&page_empty[b], ((sequence / L::kPages) & 1) ^ 1);
+          sm90::mbarrier_arrive_expect_tx(&page_full[b], L::kPageBytes);
+          uint8_t* dst = page_of(sequence);
+          for (int box = 0; box < 4; ++box)
+            sm90::tma_load_4d(dst + box * L::kBoxBytes, box < 2 ? params.k_map : params.v_map,
+                              &page_full[b], 64 * (box & 1), 0, g, page);
+        }
+      });
+    } else if (warp == 1) { // query tiles
+      if (lane == 0) sm90::prefetch_tensor_map(params.q_map);
+      uint32_t group = 0;
+      for_each_run(p, [&](const ItemEntries& entries, int begin, int end, uint32_t) {
+        const int g = static_cast<int>(entries.key(begin) / p.num_pages);
+        for (int first = begin; first < end; first += kPrefillSm90Members, ++group) {
+          // Lane 2 m + half brings member m's dims 64 half .. + 63; a short group repeats its
+          // last member (the tile's bytes stay constant; the repeated rows are not stored).
+          const int m = lane >> 1, half = lane & 1;
+          const int t =
+              p.token_begin + entry_token(entries.value(min(first + (m & 3), end - 1)));
+          const int consumer = group & 1, slot = (group >> 1) % L::kQuerySlots;
+          const uint32_t use = group / (2 * L::kQuerySlots);
+          if (lane == 0) {
+            sm90::mbarrier_wait(&q_empty[consumer][slot], (use & 1) ^ 1);
+            sm90::mbarrier_arrive_expect_tx(&q_full[consumer][slot], L::kQueryBytes);
+          }
+          __syncwarp();
+          if (lane < 2 * kPrefillSm90Members)
+            sm90::tma_load_3d(smem + L::kQueryOffset +
+                                  (consumer * L::kQuerySlots + slot) * L::kQueryBytes +
+                                  half * (L::kQueryBytes / 2) + m * L::kQueryBoxBytes,
+                              params.q_map, &q_full[consumer][slot], 64 * half, g * p.group, t);
+        }
+      });
+    } else if (warp < 2 + kRelayWarps) {
+      // Page ready, with V rows past the run's last visible key zeroed (e4m3: widened to bf16
+      // from the raw page, the zeros written instead of those rows).
+      const int thread = threadIdx.x - 64;
+      for_each_run(p, [&](const ItemEntries& entries, int begin, int end, uint32_t sequence) {
+        int rows = 0; // the run's largest visible key count
+#pragma unroll
+        for (int half = 0; half < kRunEntries / 32; ++half) {
+          const int i = 32 * half + lane;
+          if (i >= begin && i < end) rows = max(rows, entry_visible(entries.values[half]));
+        }
+        for (int o = 16; o > 0; o >>= 1) rows = max(rows, __shfl_xor_sync(0xffffffffu, rows, o));
+        const int b = sequence % L::kPages;
+        uint8_t* page = page_of(sequence);
+        if constexpr (kFp8) {
+          sm90::mbarrier_wait(&raw_full, sequence & 1);
+          sm90::mbarrier_wait(&page_empty[b], ((sequence / L::kPages) & 1) ^ 1);
+          const SwizzledHalves widened{page, L::kBoxBytes};
+          for (int i = thread; i < 2 * 128 * 8; i += 32 * kRelayWarps) {
+            const int which = i >> 10, row = (i >> 3) & 127, chunk = i & 7; // which: K, V
+            uint8_t* dst = page + which * 2 * L::kBoxBytes;
+            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+            if (which == 0 || row < rows) {
+              uint32_t w[8];
+              widen_e4m3x16(*reinterpret_cast<const uint4*>(
+                                raw_page + which * (L::kRawBytes / 2) +
+                                sm90::swizzled_offset(row, chunk)),
+                            w);
+              lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
+            }
+            *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk)) = lo;
+            *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk + 1)) = hi;
+          }
+          sm90::fence_proxy_async_shared(); // the widened page before wgmma's reads
+          sm90::named_barrier_sync(1, 32 * kRelayWarps);
+          if (thread == 0) {
+            sm90::mbarrier_arrive(&raw_empty);
+            sm90::mbarrier_arrive(&page_ready[b]);
+          }
+        } else {
+          sm90::mbarrier_wait(&page_full[b], (sequence / L::kPages) & 1);
+          if (rows < 128) {
+            uint8_t* v = page + 2 * L::kBoxBytes;
+            for (int i = lane; i < (128 - rows) * 16; i += 32) { // whole 128 B rows: no swizzle
+              const int row = rows + i / 16, half = (i / 8) & 1, chunk = i & 7;
+              *reinterpret_cast<uint4*>(v + half * L::kBoxBytes + row * 128 + chunk * 16) =
+                  make_uint4(0, 0, 0, 0);
+            }
+            sm90::fence_proxy_async_shared(); // the zeros before wgmma's reads
+          }
+          __syncwarp();
+          if (lane == 0) sm90::mbarrier_arrive(&page_ready[b]);
+        }
+      });
+    }
+    return;
+  }
+
+  // Consumers.
+  sm90::claim_registers<kPrefillSm90ConsumerRegisters<kFp8>>();
+  const int consumer = (warp - 4) >> 2, member_of_warp = warp & 3;
+  const int tid = lane & 3;
+  const float logit_scale = logit_scale_log2(p.k_scale);
+  uint32_t group = 0;
+  for_each_run(p, [&](const ItemEntries& entries, int begin, int end, uint32_t sequence) {
+    const int b = sequence % L::kPages;
+    const uint32_t key = entries.key(begin);
+    const int g = static_cast<int>(key / p.num_pages);
+    // Every warp waits for the page, even without a group in this run: its arrival on
+    // page_empty below must fall in this run's phase, not an earlier one's.
+    sm90::mbarrier_wait(&page_ready[b], (sequence / L::kPages) & 1);
+    const uint32_t k_tile = sm90::shared_address(page_of(sequence));
+    const uint32_t v_tile = k_tile + 2 * L::kBoxBytes;
+    const int groups = group_count(begin, end);
+    for (int i = 0; i < groups; ++i, ++group) {
+      if ((group & 1) != static_cast<uint32_t>(consumer)) continue;
+      const int slot = (group >> 1) % L::kQuerySlots;
+      const uint32_t use = group / (2 * L::kQuerySlots);
+      const int entry = begin + kPrefillSm90Members * i + member_of_warp;
+      const bool live = entry < end;
+      const uint32_t value = entries.value(min(entry, end - 1));
+      const int visible = live ? entry_visible(value) : 128;
+      const uint32_t q_tile = sm90::shared_address(
+          smem + L::kQueryOffset + (consumer * L::kQuerySlots + slot) * L::kQueryBytes);
+      sm90::mbarrier_wait(&q_full[consumer][slot], use & 1);
+
+      float s[64];
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint32_t k_offset = (kk >> 2) * L::kBoxBytes + (kk & 3) * 32;
+        const uint32_t q_offset = (kk >> 2) * (L::kQueryBytes / 2) + (kk & 3) * 32;
+        sm90::wgmma_m64n128k16_bf16(s, sm90::operand_descriptor(q_tile + q_offset),
+                                    sm90::operand_descriptor(k_tile + k_offset), kk > 0);
+      }
+      sm90::wgmma_commit_group();
+      sm90::wgmma_wait_all();
+      sm90::fence_accumulators(s);
+
+      // Softmax of rows gid, gid + 8 of this warp's member over the page (s[4 i + e]: row
+      // gid + 8 (e >> 1), key 8 i + 2 tid + (e & 1)).
+      RowState st;
+      float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key_index = 8 * i + 2 * tid + (e & 1);
+          s[4 * i + e] = key_index < visible ? s[4 * i + e] * logit_scale : -INFINITY;
+          row_max[e >> 1] = fmaxf(row_max[e >> 1], s[4 * i + e]);
+        }
+      float m_use[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+        row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+        st.m[r] = row_max[r];
+        m_use[r] = row_max[r] == -INFINITY ? 0.f : row_max[r];
+        st.l[r] = 0.f;
+      }
+      // P as A fragments of 8 k-steps of 16 keys (the m64k16 A layout is mma.sync's per warp).
+      uint32_t p_hi[8][4], p_lo[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = 2 * j + h;
+            const float w0 = exp2f(s[4 * i + 2 * r] - m_use[r]);
+            const float w1 = exp2f(s[4 * i + 2 * r + 1] - m_use[r]);
+            st.l[r] += w0 + w1;
+            split_weights(w0, w1, p_hi[j][2 * h + r], p_lo[j][2 * h + r]);
+          }
+
+      float o[64];
+      sm90::fence_fragments(p_hi);
+      sm90::fence_fragments(p_lo);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint64_t v = value_descriptor(v_tile + j * 16 * 128);
+        sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_hi[j], v, j > 0);
+        sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_lo[j], v, 1);
+      }
+      sm90::wgmma_commit_group();
+      sm90::wgmma_wait_all();
+      sm90::fence_accumulators(o);
+      sm90::fence_fragments(p_hi);
+      sm90::fence_fragments(p_lo);
+      // The member's partial: m, l and a stored directly; O staged in the member's rows of the
+      // spent Q slot, in the slot's own swizzled layout (conflict-free), and written by two TMA
+      // stores, so that the partial leaves as whole 128 B rows without holding up the warp.
+      if (live) {
+        uint8_t* staged = smem + L::kQueryOffset +
+                          (consumer * L::kQuerySlots + slot) * L::kQueryBytes +
+                          member_of_warp * L::kQueryBoxBytes;
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st.o[i][e] = o[4 * i + e];
+        const int token = entry_token(value), index = (token * p.kv_heads + g) * p.top_k +
+                                                      entry_slot(value);
+        store_compact_partial(st, prefill_partial(p, token, g, entry_slot(value)),
+                              [&](int row, int nt, uint32_t word) {
+                                *reinterpret_cast<uint32_t*>(
+                                    staged + (nt >> 3) * (L::kQueryBytes / 2) +
+                                    sm90::swizzled_offset(row, nt & 7) + 4 * tid) = word;
+                              });
+        sm90::fence_proxy_async_shared(); // the staged words before the TMA stores read them
+        __syncwarp();
+        if (lane == 0) {
+          sm90::tma_store_3d(params.partial_map, staged, 0, 0, index);
+          sm90::tma_store_3d(params.partial_map, staged + L::kQueryBytes / 2, 64, 0, index);
+          sm90::bulk_commit_group();
+          sm90::bulk_wait_group_read(); // the slot may be refilled from here on
+        }
+      }
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&q_empty[consumer][slot]);
+    }
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(&page_empty[b]);
+  });
+#endif
+}
+
+template <bool kFp8>
+cudaError_t launch_attend_block_members_sm90(const SparseAttentionPrefillSm90Params& p, int grid,
+                                             cudaStream_t stream) {
+  return launch_with_shared_memory(attend_block_members_sm90_kernel<kFp8>, dim3(grid),
+                                   kPrefillSm90Threads, PrefillSm90Layout<kFp8>::kSmemBytes, stream,
+                                   p);
+}
+// Built for sm_90a (from the portable PTX the kernel body is empty: ptxVersion 80).
+template <bool kFp8> bool attend_block_members_sm90_has_sm90a_code() {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, attend_block_members_sm90_kernel<kFp8>) ==
+             cudaSuccess &&
+         attributes.ptxVersion >= 90;
+}
+
+} // namespace m3sa::cuda
