@@ -83,8 +83,8 @@ AttentionLayout run_layout(const OpPlan& plan, Workspace workspace) {
   return carve_attention(plan.request, detail::load_plan_info<AttentionPlanInfo>(plan), carver);
 }
 
-Status plan_attention_with(bool sm90, const PlanRequest& request,
-                           const detail::DeviceCaps& caps, OpPlan* plan) {
+Status plan_attention_with(bool sm90, const PlanRequest& request, const detail::DeviceCaps& caps,
+                           OpPlan* plan) {
   AttentionPlanInfo info{caps.sm_count, pass_tokens(request), 0, {}, sm90 ? 1 : 0};
   for (int i = 0; i < 4 && caps.compute_capability >= 90; ++i)
     info.active_clusters[i] = std::min(sparse_attention_decode_bf16_active_clusters(2 << i),
@@ -182,9 +182,8 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     // where one selected block a CTA is what counts) and the TMA kernel for everything else,
     // where both views are TMA-addressable.
     const int min_cluster = info.sm90 ? M3SA_ATTENTION_DECODE_MIN_CLUSTER : 2;
-    DecodeSplits splits =
-        decode_splits(plan, info, pairs, min_cluster,
-                      info.sm90 ? kMergeByNextKernel : kMergeByLastArrival);
+    DecodeSplits splits = decode_splits(plan, info, pairs, min_cluster,
+                                        info.sm90 ? kMergeByNextKernel : kMergeByLastArrival);
     SparseAttentionSm90Params sm90{};
     const int stage_keys = fp8 ? kDecodeSm90StageKeysFp8 : kDecodeSm90StageKeysBf16;
     const bool tma = info.sm90 && splits.merge != kMergeInCluster &&
@@ -229,15 +228,14 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
   // The wgmma attend kernel: a GQA group within its 16-row member tiles, and views that TMA can
   // address (else the mma.sync kernel, the same partials).
   SparseAttentionPrefillSm90Params prefill_sm90{};
+  const int64_t pass_entries =
+      int64_t{info.pass_tokens} * plan.request.config.num_index_heads * p.top_k;
   const bool prefill_wgmma =
       info.sm90 && p.group <= kAttentionRows &&
       encode_query_map(a.q, kAttentionRows, prefill_sm90.q_map) &&
       encode_kv_cache_map(a.k_cache, 128, prefill_sm90.k_map) &&
       encode_kv_cache_map(a.v_cache, 128, prefill_sm90.v_map) &&
-      encode_compact_partials_map(
-          l.prefill_partials,
-          int64_t{info.pass_tokens} * plan.request.config.num_index_heads * p.top_k,
-          prefill_sm90.partial_map);
+      encode_compact_partials_map(l.prefill_partials, pass_entries, prefill_sm90.partial_map);
   for (int begin = decode_tokens; begin < tokens; begin += info.pass_tokens) {
     p.token_begin = begin;
     p.token_end = static_cast<int>(std::min<int64_t>(tokens, int64_t{begin} + info.pass_tokens));
@@ -250,9 +248,9 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     if (prefill_wgmma) {
       prefill_sm90.attention = p;
       const int64_t items = (int64_t{p.entry_count} + kRunEntries - 1) / kRunEntries;
-      M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_attend_block_members_sm90_fp8
-                                     : launch_attend_block_members_sm90_bf16)(
-          prefill_sm90, static_cast<int>(std::min<int64_t>(items, info.sm_count)), s));
+      M3SA_CUDA_RETURN_IF_ERROR(
+          (fp8 ? launch_attend_block_members_sm90_fp8 : launch_attend_block_members_sm90_bf16)(
+              prefill_sm90, static_cast<int>(std::min<int64_t>(items, info.sm_count)), s));
     } else {
       M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_attend_block_members_fp8
                                      : launch_attend_block_members_bf16)(p, info.sm_count, s));

@@ -19,7 +19,7 @@ inline constexpr int kCompactPartialBytes = 3 * kAttentionRows * 4 + kAttentionR
 inline constexpr int kAttentionCtasPerSm = 2;
 inline constexpr int kMaxSelection = 32;   // top_k limit (config.h kMaxTopK)
 inline constexpr int kGatherThreads = 256; // the prefill's entry gather: one thread per entry
-inline constexpr int kRunEntries = 64;     // the prefill's attend step: sorted entries per work item
+inline constexpr int kRunEntries = 64; // the prefill's attend step: sorted entries per work item
 
 // How the splits of a (token, KV head) merge their partials (log-sum-exp).
 enum SplitMerge : int32_t {

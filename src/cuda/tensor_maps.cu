@@ -54,8 +54,7 @@ bool encode_tiled(const void* base, bool one_byte, int rank, const cuuint64_t* d
 }
 bool encode_tiled(const TensorView& view, int rank, const cuuint64_t* dims,
                   const int64_t* stride_bytes, const cuuint32_t* box, uint64_t (&map)[16]) {
-  return encode_tiled(view.data, view.dtype == DType::fp8_e4m3, rank, dims, stride_bytes, box,
-                      map);
+  return encode_tiled(view.data, view.dtype == DType::fp8_e4m3, rank, dims, stride_bytes, box, map);
 }
 
 } // namespace
@@ -82,8 +81,8 @@ bool encode_kv_cache_map(const TensorView& cache, int rows, uint64_t (&map)[16])
 }
 
 bool encode_query_map(const TensorView& q, int rows, uint64_t (&map)[16]) {
-  if (q.rank != 3 || q.dtype != DType::bf16 || q.strides[2] != 1 || q.shape[2] != 128 ||
-      rows < 1 || rows > 256)
+  if (q.rank != 3 || q.dtype != DType::bf16 || q.strides[2] != 1 || q.shape[2] != 128 || rows < 1 ||
+      rows > 256)
     return false;
   const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(q.shape[1]),
                               static_cast<cuuint64_t>(q.shape[0])};
@@ -100,8 +99,8 @@ bool encode_compact_partials_map(void* partials, int64_t count, uint64_t (&map)[
   const cuuint64_t dims[3] = {128, kAttentionRows, static_cast<cuuint64_t>(count)};
   const int64_t strides[2] = {128 * 2, kCompactPartialBytes};
   const cuuint32_t box[3] = {64, kAttentionRows, 1};
-  return encode_tiled(static_cast<unsigned char*>(partials) + kHeaderBytes, false, 3, dims,
-                      strides, box, map);
+  return encode_tiled(static_cast<unsigned char*>(partials) + kHeaderBytes, false, 3, dims, strides,
+                      box, map);
 }
 
 } // namespace m3sa::cuda

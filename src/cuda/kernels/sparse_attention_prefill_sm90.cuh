@@ -48,8 +48,9 @@ inline constexpr int kPrefillSm90Members = 4; // tokens a tile: 4 x 16 query row
 // The e4m3 widening loop needs 56 registers in the producers; bf16's 40 leave the consumers 232.
 template <bool kFp8> inline constexpr int kPrefillSm90ProducerRegisters = kFp8 ? 56 : 40;
 template <bool kFp8>
-inline constexpr int kPrefillSm90ConsumerRegisters =
-    (168 * kPrefillSm90Threads - 128 * kPrefillSm90ProducerRegisters<kFp8>) / 256 / 8 * 8;
+inline constexpr int kPrefillSm90ConsumerRegisters = (168 * kPrefillSm90Threads -
+                                                      128 * kPrefillSm90ProducerRegisters<kFp8>) /
+                                                     256 / 8 * 8;
 
 template <bool kFp8> struct PrefillSm90Layout {
   static constexpr int kBoxBytes = 128 * 128;      // 128 keys x 64 bf16 dims
@@ -142,8 +143,8 @@ __device__ __forceinline__ void for_each_run(const SparseAttentionParams& p, Run
 // apart (leading byte offset), 128 B swizzle.
 __device__ __forceinline__ uint64_t value_descriptor(uint32_t address) {
   return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
-         (uint64_t{PrefillSm90Layout<false>::kBoxBytes >> 4} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+         (uint64_t{PrefillSm90Layout<false>::kBoxBytes >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
 }
 
 template <bool kFp8>
@@ -219,8 +220,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
           // Lane 2 m + half brings member m's dims 64 half .. + 63; a short group repeats its
           // last member (the tile's bytes stay constant; the repeated rows are not stored).
           const int m = lane >> 1, half = lane & 1;
-          const int t =
-              p.token_begin + entry_token(entries.value(min(first + (m & 3), end - 1)));
+          const int t = p.token_begin + entry_token(entries.value(min(first + (m & 3), end - 1)));
           const int consumer = group & 1, slot = (group >> 1) % L::kQuerySlots;
           const uint32_t use = group / (2 * L::kQuerySlots);
           if (lane == 0) {
@@ -259,9 +259,8 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
             uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
             if (which == 0 || row < rows) {
               uint32_t w[8];
-              widen_e4m3x16(*reinterpret_cast<const uint4*>(
-                                raw_page + which * (L::kRawBytes / 2) +
-                                sm90::swizzled_offset(row, chunk)),
+              widen_e4m3x16(*reinterpret_cast<const uint4*>(raw_page + which * (L::kRawBytes / 2) +
+                                                            sm90::swizzled_offset(row, chunk)),
                             w);
               lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
             }
@@ -396,8 +395,8 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
         for (int i = 0; i < 16; ++i)
 #pragma unroll
           for (int e = 0; e < 4; ++e) st.o[i][e] = o[4 * i + e];
-        const int token = entry_token(value), index = (token * p.kv_heads + g) * p.top_k +
-                                                      entry_slot(value);
+        const int token = entry_token(value),
+                  index = (token * p.kv_heads + g) * p.top_k + entry_slot(value);
         store_compact_partial(st, prefill_partial(p, token, g, entry_slot(value)),
                               [&](int row, int nt, uint32_t word) {
                                 *reinterpret_cast<uint32_t*>(

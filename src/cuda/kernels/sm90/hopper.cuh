@@ -132,10 +132,11 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, uint64_t
 // this thread (bulk_commit_group / bulk_wait_group_read).
 __device__ __forceinline__ void tma_store_3d(const void* map, const void* src, int c0, int c1,
                                              int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::
-                   "l"(reinterpret_cast<uint64_t>(map)),
-               "r"(shared_address(src)), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(shared_address(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
 }
 __device__ __forceinline__ void bulk_commit_group() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
