@@ -1,7 +1,8 @@
 #pragma once
-// The decode attention's arithmetic that the CPU tests check (attention_math_test.cpp), host- and
+// The attention kernels' arithmetic that the CPU tests check (attention_math_test.cpp), host- and
 // device-includable, no CUDA headers: where a partial's O element (row, dim) sits after its m and
-// l, and the power of two that scales e4m3 attention's queries into fp16.
+// l, the power of two that scales e4m3 attention's queries into fp16, and the prefill's compact
+// partials' 16-bit fixed point.
 //
 // The fp32 form (global memory, and the prefill's shared partials): rows of 128 floats. A decode
 // CTA's warp partials in shared memory: rows padded to 136 floats and their 16-byte chunks
@@ -9,6 +10,10 @@
 // rows x 4 lanes, float2 each) and the merge's loads (quarter-warps of one row's 8 threads, float4
 // each, a thread's 4 chunks 4k .. 4k + 3) meet no bank conflict: in the fp32 form both were 4-way
 // (batch 1's merge of its warps: 2,250 -> 960 cycles, bench/NOTES.md s12 r4 / r5 stamps).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
 #include "common/host_device.h"
 #include "cuda/attention_params.h"
 
@@ -38,6 +43,39 @@ inline constexpr int kSharedPartialFloats =
 M3SA_HOST_DEVICE int fp16_query_scale_exponent(int bf16_exponent_field) {
   const int e = 141 - bf16_exponent_field;
   return e < 126 ? e : 126;
+}
+
+M3SA_HOST_DEVICE uint32_t float_bits(float x) {
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+M3SA_HOST_DEVICE float float_from_bits(uint32_t bits) {
+  float x;
+  memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// The smallest power of two at or above x (x > 0, finite), else 1: the compact partials' row
+// scale a, exact to divide by. From the bits (the exponent, one up unless the mantissa is zero):
+// log2f's rounding could land a hair below x, and O / a past 1 would saturate.
+M3SA_HOST_DEVICE float power_of_two_at_least(float x) {
+  if (!(x > 0.f && x <= 3.4e38f)) return 1.f;
+  const uint32_t bits = float_bits(x);
+  return float_from_bits((bits & 0x7f800000u) + ((bits & 0x007fffffu) != 0 ? 0x00800000u : 0u));
+}
+
+// Two values times `scale` (= 2^15 / a, |value| <= a) as packed 16-bit fixed point (x in the low
+// half): rounded to nearest even and clamped to +-32767. Adding 1.5 x 2^23 rounds once and leaves
+// the integer in the float's low mantissa bits, so the conversion runs on the FMA pipe (F2I is
+// quarter rate, and two a word were a visible share of the prefill's epilogue, bench/NOTES.md
+// s13); the clamp is on the biased value, whose neighbours are exact. A NaN becomes -32767 (F2I
+// gave 0): neither propagates it, and the row's scale ignores NaN either way.
+M3SA_HOST_DEVICE uint32_t pack_fixed2(float x, float y, float scale) {
+  constexpr float kBias = 12582912.f; // 1.5 x 2^23
+  const float bx = fminf(fmaxf(fmaf(x, scale, kBias), kBias - 32767.f), kBias + 32767.f);
+  const float by = fminf(fmaxf(fmaf(y, scale, kBias), kBias - 32767.f), kBias + 32767.f);
+  return (float_bits(bx) & 0xffffu) | (float_bits(by) << 16);
 }
 
 } // namespace m3sa::cuda

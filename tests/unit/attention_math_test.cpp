@@ -5,6 +5,10 @@
 // r5). The e4m3 path's query scale keeps the largest query inside fp16's range.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -99,6 +103,60 @@ TEST(E4m3QueryScale, KeepsTheLargestQueryInFp16Range) {
     EXPECT_LE(high, 15) << field;
     if (field >= 15) {
       EXPECT_EQ(low, 14) << field;
+    }
+  }
+}
+
+// The compact partials' row scale: a power of two at or above x, below 2x (x itself when it is
+// one) for normal x, the smallest normal power for subnormal x (so that 2^15 / a stays finite);
+// 1 where x is not a positive finite number.
+TEST(CompactFixedPoint, RowScaleIsTheNextPowerOfTwo) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mantissa(1.f, 2.f);
+  std::uniform_int_distribution<int> exponent(-140, 126);
+  const float smallest_normal = std::ldexp(1.f, -126);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = std::ldexp(mantissa(rng), exponent(rng));
+    const float a = cuda::power_of_two_at_least(x);
+    int e = 0;
+    EXPECT_EQ(std::frexp(a, &e), 0.5f) << x; // a power of two
+    EXPECT_GE(a, x) << x;
+    if (x >= smallest_normal) {
+      EXPECT_LT(a, 2 * x) << x;
+    } else {
+      EXPECT_EQ(a, smallest_normal) << x;
+    }
+  }
+  for (int e = -126; e <= 127; ++e)
+    EXPECT_EQ(cuda::power_of_two_at_least(std::ldexp(1.f, e)), std::ldexp(1.f, e));
+  EXPECT_EQ(cuda::power_of_two_at_least(0.f), 1.f);
+  EXPECT_EQ(cuda::power_of_two_at_least(-2.f), 1.f);
+  EXPECT_EQ(cuda::power_of_two_at_least(INFINITY), 1.f);
+  EXPECT_EQ(cuda::power_of_two_at_least(NAN), 1.f);
+}
+
+// The 16-bit fixed point (the biased-add rounding) equals round-to-nearest-even then the clamp to
+// +-32767, for values of the row's range [-a, a], ties and the extremes included.
+TEST(CompactFixedPoint, PackIsRoundToNearestEvenClamped) {
+  const auto expected = [](float v, float scale) {
+    const double q = std::nearbyint(static_cast<double>(v) * scale); // FE_TONEAREST: ties to even
+    return static_cast<uint32_t>(static_cast<int32_t>(std::clamp(q, -32767.0, 32767.0))) & 0xffffu;
+  };
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> unit(-1.f, 1.f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  for (int i = 0; i < 200000; ++i) {
+    const float a = std::ldexp(1.f, exponent(rng)), scale = 32768.f / a;
+    const float x = unit(rng) * a, y = unit(rng) * a;
+    const uint32_t word = cuda::pack_fixed2(x, y, scale);
+    ASSERT_EQ(word & 0xffffu, expected(x, scale)) << x << " " << a;
+    ASSERT_EQ(word >> 16, expected(y, scale)) << y << " " << a;
+  }
+  for (int k = -32768; k <= 32768; ++k) { // every integer and every tie k + 0.5
+    for (const float v : {k / 32768.f, (k + 0.5f) / 32768.f}) {
+      const uint32_t word = cuda::pack_fixed2(v, -v, 32768.f);
+      ASSERT_EQ(word & 0xffffu, expected(v, 32768.f)) << v;
+      ASSERT_EQ(word >> 16, expected(-v, 32768.f)) << v;
     }
   }
 }

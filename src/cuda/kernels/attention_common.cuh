@@ -371,18 +371,6 @@ struct CompactPartialView {
 };
 inline constexpr float kFixedOne = 32768.f;
 
-// The smallest power of two at or above x (x > 0, finite), else 1: exact to divide by.
-__device__ __forceinline__ float power_of_two_at_least(float x) {
-  return x > 0.f && x <= 3.4e38f ? exp2f(ceilf(log2f(x))) : 1.f;
-}
-
-// Two values (already divided by their row's `a`) as packed 16-bit fixed point.
-__device__ __forceinline__ uint32_t pack_fixed2(float x, float y) {
-  const int qx = max(-32767, min(32767, __float2int_rn(x * kFixedOne)));
-  const int qy = max(-32767, min(32767, __float2int_rn(y * kFixedOne)));
-  return (static_cast<uint32_t>(qx) & 0xffffu) | (static_cast<uint32_t>(qy) << 16);
-}
-
 // A warp's state as a compact partial: m, l and a to the partial at `base`, and each word of O
 // (two values: row, dims 8 nt + 2 tid and + 1, as 16-bit fixed point) through
 // store_word(row, nt, word) - to the partial itself, or to a staging tile that a bulk copy writes.
@@ -400,12 +388,12 @@ __device__ __forceinline__ void store_compact_partial(RowState& st, void* base,
       largest = fmaxf(largest, fmaxf(fabsf(st.o[nt][2 * r]), fabsf(st.o[nt][2 * r + 1])));
     largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, 1));
     largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, 2));
-    const float a = power_of_two_at_least(largest), inverse = 1.f / a;
+    const float a = power_of_two_at_least(largest), scale = kFixedOne / a;
     const int row = gid + 8 * r;
     if (tid == 0) part.m[row] = st.m[r], part.l[row] = st.l[r], part.a[row] = a;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
-      store_word(row, nt, pack_fixed2(st.o[nt][2 * r] * inverse, st.o[nt][2 * r + 1] * inverse));
+      store_word(row, nt, pack_fixed2(st.o[nt][2 * r], st.o[nt][2 * r + 1], scale));
   }
 }
 __device__ __forceinline__ void store_compact_partial(RowState& st, void* base) {
@@ -509,13 +497,13 @@ __device__ __forceinline__ void store_merged_compact_partial(const MergedRow& me
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1)
     largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, o));
-  const float a = power_of_two_at_least(largest), inverse = 1.f / a;
+  const float a = power_of_two_at_least(largest), scale = kFixedOne / a;
   if ((thread & 7) == 0) part.m[row] = merged.m, part.l[row] = merged.l, part.a[row] = a;
   uint32_t* po = reinterpret_cast<uint32_t*>(part.o + row * 128 + d0);
 #pragma unroll
   for (int d = 0; d < 4; ++d) {
-    po[2 * d] = pack_fixed2(merged.o[d].x * inverse, merged.o[d].y * inverse);
-    po[2 * d + 1] = pack_fixed2(merged.o[d].z * inverse, merged.o[d].w * inverse);
+    po[2 * d] = pack_fixed2(merged.o[d].x, merged.o[d].y, scale);
+    po[2 * d + 1] = pack_fixed2(merged.o[d].z, merged.o[d].w, scale);
   }
 }
 
