@@ -209,4 +209,13 @@ cudaError_t launch_with_shared_memory(void (*kernel)(Params), dim3 grid, int thr
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
+// Whether `kernel` was built for sm_90a (a kernel JIT-compiled from the portable PTX has an empty
+// body: ptxVersion 80), with at least `launch_registers` a thread where a setmaxnreg split assumes
+// that launch allocation.
+template <typename Kernel> bool has_sm90a_code(Kernel kernel, int launch_registers = 0) {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90 &&
+         attributes.numRegs >= launch_registers;
+}
+
 } // namespace m3sa::cuda

@@ -256,12 +256,8 @@ cudaError_t launch_decode_topk_sm90(const DecodeTopkSm90Params& p, dim3 grid, cu
                                    LaunchOptions{1, true});
 }
 
-// Built for sm_90a (from the portable PTX the kernel body is empty: ptxVersion 80).
 template <typename StoredT, int MaxK> bool decode_topk_sm90_has_sm90a_code() {
-  cudaFuncAttributes attributes{};
-  return cudaFuncGetAttributes(&attributes, decode_topk_sm90_kernel<StoredT, MaxK>) ==
-             cudaSuccess &&
-         attributes.ptxVersion >= 90;
+  return has_sm90a_code(decode_topk_sm90_kernel<StoredT, MaxK>);
 }
 
 } // namespace m3sa::cuda

@@ -374,12 +374,8 @@ cudaError_t launch_score_blocks_sm90(const ScoreBlocksSm90Params& p, int grid, c
                                    Sm90ScoreTraits<StoredT>::kSmemBytes, s, p, options);
 }
 
-// Built for sm_90a (a kernel JIT-compiled from the portable PTX has an empty body: ptxVersion
-// 80), with the launch register allocation the setmaxnreg split assumes.
 template <typename StoredT> bool score_blocks_sm90_has_sm90a_code() {
-  cudaFuncAttributes attributes{};
-  return cudaFuncGetAttributes(&attributes, score_blocks_sm90_kernel<StoredT>) == cudaSuccess &&
-         attributes.ptxVersion >= 90 && attributes.numRegs >= kSm90LaunchRegisters;
+  return has_sm90a_code(score_blocks_sm90_kernel<StoredT>, kSm90LaunchRegisters);
 }
 
 } // namespace m3sa::cuda

@@ -252,12 +252,8 @@ cudaError_t launch_decode_sm90(const SparseAttentionSm90Params& p, int grid, cud
                                    kDecodeThreads, DecodeAttentionSm90Traits<kFp8>::kSmemBytes,
                                    stream, p, LaunchOptions{1, true});
 }
-// Built for sm_90a (from the portable PTX the kernel body is empty: ptxVersion 80).
 template <bool kFp8> bool decode_sm90_has_sm90a_code() {
-  cudaFuncAttributes attributes{};
-  return cudaFuncGetAttributes(&attributes, sparse_attention_decode_sm90_kernel<kFp8>) ==
-             cudaSuccess &&
-         attributes.ptxVersion >= 90;
+  return has_sm90a_code(sparse_attention_decode_sm90_kernel<kFp8>);
 }
 
 } // namespace m3sa::cuda

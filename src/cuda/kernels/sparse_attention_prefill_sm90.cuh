@@ -44,11 +44,14 @@ namespace m3sa::cuda {
 
 inline constexpr int kPrefillSm90Threads = 384;
 inline constexpr int kPrefillSm90Members = 4; // tokens a tile: 4 x 16 query rows = wgmma's M
-// setmaxnreg moves registers within the launch allocation (168 a thread at 384 threads).
+// setmaxnreg moves registers within the launch allocation (168 a thread at 384 threads, checked
+// where the plan asks whether the binary holds the kernel).
+inline constexpr int kPrefillSm90LaunchRegisters = 168;
 // The e4m3 widening loop needs 56 registers in the producers; bf16's 40 leave the consumers 232.
 template <bool kFp8> inline constexpr int kPrefillSm90ProducerRegisters = kFp8 ? 56 : 40;
 template <bool kFp8>
-inline constexpr int kPrefillSm90ConsumerRegisters = (168 * kPrefillSm90Threads -
+inline constexpr int kPrefillSm90ConsumerRegisters = (kPrefillSm90LaunchRegisters *
+                                                          kPrefillSm90Threads -
                                                       128 * kPrefillSm90ProducerRegisters<kFp8>) /
                                                      256 / 8 * 8;
 
@@ -428,12 +431,8 @@ cudaError_t launch_attend_block_members_sm90(const SparseAttentionPrefillSm90Par
                                    kPrefillSm90Threads, PrefillSm90Layout<kFp8>::kSmemBytes, stream,
                                    p);
 }
-// Built for sm_90a (from the portable PTX the kernel body is empty: ptxVersion 80).
 template <bool kFp8> bool attend_block_members_sm90_has_sm90a_code() {
-  cudaFuncAttributes attributes{};
-  return cudaFuncGetAttributes(&attributes, attend_block_members_sm90_kernel<kFp8>) ==
-             cudaSuccess &&
-         attributes.ptxVersion >= 90;
+  return has_sm90a_code(attend_block_members_sm90_kernel<kFp8>, kPrefillSm90LaunchRegisters);
 }
 
 } // namespace m3sa::cuda
