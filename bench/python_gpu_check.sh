@@ -3,8 +3,9 @@
 #   builds and installs m3sa with its CUDA backend (sm_90a only, every core, only the extension's
 #   targets), then runs tests/python (tests/python/test_gpu.py: opcheck, CUDA graphs, torch.compile,
 #   DLPack with torch and cupy on a side stream, bad arguments, and m3sa.vllm against vLLM's Triton
-#   ops from .peer/), bench/python_overhead.py (per-call overhead, JSON) and
-#   bench/python_import_time.py (import time of the installed package, JSON).
+#   ops from .peer/), bench/python_overhead.py (per-call overhead, JSON),
+#   bench/python_import_time.py (import time of the installed package, JSON) and
+#   bench/structured_attention.py (prefill attention on structured selections, m3sa vs vLLM, JSON).
 #
 # Prepare once on the build machine: `bash bench/python_gpu_prepare.sh` (copies ../shared/peer to
 # .peer/ and the pinned build requirements' wheels to .pydeps/, both git-ignored), then on the device:
@@ -13,9 +14,10 @@
 # comparisons skip (M3SA_PEER_DIR overrides the folder).
 #
 # What comes back ($OUT, at most 8 files): summary.txt, pytest.xml, gpu_report.jsonl,
-# python_overhead.json, python_import_time.json, logs.tgz (environment, build, pytest and
-# overhead logs). Exit status: the first failing stage's. Expected: ~1 min build, ~2-3 min
-# tests, ~30 s overhead, ~30 s import time.
+# python_overhead.json, python_import_time.json, structured_attention.json, logs.tgz (environment,
+# build, pytest, overhead and structured-attention logs). Exit status: the first failing stage's.
+# Expected: ~1 min build, ~2-3 min tests, ~30 s overhead, ~30 s import time, ~1-2 min structured
+# attention.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 # device README
@@ -107,4 +109,12 @@ import_rc=$?
 summary "import time rc=$import_rc"
 tee -a "$out/summary.txt" < "$logs/import_time.log"
 [ $import_rc -ne 0 ] && [ $rc -eq 0 ] && rc=$import_rc
+
+stage "structured-selection prefill attention, m3sa vs vLLM (issue 11)"
+M3SA_PEER_DIR="${M3SA_PEER_DIR:-.peer}" timeout 300 "$py" bench/structured_attention.py \
+  --out "$out/structured_attention.json" > "$logs/structured_attention.log" 2>&1
+structured_rc=$?
+summary "structured attention rc=$structured_rc"
+grep -E "x;|Error|error" "$logs/structured_attention.log" | cut -c1-200 | tee -a "$out/summary.txt"
+[ $structured_rc -ne 0 ] && [ $rc -eq 0 ] && rc=$structured_rc
 finish
