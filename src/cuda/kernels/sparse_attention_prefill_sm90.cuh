@@ -141,6 +141,15 @@ __device__ __forceinline__ void for_each_run(const SparseAttentionParams& p, Run
   }
 }
 
+// 2^x for x <= 0 (a weight against its row's maximum) by MUFU.EX2 alone; results below 2^-126
+// flush to 0 (exp2f's extra range handling costs three instructions a weight, and such weights
+// are below a rounding step of the row's denominator, which holds a 1).
+__device__ __forceinline__ float exp2_flushed(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Descriptor of V (B operand, MN-major: rows of 64 dims x 128 B are consecutive keys) at 16 keys
 // from `address`: 8-key groups 1024 B apart (stride byte offset), the two 64-dim halves a box
 // apart (leading byte offset), 128 B swizzle.
@@ -343,11 +352,16 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
 #pragma unroll
       for (int i = 0; i < 16; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key_index = 8 * i + 2 * tid + (e & 1);
-          s[4 * i + e] = key_index < visible ? s[4 * i + e] * logit_scale : -INFINITY;
-          row_max[e >> 1] = fmaxf(row_max[e >> 1], s[4 * i + e]);
-        }
+        for (int e = 0; e < 4; ++e) s[4 * i + e] *= logit_scale;
+      if (visible < 128) { // the causal mask: only a member's own (last) block is cut short
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (8 * i + 2 * tid + (e & 1) >= visible) s[4 * i + e] = -INFINITY;
+      }
+#pragma unroll
+      for (int i = 0; i < 64; ++i) row_max[(i >> 1) & 1] = fmaxf(row_max[(i >> 1) & 1], s[i]);
       float m_use[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -366,8 +380,8 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int i = 2 * j + h;
-            const float w0 = exp2f(s[4 * i + 2 * r] - m_use[r]);
-            const float w1 = exp2f(s[4 * i + 2 * r + 1] - m_use[r]);
+            const float w0 = exp2_flushed(s[4 * i + 2 * r] - m_use[r]);
+            const float w1 = exp2_flushed(s[4 * i + 2 * r + 1] - m_use[r]);
             st.l[r] += w0 + w1;
             split_weights(w0, w1, p_hi[j][2 * h + r], p_lo[j][2 * h + r]);
           }
