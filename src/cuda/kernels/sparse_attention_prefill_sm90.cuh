@@ -309,11 +309,120 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
   const int consumer = (warp - 4) >> 2, member_of_warp = warp & 3;
   const int tid = lane & 3;
   const float logit_scale = logit_scale_log2(p.k_scale);
+  // The query slot of a group (groups alternate between the consumers) and its barriers.
+  const auto slot_of = [](uint32_t group) { return (group >> 1) % L::kQuerySlots; };
+  const auto query_tile = [&](uint32_t group) {
+    return smem + L::kQueryOffset + (consumer * L::kQuerySlots + slot_of(group)) * L::kQueryBytes;
+  };
+
+  // S = Q K^T for `group`'s 4 members against the page at k_tile, once its query tile has
+  // landed: 8 wgmmas, committed as one group (the caller waits).
+  const auto issue_scores = [&](float(&s)[64], uint32_t group, uint32_t k_tile) {
+    sm90::mbarrier_wait(&q_full[consumer][slot_of(group)], (group / (2 * L::kQuerySlots)) & 1);
+    const uint32_t q_tile = sm90::shared_address(query_tile(group));
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t k_offset = (kk >> 2) * L::kBoxBytes + (kk & 3) * 32;
+      const uint32_t q_offset = (kk >> 2) * (L::kQueryBytes / 2) + (kk & 3) * 32;
+      sm90::wgmma_m64n128k16_bf16(s, sm90::operand_descriptor(q_tile + q_offset),
+                                  sm90::operand_descriptor(k_tile + k_offset), kk > 0);
+    }
+    sm90::wgmma_commit_group();
+  };
+
+  // Softmax of rows gid, gid + 8 of this warp's member over the page (s[4 i + e]: row
+  // gid + 8 (e >> 1), key 8 i + 2 tid + (e & 1)): m and the denominator's share into st, the
+  // weights as A fragments of 8 k-steps of 16 keys (the m64k16 A layout is mma.sync's per warp).
+  const auto page_softmax = [&](float(&s)[64], int visible, RowState& st, uint32_t(&p_hi)[8][4],
+                                uint32_t(&p_lo)[8][4]) {
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] *= logit_scale;
+    if (visible < 128) { // the causal mask: only a member's own (last) block is cut short
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (8 * i + 2 * tid + (e & 1) >= visible) s[4 * i + e] = -INFINITY;
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) row_max[(i >> 1) & 1] = fmaxf(row_max[(i >> 1) & 1], s[i]);
+    float m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+      st.m[r] = row_max[r];
+      m_use[r] = row_max[r] == -INFINITY ? 0.f : row_max[r];
+      st.l[r] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = 2 * j + h;
+          const float w0 = exp2_flushed(s[4 * i + 2 * r] - m_use[r]);
+          const float w1 = exp2_flushed(s[4 * i + 2 * r + 1] - m_use[r]);
+          st.l[r] += w0 + w1;
+          split_weights(w0, w1, p_hi[j][2 * h + r], p_lo[j][2 * h + r]);
+        }
+  };
+
+  // O = P V over the page's V tile: 16 RS wgmmas (the high and low parts of each k-step),
+  // committed as one group (the caller waits).
+  const auto issue_values = [&](float(&o)[64], uint32_t(&p_hi)[8][4], uint32_t(&p_lo)[8][4],
+                                uint32_t v_tile) {
+    sm90::fence_fragments(p_hi);
+    sm90::fence_fragments(p_lo);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint64_t v = value_descriptor(v_tile + j * 16 * 128);
+      sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_hi[j], v, j > 0);
+      sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_lo[j], v, 1);
+    }
+    sm90::wgmma_commit_group();
+  };
+
+  // The member's partial: m, l and a stored directly; O staged in the member's rows of the spent
+  // query slot, in the slot's own swizzled layout (conflict-free), and written by two TMA stores,
+  // so that the partial leaves as whole 128 B rows without holding up the warp; then the slot is
+  // released.
+  const auto store_member_partial = [&](RowState& st, const float(&o)[64], bool live,
+                                        uint32_t value, int g, uint32_t group) {
+    if (live) {
+      uint8_t* staged = query_tile(group) + member_of_warp * L::kQueryBoxBytes;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st.o[i][e] = o[4 * i + e];
+      const int token = entry_token(value),
+                index = (token * p.kv_heads + g) * p.top_k + entry_slot(value);
+      store_compact_partial(
+          st, prefill_partial(p, token, g, entry_slot(value)), [&](int row, int nt, uint32_t word) {
+            *reinterpret_cast<uint32_t*>(staged + (nt >> 3) * (L::kQueryBytes / 2) +
+                                         sm90::swizzled_offset(row, nt & 7) + 4 * tid) = word;
+          });
+      sm90::fence_proxy_async_shared(); // the staged words before the TMA stores read them
+      __syncwarp();
+      if (lane == 0) {
+        sm90::tma_store_3d(params.partial_map, staged, 0, 0, index);
+        sm90::tma_store_3d(params.partial_map, staged + L::kQueryBytes / 2, 64, 0, index);
+        sm90::bulk_commit_group();
+        sm90::bulk_wait_group_read(); // the slot may be refilled from here on
+      }
+    }
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(&q_empty[consumer][slot_of(group)]);
+  };
+
   uint32_t group = 0;
   for_each_run(p, [&](const ItemEntries& entries, int begin, int end, uint32_t sequence) {
     const int b = sequence % L::kPages;
-    const uint32_t key = entries.key(begin);
-    const int g = static_cast<int>(key / p.num_pages);
+    const int g = static_cast<int>(entries.key(begin) / p.num_pages);
     // Every warp waits for the page, even without a group in this run: its arrival on
     // page_empty below must fall in this run's phase, not an earlier one's.
     sm90::mbarrier_wait(&page_ready[b], (sequence / L::kPages) & 1);
@@ -322,115 +431,23 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
     const int groups = group_count(begin, end);
     for (int i = 0; i < groups; ++i, ++group) {
       if ((group & 1) != static_cast<uint32_t>(consumer)) continue;
-      const int slot = (group >> 1) % L::kQuerySlots;
-      const uint32_t use = group / (2 * L::kQuerySlots);
       const int entry = begin + kPrefillSm90Members * i + member_of_warp;
       const bool live = entry < end;
       const uint32_t value = entries.value(min(entry, end - 1));
-      const int visible = live ? entry_visible(value) : 128;
-      const uint32_t q_tile = sm90::shared_address(
-          smem + L::kQueryOffset + (consumer * L::kQuerySlots + slot) * L::kQueryBytes);
-      sm90::mbarrier_wait(&q_full[consumer][slot], use & 1);
-
       float s[64];
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const uint32_t k_offset = (kk >> 2) * L::kBoxBytes + (kk & 3) * 32;
-        const uint32_t q_offset = (kk >> 2) * (L::kQueryBytes / 2) + (kk & 3) * 32;
-        sm90::wgmma_m64n128k16_bf16(s, sm90::operand_descriptor(q_tile + q_offset),
-                                    sm90::operand_descriptor(k_tile + k_offset), kk > 0);
-      }
-      sm90::wgmma_commit_group();
+      issue_scores(s, group, k_tile);
       sm90::wgmma_wait_all();
       sm90::fence_accumulators(s);
-
-      // Softmax of rows gid, gid + 8 of this warp's member over the page (s[4 i + e]: row
-      // gid + 8 (e >> 1), key 8 i + 2 tid + (e & 1)).
       RowState st;
-      float row_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int i = 0; i < 16; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[4 * i + e] *= logit_scale;
-      if (visible < 128) { // the causal mask: only a member's own (last) block is cut short
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (8 * i + 2 * tid + (e & 1) >= visible) s[4 * i + e] = -INFINITY;
-      }
-#pragma unroll
-      for (int i = 0; i < 64; ++i) row_max[(i >> 1) & 1] = fmaxf(row_max[(i >> 1) & 1], s[i]);
-      float m_use[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-        row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-        st.m[r] = row_max[r];
-        m_use[r] = row_max[r] == -INFINITY ? 0.f : row_max[r];
-        st.l[r] = 0.f;
-      }
-      // P as A fragments of 8 k-steps of 16 keys (the m64k16 A layout is mma.sync's per warp).
       uint32_t p_hi[8][4], p_lo[8][4];
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int i = 2 * j + h;
-            const float w0 = exp2_flushed(s[4 * i + 2 * r] - m_use[r]);
-            const float w1 = exp2_flushed(s[4 * i + 2 * r + 1] - m_use[r]);
-            st.l[r] += w0 + w1;
-            split_weights(w0, w1, p_hi[j][2 * h + r], p_lo[j][2 * h + r]);
-          }
-
+      page_softmax(s, live ? entry_visible(value) : 128, st, p_hi, p_lo);
       float o[64];
-      sm90::fence_fragments(p_hi);
-      sm90::fence_fragments(p_lo);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint64_t v = value_descriptor(v_tile + j * 16 * 128);
-        sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_hi[j], v, j > 0);
-        sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_lo[j], v, 1);
-      }
-      sm90::wgmma_commit_group();
+      issue_values(o, p_hi, p_lo, v_tile);
       sm90::wgmma_wait_all();
       sm90::fence_accumulators(o);
       sm90::fence_fragments(p_hi);
       sm90::fence_fragments(p_lo);
-      // The member's partial: m, l and a stored directly; O staged in the member's rows of the
-      // spent Q slot, in the slot's own swizzled layout (conflict-free), and written by two TMA
-      // stores, so that the partial leaves as whole 128 B rows without holding up the warp.
-      if (live) {
-        uint8_t* staged = smem + L::kQueryOffset +
-                          (consumer * L::kQuerySlots + slot) * L::kQueryBytes +
-                          member_of_warp * L::kQueryBoxBytes;
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) st.o[i][e] = o[4 * i + e];
-        const int token = entry_token(value),
-                  index = (token * p.kv_heads + g) * p.top_k + entry_slot(value);
-        store_compact_partial(st, prefill_partial(p, token, g, entry_slot(value)),
-                              [&](int row, int nt, uint32_t word) {
-                                *reinterpret_cast<uint32_t*>(
-                                    staged + (nt >> 3) * (L::kQueryBytes / 2) +
-                                    sm90::swizzled_offset(row, nt & 7) + 4 * tid) = word;
-                              });
-        sm90::fence_proxy_async_shared(); // the staged words before the TMA stores read them
-        __syncwarp();
-        if (lane == 0) {
-          sm90::tma_store_3d(params.partial_map, staged, 0, 0, index);
-          sm90::tma_store_3d(params.partial_map, staged + L::kQueryBytes / 2, 64, 0, index);
-          sm90::bulk_commit_group();
-          sm90::bulk_wait_group_read(); // the slot may be refilled from here on
-        }
-      }
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&q_empty[consumer][slot]);
+      store_member_partial(st, o, live, value, g, group);
     }
     __syncwarp();
     if (lane == 0) sm90::mbarrier_arrive(&page_empty[b]);
