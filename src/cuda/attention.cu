@@ -60,14 +60,18 @@ struct AttentionLayout {
   unsigned char* prefill_partials; // [pass tokens, Hkv, top_k] compact partials
 };
 
+// Entries of a prefill pass: one per (token, KV head, selection slot).
+int64_t pass_entries(const PlanRequest& request, const AttentionPlanInfo& info) {
+  return int64_t{info.pass_tokens} * request.config.num_index_heads * request.config.top_k;
+}
+
 AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanInfo& info,
                                 detail::WorkspaceCarver& carver) {
   AttentionLayout l;
   const int64_t pairs = split_pairs(info.sm_count);
   l.control = take_control_area(carver, pairs);
   l.split_partials = carver.take<float>(pairs * kPartialFloats);
-  const int64_t entries =
-      int64_t{info.pass_tokens} * request.config.num_index_heads * request.config.top_k;
+  const int64_t entries = pass_entries(request, info);
   l.entry_keys = carver.take<uint32_t>(entries);
   l.entry_values = carver.take<uint32_t>(entries);
   l.sorted_keys = carver.take<uint32_t>(entries);
@@ -90,8 +94,8 @@ Status plan_attention_with(bool sm90, const PlanRequest& request, const detail::
     info.active_clusters[i] = std::min(sparse_attention_decode_bf16_active_clusters(2 << i),
                                        sparse_attention_decode_fp8_active_clusters(2 << i));
   size_t sort_bytes = 0;
-  M3SA_CUDA_RETURN_IF_ERROR(selection_sort_temp_bytes(
-      info.pass_tokens * request.config.num_index_heads * request.config.top_k, &sort_bytes));
+  M3SA_CUDA_RETURN_IF_ERROR(
+      selection_sort_temp_bytes(static_cast<int>(pass_entries(request, info)), &sort_bytes));
   info.sort_temp_bytes = static_cast<int64_t>(sort_bytes);
   plan->num_threads = 1;
   detail::WorkspaceCarver carver;
@@ -228,14 +232,13 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
   // The wgmma attend kernel: a GQA group within its 16-row member tiles, and views that TMA can
   // address (else the mma.sync kernel, the same partials).
   SparseAttentionPrefillSm90Params prefill_sm90{};
-  const int64_t pass_entries =
-      int64_t{info.pass_tokens} * plan.request.config.num_index_heads * p.top_k;
   const bool prefill_wgmma =
       info.sm90 && p.group <= kAttentionRows &&
       encode_query_map(a.q, kAttentionRows, prefill_sm90.q_map) &&
       encode_kv_cache_map(a.k_cache, 128, prefill_sm90.k_map) &&
       encode_kv_cache_map(a.v_cache, 128, prefill_sm90.v_map) &&
-      encode_compact_partials_map(l.prefill_partials, pass_entries, prefill_sm90.partial_map);
+      encode_compact_partials_map(l.prefill_partials, pass_entries(plan.request, info),
+                                  prefill_sm90.partial_map);
   for (int begin = decode_tokens; begin < tokens; begin += info.pass_tokens) {
     p.token_begin = begin;
     p.token_end = static_cast<int>(std::min<int64_t>(tokens, int64_t{begin} + info.pass_tokens));

@@ -150,15 +150,6 @@ __device__ __forceinline__ float exp2_flushed(float x) {
   return y;
 }
 
-// Descriptor of V (B operand, MN-major: rows of 64 dims x 128 B are consecutive keys) at 16 keys
-// from `address`: 8-key groups 1024 B apart (stride byte offset), the two 64-dim halves a box
-// apart (leading byte offset), 128 B swizzle.
-__device__ __forceinline__ uint64_t value_descriptor(uint32_t address) {
-  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
-         (uint64_t{PrefillSm90Layout<false>::kBoxBytes >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
 template <bool kFp8>
 __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_sm90_kernel(
     const __grid_constant__ SparseAttentionPrefillSm90Params params) {
@@ -380,7 +371,8 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
     sm90::wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint64_t v = value_descriptor(v_tile + j * 16 * 128);
+      // V MN-major at 16 keys from the tile: rows of 64 dims, the two 64-dim halves a box apart.
+      const uint64_t v = sm90::operand_descriptor(v_tile + j * 16 * 128, L::kBoxBytes);
       sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_hi[j], v, j > 0);
       sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_lo[j], v, 1);
     }

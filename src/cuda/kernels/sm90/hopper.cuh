@@ -168,14 +168,18 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 
 // ---- wgmma -----------------------------------------------------------------------------------
 
-// Descriptor of a K-major, 128 B-swizzled operand starting at shared byte address `address`
-// (1024-aligned atom base plus a k offset of a multiple of 32 B within the 128 B row): start
-// address >> 4 in bits 0-13, leading byte offset 1 (unused by swizzled K-major layouts), stride
-// byte offset 1024 B (8 rows x 128 B, the step between 8-row groups) in bits 32-45, swizzle mode
-// 128 B (1) in bits 62-63.
-__device__ __forceinline__ uint64_t operand_descriptor(uint32_t address) {
-  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+// Descriptor of a 128 B-swizzled operand starting at shared byte address `address`: start
+// address >> 4 in bits 0-13, leading byte offset >> 4 in bits 16-29, stride byte offset 1024 B
+// (8 rows x 128 B, the step between 8-row groups) in bits 32-45, swizzle mode 128 B (1) in bits
+// 62-63. K-major (the default): a 1024-aligned atom base plus a k offset of a multiple of 32 B
+// within the 128 B row; the leading byte offset is unused (16). MN-major (a transposed B, wgmma's
+// tnsp flag): rows of 64 16-bit elements along N, consecutive rows the k index; the leading byte
+// offset is the step between 64-element column blocks.
+__device__ __forceinline__ uint64_t operand_descriptor(uint32_t address,
+                                                       uint32_t leading_bytes = 16) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>(leading_bytes >> 4) << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
