@@ -71,8 +71,7 @@ __global__ void __launch_bounds__(32 * kRowsPerCta)
   *reinterpret_cast<uint2*>(out) = make_uint2(pack_bf16x2(o_run.x * inverse, o_run.y * inverse),
                                               pack_bf16x2(o_run.z * inverse, o_run.w * inverse));
   if (p.lse && lane == 0)
-    p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] =
-        l_run > 0.f ? (m_run + __log2f(l_run)) * kLn2 : -INFINITY;
+    p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] = row_lse(m_run, l_run);
 }
 
 } // namespace

@@ -507,6 +507,12 @@ __device__ __forceinline__ void store_merged_compact_partial(const MergedRow& me
   }
 }
 
+// A row's lse (natural log) from its max m (log2 domain, scaled logits) and denominator l; -inf
+// for a row without keys (l = 0).
+__device__ __forceinline__ float row_lse(float m, float l) {
+  return l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY;
+}
+
 // A merged row as token t's bf16 output (times v_scale / l) and lse; zeros and -inf without keys.
 __device__ __forceinline__ void store_output_row(const SparseAttentionParams& p,
                                                  const MergedRow& merged, int t, int g,
@@ -526,8 +532,7 @@ __device__ __forceinline__ void store_output_row(const SparseAttentionParams& p,
   reinterpret_cast<uint4*>(out)[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
   reinterpret_cast<uint4*>(out)[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
   if (p.lse && (thread & 7) == 0)
-    p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] =
-        merged.l > 0.f ? (merged.m + __log2f(merged.l)) * kLn2 : -INFINITY;
+    p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] = row_lse(merged.m, merged.l);
 }
 
 } // namespace m3sa::cuda

@@ -201,8 +201,7 @@ __device__ __forceinline__ void merge_cluster_row(const SparseAttentionParams& p
       p.out)[int64_t{t} * p.out_stride_token + head * p.out_stride_head + d] =
       __float2bfloat16_rn(o_sum * inverse);
   if (p.lse && d == 0)
-    p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] =
-        l_sum > 0.f ? (m_max + __log2f(l_sum)) * kLn2 : -INFINITY;
+    p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] = row_lse(m_max, l_sum);
 }
 
 // The splits of a (token, KV head) as the p.splits CTAs of this cluster (split == rank). Row r of
