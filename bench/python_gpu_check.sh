@@ -12,6 +12,8 @@
 #   bash bench/python_gpu_check.sh            (run's carry: [".peer", ".pydeps"])
 # Without .pydeps the device's own nanobind / scikit-build-core build it; without .peer the vLLM
 # comparisons skip (M3SA_PEER_DIR overrides the folder).
+# M3SA_PYTHON_STAGES=structured: only the build and the structured-attention comparison (a kernel
+# round's check of issue 11's structured target, ~1.5 min).
 #
 # What comes back ($OUT, at most 8 files): summary.txt, pytest.xml, gpu_report.jsonl,
 # python_overhead.json, python_import_time.json, structured_attention.json, logs.tgz (environment,
@@ -37,6 +39,16 @@ finish() {
   summary "== done (t=$((SECONDS - t0)) s), rc=$rc"
   (cd "$out" && tar czf logs.tgz logs && rm -rf logs)
   exit "$rc"
+}
+
+run_structured() {
+  stage "structured-selection prefill attention, m3sa vs vLLM (issue 11)"
+  M3SA_PEER_DIR="${M3SA_PEER_DIR:-.peer}" timeout 300 "$py" bench/structured_attention.py \
+    --out "$out/structured_attention.json" > "$logs/structured_attention.log" 2>&1
+  structured_rc=$?
+  summary "structured attention rc=$structured_rc"
+  grep -E "x;|Error|error" "$logs/structured_attention.log" | cut -c1-200 | tee -a "$out/summary.txt"
+  [ $structured_rc -ne 0 ] && [ $rc -eq 0 ] && rc=$structured_rc
 }
 
 stage "environment"
@@ -80,6 +92,11 @@ fi
 import_rc=$?
 if [ $import_rc -ne 0 ]; then rc=$import_rc; finish; fi
 
+if [ "${M3SA_PYTHON_STAGES:-all}" = structured ]; then
+  run_structured
+  finish
+fi
+
 stage "pytest tests/python"
 export M3SA_PEER_DIR="${M3SA_PEER_DIR:-$PWD/.peer}"
 export M3SA_GPU_REPORT="$out/gpu_report.jsonl"
@@ -110,11 +127,5 @@ summary "import time rc=$import_rc"
 tee -a "$out/summary.txt" < "$logs/import_time.log"
 [ $import_rc -ne 0 ] && [ $rc -eq 0 ] && rc=$import_rc
 
-stage "structured-selection prefill attention, m3sa vs vLLM (issue 11)"
-M3SA_PEER_DIR="${M3SA_PEER_DIR:-.peer}" timeout 300 "$py" bench/structured_attention.py \
-  --out "$out/structured_attention.json" > "$logs/structured_attention.log" 2>&1
-structured_rc=$?
-summary "structured attention rc=$structured_rc"
-grep -E "x;|Error|error" "$logs/structured_attention.log" | cut -c1-200 | tee -a "$out/summary.txt"
-[ $structured_rc -ne 0 ] && [ $rc -eq 0 ] && rc=$structured_rc
+run_structured
 finish

@@ -22,7 +22,7 @@ namespace m3sa::cuda {
 namespace {
 
 struct AttentionPlanInfo {
-  static constexpr uint32_t kVersion = 5;
+  static constexpr uint32_t kVersion = 6;
   int32_t sm_count;
   int32_t pass_tokens;     // prefill tokens per block-major pass
   int64_t sort_temp_bytes; // CUB's radix sort scratch for a pass's entries, asked once at plan time
@@ -58,11 +58,19 @@ struct AttentionLayout {
   void* sort_temp;
   size_t sort_temp_bytes;
   unsigned char* prefill_partials; // [pass tokens, Hkv, top_k] compact partials
+  int32_t* union_counts;           // [Hkv * union tiles] (attention_params.h)
+  uint32_t* union_pages;           // [Hkv * union tiles, kUnionPages]
+  uint64_t* union_visible;         // [Hkv * union tiles, kUnionPages]
 };
 
 // Entries of a prefill pass: one per (token, KV head, selection slot).
 int64_t pass_entries(const PlanRequest& request, const AttentionPlanInfo& info) {
   return int64_t{info.pass_tokens} * request.config.num_index_heads * request.config.top_k;
+}
+// Page-union tiles of a pass, over its KV heads.
+int64_t pass_union_tiles(const PlanRequest& request, const AttentionPlanInfo& info) {
+  return int64_t{(info.pass_tokens + kUnionTokens - 1) / kUnionTokens} *
+         request.config.num_index_heads;
 }
 
 AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanInfo& info,
@@ -79,6 +87,10 @@ AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanI
   l.sort_temp_bytes = static_cast<size_t>(info.sort_temp_bytes);
   l.sort_temp = carver.take<unsigned char>(l.sort_temp_bytes);
   l.prefill_partials = carver.take<unsigned char>(entries * kCompactPartialBytes);
+  const int64_t tiles = pass_union_tiles(request, info);
+  l.union_counts = carver.take<int32_t>(tiles);
+  l.union_pages = carver.take<uint32_t>(tiles * kUnionPages);
+  l.union_visible = carver.take<uint64_t>(tiles * kUnionPages);
   return l;
 }
 
@@ -119,7 +131,8 @@ Status can_run_attention_sm90(const PlanRequest& request, const detail::DeviceCa
                        sparse_attention_decode_sm90_bf16_has_sm90a_code() &&
                            sparse_attention_decode_sm90_fp8_has_sm90a_code() &&
                            attend_block_members_sm90_bf16_has_sm90a_code() &&
-                           attend_block_members_sm90_fp8_has_sm90a_code(),
+                           attend_block_members_sm90_fp8_has_sm90a_code() &&
+                           attend_page_unions_sm90_bf16_has_sm90a_code(),
                        "the TMA / wgmma attention kernels");
 }
 
@@ -127,6 +140,9 @@ Status prepare_attention(const OpPlan& plan, Workspace workspace, void* stream) 
   return initialise_control_area(run_layout(plan, workspace).control, stream);
 }
 
+#ifndef M3SA_PREFILL_PAGE_UNIONS // diagnostic builds only: 0 = every prefill token block-major
+#define M3SA_PREFILL_PAGE_UNIONS 1
+#endif
 #ifndef M3SA_ATTENTION_DECODE_MIN_CLUSTER // diagnostic builds only: 32 = never a cluster on SM90
 #define M3SA_ATTENTION_DECODE_MIN_CLUSTER 8
 #endif
@@ -239,12 +255,23 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
       encode_kv_cache_map(a.v_cache, 128, prefill_sm90.v_map) &&
       encode_compact_partials_map(l.prefill_partials, pass_entries(plan.request, info),
                                   prefill_sm90.partial_map);
+  // With the wgmma kernels and a bf16 cache, tiles of 8 tokens whose selections share their pages
+  // attend over the union of those pages, token-major (the gather decides per tile, on the
+  // device). Not for e4m3: its two relay warps widen each page once per tile there (against once
+  // per page's members block-major), which bounded the kernel below the block-major path
+  // (bench/NOTES.md s14 r3).
+  if (prefill_wgmma && !fp8 && M3SA_PREFILL_PAGE_UNIONS) {
+    p.union_counts = l.union_counts, p.union_pages = l.union_pages;
+    p.union_visible = l.union_visible;
+  }
   for (int begin = decode_tokens; begin < tokens; begin += info.pass_tokens) {
     p.token_begin = begin;
     p.token_end = static_cast<int>(std::min<int64_t>(tokens, int64_t{begin} + info.pass_tokens));
     p.entry_count = (p.token_end - p.token_begin) * p.kv_heads * p.top_k;
+    const int64_t union_tiles =
+        int64_t{(p.token_end - p.token_begin + kUnionTokens - 1) / kUnionTokens} * p.kv_heads;
     const int gather_grid = static_cast<int>(std::min<int64_t>(
-        (p.entry_count + kGatherThreads - 1) / kGatherThreads, 8 * info.sm_count));
+        (union_tiles + kGatherThreads / 32 - 1) / (kGatherThreads / 32), 8 * info.sm_count));
     M3SA_CUDA_RETURN_IF_ERROR(launch_gather_selection_entries(p, gather_grid, s));
     M3SA_CUDA_RETURN_IF_ERROR(sort_selection_entries(p, l.sorted_keys, l.sorted_values, key_bits,
                                                      l.sort_temp, l.sort_temp_bytes, s));
@@ -254,6 +281,9 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
       M3SA_CUDA_RETURN_IF_ERROR(
           (fp8 ? launch_attend_block_members_sm90_fp8 : launch_attend_block_members_sm90_bf16)(
               prefill_sm90, static_cast<int>(std::min<int64_t>(items, info.sm_count)), s));
+      if (p.union_counts)
+        M3SA_CUDA_RETURN_IF_ERROR(launch_attend_page_unions_sm90_bf16(
+            prefill_sm90, static_cast<int>(std::min<int64_t>(union_tiles, info.sm_count)), s));
     } else {
       M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_attend_block_members_fp8
                                      : launch_attend_block_members_bf16)(p, info.sm_count, s));

@@ -20,6 +20,11 @@ inline constexpr int kAttentionCtasPerSm = 2;
 inline constexpr int kMaxSelection = 32;   // top_k limit (config.h kMaxTopK)
 inline constexpr int kGatherThreads = 256; // the prefill's entry gather: one thread per entry
 inline constexpr int kRunEntries = 64; // the prefill's attend step: sorted entries per work item
+// The prefill's page-union tiles (sm90): 8 consecutive tokens of a pass and one KV head whose
+// selections together name at most kUnionPages distinct pages (and at most 2 top_k) attend
+// token-major over that union instead of block-major (sparse_attention_prefill_union_sm90.cuh).
+inline constexpr int kUnionTokens = 8;
+inline constexpr int kUnionPages = 32;
 
 // How the splits of a (token, KV head) merge their partials (log-sum-exp).
 enum SplitMerge : int32_t {
@@ -72,6 +77,13 @@ struct SparseAttentionParams {
   int32_t entry_count;             // (token_end - token_begin) * Hkv * top_k
   uint32_t entry_sentinel;         // 2^key_bits - 1, above every key
   unsigned char* prefill_partials; // [token_end - token_begin, Hkv, top_k] compact partials
+  // Page-union tiles of the pass (tile = KV head * union_tiles + token / kUnionTokens), or all
+  // null where the plan runs every token block-major: the union's size, or -1 where the tile's
+  // tokens go block-major; its pages, ascending; and per page the visible keys of each of the
+  // tile's tokens (byte i: token i of the tile, 0 where it did not select the page).
+  int32_t* union_counts;   // [Hkv * union_tiles]
+  uint32_t* union_pages;   // [Hkv * union_tiles, kUnionPages]
+  uint64_t* union_visible; // [Hkv * union_tiles, kUnionPages]
 };
 
 // The Hopper decode kernel (sparse_attention_decode_sm90.cuh): the parameters plus the TMA
@@ -89,6 +101,8 @@ struct SparseAttentionSm90Params {
 // TMA descriptors of q (boxes of 16 query rows x 64 dims: tensor_maps.h encode_query_map), of
 // k_cache and v_cache (boxes of a page's 128 keys x 64 dims) and of prefill_partials (boxes of a
 // partial's 16 rows x 64 values of O: encode_compact_partials_map).
+// The page-union kernel (sparse_attention_prefill_union_sm90.cuh) takes the same struct and does
+// not use partial_map.
 struct SparseAttentionPrefillSm90Params {
   alignas(64) uint64_t q_map[16];
   alignas(64) uint64_t k_map[16];

@@ -80,8 +80,9 @@ bool sparse_attention_decode_sm90_fp8_has_sm90a_code();
 // from params.partials into the output rows and lse; overlap_prior: programmatic dependent launch.
 cudaError_t launch_merge_decode_splits(const SparseAttentionParams& params, bool overlap_prior,
                                        cudaStream_t stream);
-// Sparse attention, prefill rows, block-major: gather (KV head, token, slot) entries, sort them by
-// (KV head, page), attend each page's member tokens, merge each token's partials.
+// Sparse attention, prefill rows, block-major: gather (KV head, token, slot) entries (and, with
+// union_counts, list the page-union tiles: grid x 8 warps, a warp per tile), sort them by (KV
+// head, page), attend each page's member tokens, merge each token's partials.
 cudaError_t launch_gather_selection_entries(const SparseAttentionParams& params, int grid,
                                             cudaStream_t stream);
 cudaError_t selection_sort_temp_bytes(int entries, size_t* bytes); // CUB's, for any 32-bit keys
@@ -99,6 +100,11 @@ cudaError_t launch_attend_block_members_sm90_fp8(const SparseAttentionPrefillSm9
                                                  int grid, cudaStream_t stream);
 bool attend_block_members_sm90_bf16_has_sm90a_code();
 bool attend_block_members_sm90_fp8_has_sm90a_code();
+// The Hopper page-union step (tiles the gather listed: token-major, outputs written directly;
+// bf16 caches), persistent: grid <= one CTA per SM.
+cudaError_t launch_attend_page_unions_sm90_bf16(const SparseAttentionPrefillSm90Params& params,
+                                                int grid, cudaStream_t stream);
+bool attend_page_unions_sm90_bf16_has_sm90a_code();
 cudaError_t launch_merge_token_partials(const SparseAttentionParams& params, int grid,
                                         cudaStream_t stream);
 

@@ -1,5 +1,5 @@
-// The dtype-independent steps of the block-major prefill: gather the selection entries, sort them
-// by (KV head, page) with CUB, merge the per-block partials of every token.
+// The dtype-independent steps of the prefill: gather the selection entries (and list the page-union
+// tiles), sort them by (KV head, page) with CUB, merge the per-block partials of every token.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/kernels/sparse_attention_prefill.cuh"
@@ -7,34 +7,99 @@
 
 namespace m3sa::cuda {
 
-// One thread per (KV head, pass token, slot).
+// One warp per page-union tile (KV head, kUnionTokens consecutive pass tokens): lane l resolves
+// items l, l + 32, ... of the tile's kUnionTokens x top_k (token, slot) selections to pages. Where
+// the plan has union tiles (union_counts), the warp lists the distinct pages, ascending, with each
+// token's visible keys; a tile of at most min(kUnionPages, 2 top_k) pages, none selected twice by
+// one token, attends token-major (sparse_attention_prefill_union_sm90.cuh) and its entries are
+// sentinels; every other tile's (KV head, token, slot) entries are keyed by (KV head, page) for
+// the block-major attend step.
 __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
+  constexpr int kItems = kUnionTokens * kMaxSelection / 32; // per lane, at most
+  constexpr uint32_t kNoPage = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
   const int pass_tokens = p.token_end - p.token_begin;
-  const int64_t entries = int64_t{pass_tokens} * p.kv_heads * p.top_k;
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < entries;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const int slot = static_cast<int>(e % p.top_k);
-    const int g = static_cast<int>((e / p.top_k) % p.kv_heads);
-    const int token = static_cast<int>(e / (int64_t{p.top_k} * p.kv_heads));
-    const int t = p.token_begin + token;
-    const int request = request_of_token(p.cu_q_lens, p.num_requests, t);
-    // A bad position is flagged once per token, by slot 0 of head 0.
-    const int position = token_position(p, request, t, slot == 0 && g == 0);
-    const int32_t block =
-        p.topk[g * p.topk_stride_head + int64_t{t} * p.topk_stride_token + slot * p.topk_stride_k];
-    const int64_t page = selected_page(p, request, position, block);
-    const int64_t index = (int64_t{g} * pass_tokens + token) * p.top_k + slot;
-    if (page >= 0) {
-      p.entry_keys[index] = static_cast<uint32_t>(g * p.num_pages + page);
-      p.entry_values[index] =
-          pack_entry(token, slot, min(128, position - block * 128 + 1));
-    } else {
-      p.entry_keys[index] = p.entry_sentinel; // sorts last; its partial holds no key
-      p.entry_values[index] = 0;
-      // Every row's max -inf: the merge skips this slot unread.
-      const CompactPartialView partial(prefill_partial(p, token, g, slot));
+  const int tiles_per_head = union_tiles(p);
+  const int64_t tiles = int64_t{tiles_per_head} * p.kv_heads;
+  const int items = kUnionTokens * p.top_k;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t tile = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; tile < tiles;
+       tile += warps) {
+    const int g = static_cast<int>(tile / tiles_per_head);
+    const int first = static_cast<int>(tile % tiles_per_head) * kUnionTokens;
+    uint32_t page[kItems];
+    int visible[kItems];
 #pragma unroll
-      for (int r = 0; r < kAttentionRows; ++r) partial.m[r] = -INFINITY;
+    for (int j = 0; j < kItems; ++j) {
+      const int i = 32 * j + lane, token = first + i / p.top_k, slot = i % p.top_k;
+      page[j] = kNoPage, visible[j] = 0;
+      if (i >= items || token >= pass_tokens) continue;
+      const int t = p.token_begin + token;
+      const int request = request_of_token(p.cu_q_lens, p.num_requests, t);
+      // A bad position is flagged once per token, by slot 0 of head 0.
+      const int position = token_position(p, request, t, slot == 0 && g == 0);
+      const int32_t block = p.topk[g * p.topk_stride_head + int64_t{t} * p.topk_stride_token +
+                                   slot * p.topk_stride_k];
+      const int64_t selected = selected_page(p, request, position, block);
+      if (selected >= 0)
+        page[j] = static_cast<uint32_t>(selected), visible[j] = min(128, position - block * 128 + 1);
+    }
+    int count = -1; // the tile's union size; -1: block-major
+    if (p.union_counts) {
+      const int limit = min(kUnionPages, 2 * p.top_k);
+      uint32_t listed = 0; // items already in the list, bit j
+      for (count = 0;; ++count) {
+        uint32_t next = kNoPage;
+#pragma unroll
+        for (int j = 0; j < kItems; ++j)
+          if (!(listed >> j & 1)) next = min(next, page[j]);
+        for (int o = 16; o > 0; o >>= 1) next = min(next, __shfl_xor_sync(0xffffffffu, next, o));
+        if (next == kNoPage) break; // every selected page listed
+        uint64_t bytes = 0;         // byte k: visible keys of the tile's token k
+        int matches = 0;
+#pragma unroll
+        for (int j = 0; j < kItems; ++j)
+          if (page[j] == next && !(listed >> j & 1)) {
+            bytes |= uint64_t(visible[j]) << (8 * ((32 * j + lane) / p.top_k));
+            listed |= 1u << j, ++matches;
+          }
+        for (int o = 16; o > 0; o >>= 1) {
+          bytes |= __shfl_xor_sync(0xffffffffu, bytes, o);
+          matches += __shfl_xor_sync(0xffffffffu, matches, o);
+        }
+        int tokens = 0;
+#pragma unroll
+        for (int k = 0; k < kUnionTokens; ++k) tokens += (bytes >> (8 * k) & 255) != 0;
+        // Too many pages, or a page a token selected twice (two slots, one page: block-major
+        // attends it twice, as the contract's per-slot sum does).
+        if (count == limit || matches != tokens) {
+          count = -1;
+          break;
+        }
+        if (lane == 0) {
+          p.union_pages[tile * kUnionPages + count] = next;
+          p.union_visible[tile * kUnionPages + count] = bytes;
+        }
+      }
+      if (lane == 0) p.union_counts[tile] = count;
+    }
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int i = 32 * j + lane, token = first + i / p.top_k, slot = i % p.top_k;
+      if (i >= items || token >= pass_tokens) continue;
+      const int64_t index = (int64_t{g} * pass_tokens + token) * p.top_k + slot;
+      if (count < 0 && page[j] != kNoPage) {
+        p.entry_keys[index] = static_cast<uint32_t>(g * p.num_pages + page[j]);
+        p.entry_values[index] = pack_entry(token, slot, visible[j]);
+      } else {
+        p.entry_keys[index] = p.entry_sentinel; // sorts last
+        p.entry_values[index] = 0;
+        if (count < 0) { // every row's max -inf: the merge skips this slot unread
+          const CompactPartialView partial(prefill_partial(p, token, g, slot));
+#pragma unroll
+          for (int r = 0; r < kAttentionRows; ++r) partial.m[r] = -INFINITY;
+        }
+      }
     }
   }
 }
@@ -45,6 +110,8 @@ __global__ void __launch_bounds__(128) merge_token_partials_kernel(const SparseA
   const int64_t pairs = int64_t{pass_tokens} * p.kv_heads;
   for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     const int g = static_cast<int>(pair % p.kv_heads), token = static_cast<int>(pair / p.kv_heads);
+    if (p.union_counts && p.union_counts[g * union_tiles(p) + token / kUnionTokens] >= 0)
+      continue; // its tile attended token-major
     store_output_row(p,
                      merge_rows<true, false>(prefill_partial(p, token, g, 0),
                                              kCompactPartialBytes, p.top_k, threadIdx.x),

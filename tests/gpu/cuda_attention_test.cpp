@@ -23,6 +23,10 @@ struct AttentionCase {
   int top_k;
   float k_scale = 1.f, v_scale = 1.f;
   bool use_reference = false; // small enough for the reference as a second oracle
+  // Tokens of the same 128-token position block in even blocks share their selections (an
+  // engine's real selections are close to this), so the sm90 plan's page-union tiles and its
+  // block-major path both run, in one pass.
+  bool shared_selections = false;
 };
 
 void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
@@ -41,6 +45,26 @@ HostTensor indexer_selections(SyntheticBatch& sb, const MsaConfig& config, uint6
   const Status s = run_index_topk(config, sb, {Backend::cpu}, &topk);
   EXPECT_TRUE(s.ok()) << s.to_string();
   return topk;
+}
+
+// Every token of an even 128-token position block takes the selections (every head) of its
+// request's first token in that block: the same own block, so still causal and ascending.
+void share_selections_within_even_blocks(const SyntheticBatch& sb, HostTensor& topk) {
+  const TensorView v = topk.view(); // [Hkv, T, K]
+  int32_t* ids = topk.data<int32_t>();
+  std::vector<int64_t> leader(sb.num_tokens(), -1);
+  for (int64_t t = 0; t < sb.num_tokens(); ++t) {
+    const int64_t position = sb.position(t);
+    if (position < 0 || (position / kBlockTokens) % 2 != 0) continue;
+    leader[t] = t;
+    if (t > 0 && leader[t - 1] >= 0 && sb.request_of(t - 1) == sb.request_of(t) &&
+        sb.position(t - 1) / kBlockTokens == position / kBlockTokens)
+      leader[t] = leader[t - 1];
+    for (int64_t h = 0; h < v.shape[0]; ++h)
+      for (int64_t k = 0; k < v.shape[2]; ++k)
+        ids[h * v.strides[0] + t * v.strides[1] + k * v.strides[2]] =
+            ids[h * v.strides[0] + leader[t] * v.strides[1] + k * v.strides[2]];
+  }
 }
 
 // Device copies of the attention inputs of a SyntheticBatch; out and lse poisoned.
@@ -123,6 +147,7 @@ void expect_matches_host_backends(const AttentionCase& c) {
   SyntheticBatch sb(spec);
   const MsaConfig config = attention_config(spec, c.top_k);
   HostTensor topk = indexer_selections(sb, config, seed + 1);
+  if (c.shared_selections) share_selections_within_even_blocks(sb, topk);
   sb.fill_attention_random(seed + 2);
 
   const HostAttention cpu = host_attention(Backend::cpu, config, sb, topk, c.k_scale, c.v_scale);
@@ -220,6 +245,15 @@ const AttentionCase kCases[] = {
     // two passes - the second a short one, whose entries end inside a work item.
     {"PrefillTwoPassesK32", spec({2200}, {6000}, 0, 1, 64, 4), 32},
     {"PrefillFp8", spec({513}, {5000}, 0, 1, 64, 4, DType::fp8_e4m3), 16, 0.25f, 4.f},
+    // Shared selections: page-union tiles (bf16 caches on sm90; tiles inside an even block, some
+    // across a block boundary) next to block-major ones, GQA groups of 16 and 8; e4m3 caches
+    // run them block-major.
+    {"PrefillSharedSelections", spec({1500}, {20004}, 0, 1, 64, 4), 16, 1.f, 1.f, false, true},
+    {"PrefillSharedSelectionsGroup8Scales", spec({700}, {9000}, 0, 1, 32, 4), 16, 0.5f, 2.f, false,
+     true},
+    {"PrefillSharedSelectionsFp8", spec({700}, {9000}, 0, 1, 32, 4, DType::fp8_e4m3), 16, 0.5f,
+     2.f, false, true},
+    {"PrefillSharedSelectionsK32", spec({600}, {12000}, 0, 1, 16, 1), 32, 1.f, 1.f, false, true},
     {"SmallPrefillShortRequests", spec({3, 5, 1, 2, 7}, {3, 130, 1, 300, 7}, 0, 1, 16, 1), 16, 1, 1,
      true},
     {"MixedBatchWithPadding", spec({1, 1, 1, 260, 17, 0}, {5000, 0, 300, 2000, 17, 0}, 3, 1, 64, 4),

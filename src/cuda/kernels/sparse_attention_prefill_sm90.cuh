@@ -55,23 +55,195 @@ inline constexpr int kPrefillSm90ConsumerRegisters = (kPrefillSm90LaunchRegister
                                                       128 * kPrefillSm90ProducerRegisters<kFp8>) /
                                                      256 / 8 * 8;
 
-template <bool kFp8> struct PrefillSm90Layout {
+// What both Hopper prefill kernels (this one and the page-union kernel) stage: a page's K and V as
+// four 128-key x 64-dim boxes (K dims 0-63, 64-127, then V the same; an e4m3 page arrives raw, K
+// then V, 128 keys x 128 B each) and query tiles of 4 tokens x 16 rows, two 64-dim boxes a token.
+struct PrefillSm90Tiles {
   static constexpr int kBoxBytes = 128 * 128;      // 128 keys x 64 bf16 dims
   static constexpr int kPageBytes = 4 * kBoxBytes; // K dims 0-63, 64-127, then V the same
+  static constexpr int kRawBytes = 2 * 128 * 128;  // an e4m3 page, K then V
   static constexpr int kQueryBoxBytes = 16 * 128;  // 16 query rows x 64 dims
   static constexpr int kQueryBytes = 2 * kPrefillSm90Members * kQueryBoxBytes; // dims 0-63, 64-127
+  static constexpr int kPages = 2;
+};
+
+template <bool kFp8> struct PrefillSm90Layout : PrefillSm90Tiles {
   // Per consumer; a slot is also where its group's partials are staged for their TMA stores, so
   // it is released only after them: three where shared memory allows.
   static constexpr int kQuerySlots = kFp8 ? 2 : 3;
-  static constexpr int kPages = 2;
   static constexpr int kQueryOffset = kPages * kPageBytes;
-  // e4m3: one raw page (K, then V: 128 keys x 128 B each) that the relay warps widen into a page
-  // buffer; one is enough, since a raw page is free again as soon as it is widened.
+  // e4m3: one raw page that the relay warps widen into a page buffer; one is enough, since a raw
+  // page is free again as soon as it is widened.
   static constexpr int kRawOffset = kQueryOffset + 2 * kQuerySlots * kQueryBytes;
-  static constexpr int kRawBytes = kFp8 ? 2 * 128 * 128 : 0;
-  static constexpr int kSmemBytes = kRawOffset + kRawBytes + 1024; // + alignment to an atom
+  static constexpr int kSmemBytes = kRawOffset + (kFp8 ? kRawBytes : 0) + 1024; // + atom alignment
   static_assert(kSmemBytes <= 227 * 1024 - 2048, "one CTA per SM, with the static barriers");
 };
+
+// The page buffers of a Hopper prefill kernel and their barriers: page_full (TMA bytes),
+// page_ready (the relay warps), page_empty (the 8 consumer warps, once per page each), and for
+// e4m3 the raw page's raw_full / raw_empty. A page's sequence number (its count among the pages
+// the CTA streams) picks its buffer and barrier phases.
+template <bool kFp8> struct PrefillPageRing {
+  static constexpr int kRelayWarps = kFp8 ? 2 : 1; // warps 2 (and 3) of the producer warpgroup
+  uint8_t* pages;                                  // [kPages][kPageBytes], 1024-aligned
+  uint8_t* raw;                                    // e4m3: [kRawBytes]
+  uint64_t *full, *ready, *empty;                  // [kPages] each
+  uint64_t *raw_full, *raw_empty;
+
+  __device__ void init() const { // one thread, before the CTA's first barrier
+    for (int i = 0; i < PrefillSm90Tiles::kPages; ++i) {
+      sm90::mbarrier_init(&full[i], 1);
+      sm90::mbarrier_init(&ready[i], 1);
+      sm90::mbarrier_init(&empty[i], 8); // each consumer warp, once per page
+    }
+    sm90::mbarrier_init(raw_full, 1);
+    sm90::mbarrier_init(raw_empty, 1);
+  }
+  __device__ uint8_t* page(uint32_t sequence) const {
+    return pages + (sequence % PrefillSm90Tiles::kPages) * PrefillSm90Tiles::kPageBytes;
+  }
+  __device__ static uint32_t use(uint32_t sequence) {
+    return (sequence / PrefillSm90Tiles::kPages) & 1;
+  }
+
+  // Producer warp 0, one lane: brings page `page` of KV head g (e4m3: into the raw page).
+  __device__ void load(const SparseAttentionPrefillSm90Params& params, uint32_t sequence, int g,
+                       int page_id) const {
+    using T = PrefillSm90Tiles;
+    if constexpr (kFp8) {
+      sm90::mbarrier_wait(raw_empty, (sequence & 1) ^ 1);
+      sm90::mbarrier_arrive_expect_tx(raw_full, T::kRawBytes);
+      sm90::tma_load_4d(raw, params.k_map, raw_full, 0, 0, g, page_id);
+      sm90::tma_load_4d(raw + T::kRawBytes / 2, params.v_map, raw_full, 0, 0, g, page_id);
+    } else {
+      const int b = sequence % T::kPages;
+      sm90::mbarrier_wait(&empty[b], use(sequence) ^ 1);
+      sm90::mbarrier_arrive_expect_tx(&full[b], T::kPageBytes);
+      for (int box = 0; box < 4; ++box)
+        sm90::tma_load_4d(page(sequence) + box * T::kBoxBytes, box < 2 ? params.k_map : params.v_map,
+                          &full[b], 64 * (box & 1), 0, g, page_id);
+    }
+  }
+
+  // The relay warps (thread: 0 .. 32 kRelayWarps - 1): page ready once it has landed, with V rows
+  // at and past `rows` (the largest visible key count of the page's tokens) zeroed - pages hold
+  // whatever the engine left there, and 0 x NaN would poison P.V (K rows past a token's visible
+  // keys are masked to -inf in the logits instead); for e4m3, after widening the raw page to bf16
+  // (exact) into the page buffer, so that both dtypes share the MMAs and their numerics.
+  __device__ void relay(uint32_t sequence, int rows, int thread) const {
+    using T = PrefillSm90Tiles;
+    const int b = sequence % T::kPages;
+    uint8_t* dst_page = page(sequence);
+    if constexpr (kFp8) {
+      sm90::mbarrier_wait(raw_full, sequence & 1);
+      sm90::mbarrier_wait(&empty[b], use(sequence) ^ 1);
+      const SwizzledHalves widened{dst_page, T::kBoxBytes};
+      for (int i = thread; i < 2 * 128 * 8; i += 32 * kRelayWarps) {
+        const int which = i >> 10, row = (i >> 3) & 127, chunk = i & 7; // which: K, V
+        uint8_t* dst = dst_page + which * 2 * T::kBoxBytes;
+        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+        if (which == 0 || row < rows) {
+          uint32_t w[8];
+          widen_e4m3x16(*reinterpret_cast<const uint4*>(raw + which * (T::kRawBytes / 2) +
+                                                        sm90::swizzled_offset(row, chunk)),
+                        w);
+          lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
+        }
+        *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk)) = lo;
+        *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk + 1)) = hi;
+      }
+      sm90::fence_proxy_async_shared(); // the widened page before wgmma's reads
+      sm90::named_barrier_sync(1, 32 * kRelayWarps);
+      if (thread == 0) {
+        sm90::mbarrier_arrive(raw_empty);
+        sm90::mbarrier_arrive(&ready[b]);
+      }
+    } else {
+      const int lane = thread & 31;
+      sm90::mbarrier_wait(&full[b], use(sequence));
+      if (rows < 128) {
+        uint8_t* v = dst_page + 2 * T::kBoxBytes;
+        for (int i = lane; i < (128 - rows) * 16; i += 32) { // whole 128 B rows: no swizzle
+          const int row = rows + i / 16, half = (i / 8) & 1, chunk = i & 7;
+          *reinterpret_cast<uint4*>(v + half * T::kBoxBytes + row * 128 + chunk * 16) =
+              make_uint4(0, 0, 0, 0);
+        }
+        sm90::fence_proxy_async_shared(); // the zeros before wgmma's reads
+      }
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&ready[b]);
+    }
+  }
+
+  // Consumer warps: every consumer warp waits for every page and releases it once (its arrival
+  // must fall in this page's phase, whether or not it had work on it).
+  __device__ void wait_ready(uint32_t sequence) const {
+    sm90::mbarrier_wait(&ready[sequence % PrefillSm90Tiles::kPages], use(sequence));
+  }
+  __device__ void release(uint32_t sequence) const {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) sm90::mbarrier_arrive(&empty[sequence % PrefillSm90Tiles::kPages]);
+  }
+};
+
+// S = Q K^T for a query tile's 4 tokens x 16 rows (the m64 A operand at shared address q_tile)
+// against a page's 128 keys (k_tile): 8 wgmmas, committed as one group (the caller waits).
+__device__ __forceinline__ void issue_tile_scores(float (&s)[64], uint32_t q_tile, uint32_t k_tile) {
+  using T = PrefillSm90Tiles;
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t k_offset = (kk >> 2) * T::kBoxBytes + (kk & 3) * 32;
+    const uint32_t q_offset = (kk >> 2) * (T::kQueryBytes / 2) + (kk & 3) * 32;
+    sm90::wgmma_m64n128k16_bf16(s, sm90::operand_descriptor(q_tile + q_offset),
+                                sm90::operand_descriptor(k_tile + k_offset), kk > 0);
+  }
+  sm90::wgmma_commit_group();
+}
+
+// O (+)= P V over a page's V tile (shared address v_tile): 16 RS wgmmas (the high and low parts of
+// each k-step of 16 keys), committed as one group (the caller waits). `accumulate` false
+// overwrites O.
+__device__ __forceinline__ void issue_tile_values(float (&o)[64], uint32_t (&p_hi)[8][4],
+                                                  uint32_t (&p_lo)[8][4], uint32_t v_tile,
+                                                  bool accumulate) {
+  sm90::fence_fragments(p_hi);
+  sm90::fence_fragments(p_lo);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    // V MN-major at 16 keys from the tile: rows of 64 dims, the two 64-dim halves a box apart.
+    const uint64_t v = sm90::operand_descriptor(v_tile + j * 16 * 128, PrefillSm90Tiles::kBoxBytes);
+    sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_hi[j], v, j > 0 || accumulate);
+    sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_lo[j], v, 1);
+  }
+  sm90::wgmma_commit_group();
+}
+
+// A warp's 16 rows of S (s[4 i + e]: row gid + 8 (e >> 1), key 8 i + 2 tid + (e & 1)) as
+// log2-domain logits, keys at or past `visible` masked (only a token's own block, or a page it did
+// not select, is cut short: a warp-uniform branch), and each row's maximum over the page.
+__device__ __forceinline__ void scale_and_mask_logits(float (&s)[64], float logit_scale,
+                                                      int visible, float (&row_max)[2]) {
+  const int tid = threadIdx.x & 3;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] *= logit_scale;
+  if (visible < 128) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (8 * i + 2 * tid + (e & 1) >= visible) s[4 * i + e] = -INFINITY;
+  }
+  row_max[0] = row_max[1] = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) row_max[(i >> 1) & 1] = fmaxf(row_max[(i >> 1) & 1], s[i]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+    row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+  }
+}
 
 // One work item (kRunEntries sorted entries) as every warp holds it: lane l keeps the keys and
 // values of entries l and 32 + l, read one item ahead, so that no role waits on a global load per
@@ -150,39 +322,51 @@ __device__ __forceinline__ float exp2_flushed(float x) {
   return y;
 }
 
+// The weights 2^(s - m_use) of a warp's 16 rows over a page as A fragments of 8 k-steps of 16 keys
+// (the m64k16 A layout is mma.sync's per warp), split into bf16 high and low parts; each row's
+// sum over this thread's keys is added to l.
+__device__ __forceinline__ void page_weights(const float (&s)[64], const float (&m_use)[2],
+                                             float (&l)[2], uint32_t (&p_hi)[8][4],
+                                             uint32_t (&p_lo)[8][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 2 * j + h;
+        const float w0 = exp2_flushed(s[4 * i + 2 * r] - m_use[r]);
+        const float w1 = exp2_flushed(s[4 * i + 2 * r + 1] - m_use[r]);
+        l[r] += w0 + w1;
+        split_weights(w0, w1, p_hi[j][2 * h + r], p_lo[j][2 * h + r]);
+      }
+}
+
 template <bool kFp8>
 __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_sm90_kernel(
     const __grid_constant__ SparseAttentionPrefillSm90Params params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = PrefillSm90Layout<kFp8>;
-  constexpr int kRelayWarps = kFp8 ? 2 : 1; // warps 2 (and 3): page ready (e4m3: widened)
+  using Ring = PrefillPageRing<kFp8>;
   const SparseAttentionParams& p = params.attention;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
   __shared__ uint64_t page_full[L::kPages], page_ready[L::kPages], page_empty[L::kPages];
   __shared__ uint64_t q_full[2][L::kQuerySlots], q_empty[2][L::kQuerySlots];
   __shared__ uint64_t raw_full, raw_empty; // e4m3 only
+  const Ring ring{smem, smem + L::kRawOffset, page_full, page_ready, page_empty, &raw_full,
+                  &raw_empty};
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < L::kPages; ++i) {
-      sm90::mbarrier_init(&page_full[i], 1);
-      sm90::mbarrier_init(&page_ready[i], 1);
-      sm90::mbarrier_init(&page_empty[i], 8); // each consumer warp, once per run
-    }
+    ring.init();
     for (int c = 0; c < 2; ++c)
       for (int s = 0; s < L::kQuerySlots; ++s) {
         sm90::mbarrier_init(&q_full[c][s], 1);
         sm90::mbarrier_init(&q_empty[c][s], 4); // each warp of the consumer
       }
-    sm90::mbarrier_init(&raw_full, 1);
-    sm90::mbarrier_init(&raw_empty, 1);
     sm90::fence_barrier_init();
   }
   __syncthreads();
-  const auto page_of = [&](uint32_t sequence) {
-    return smem + (sequence % L::kPages) * L::kPageBytes;
-  };
-  uint8_t* raw_page = smem + L::kRawOffset;
   const auto group_count = [](int begin, int end) {
     return (end - begin + kPrefillSm90Members - 1) / kPrefillSm90Members;
   };
@@ -196,23 +380,9 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
       }
       for_each_run(p, [&](const ItemEntries& entries, int begin, int, uint32_t sequence) {
         const uint32_t key = entries.key(begin);
-        if (lane != 0) return;
-        const int g = static_cast<int>(key / p.num_pages);
-        const int page = static_cast<int>(key % p.num_pages);
-        if constexpr (kFp8) {
-          sm90::mbarrier_wait(&raw_empty, (sequence & 1) ^ 1);
-          sm90::mbarrier_arrive_expect_tx(&raw_full, L::kRawBytes);
-          sm90::tma_load_4d(raw_page, params.k_map, &raw_full, 0, 0, g, page);
-          sm90::tma_load_4d(raw_page + L::kRawBytes / 2, params.v_map, &raw_full, 0, 0, g, page);
-        } else {
-          const int b = sequence % L::kPages;
-          sm90::mbarrier_wait(&page_empty[b], ((sequence / L::kPages) & 1) ^ 1);
-          sm90::mbarrier_arrive_expect_tx(&page_full[b], L::kPageBytes);
-          uint8_t* dst = page_of(sequence);
-          for (int box = 0; box < 4; ++box)
-            sm90::tma_load_4d(dst + box * L::kBoxBytes, box < 2 ? params.k_map : params.v_map,
-                              &page_full[b], 64 * (box & 1), 0, g, page);
-        }
+        if (lane == 0)
+          ring.load(params, sequence, static_cast<int>(key / p.num_pages),
+                    static_cast<int>(key % p.num_pages));
       });
     } else if (warp == 1) { // query tiles
       if (lane == 0) sm90::prefetch_tensor_map(params.q_map);
@@ -238,10 +408,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
                               params.q_map, &q_full[consumer][slot], 64 * half, g * p.group, t);
         }
       });
-    } else if (warp < 2 + kRelayWarps) {
-      // Page ready, with V rows past the run's last visible key zeroed (e4m3: widened to bf16
-      // from the raw page, the zeros written instead of those rows).
-      const int thread = threadIdx.x - 64;
+    } else if (warp < 2 + Ring::kRelayWarps) { // page ready (e4m3: widened)
       for_each_run(p, [&](const ItemEntries& entries, int begin, int end, uint32_t sequence) {
         int rows = 0; // the run's largest visible key count
 #pragma unroll
@@ -250,46 +417,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
           if (i >= begin && i < end) rows = max(rows, entry_visible(entries.values[half]));
         }
         for (int o = 16; o > 0; o >>= 1) rows = max(rows, __shfl_xor_sync(0xffffffffu, rows, o));
-        const int b = sequence % L::kPages;
-        uint8_t* page = page_of(sequence);
-        if constexpr (kFp8) {
-          sm90::mbarrier_wait(&raw_full, sequence & 1);
-          sm90::mbarrier_wait(&page_empty[b], ((sequence / L::kPages) & 1) ^ 1);
-          const SwizzledHalves widened{page, L::kBoxBytes};
-          for (int i = thread; i < 2 * 128 * 8; i += 32 * kRelayWarps) {
-            const int which = i >> 10, row = (i >> 3) & 127, chunk = i & 7; // which: K, V
-            uint8_t* dst = page + which * 2 * L::kBoxBytes;
-            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-            if (which == 0 || row < rows) {
-              uint32_t w[8];
-              widen_e4m3x16(*reinterpret_cast<const uint4*>(raw_page + which * (L::kRawBytes / 2) +
-                                                            sm90::swizzled_offset(row, chunk)),
-                            w);
-              lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
-            }
-            *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk)) = lo;
-            *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk + 1)) = hi;
-          }
-          sm90::fence_proxy_async_shared(); // the widened page before wgmma's reads
-          sm90::named_barrier_sync(1, 32 * kRelayWarps);
-          if (thread == 0) {
-            sm90::mbarrier_arrive(&raw_empty);
-            sm90::mbarrier_arrive(&page_ready[b]);
-          }
-        } else {
-          sm90::mbarrier_wait(&page_full[b], (sequence / L::kPages) & 1);
-          if (rows < 128) {
-            uint8_t* v = page + 2 * L::kBoxBytes;
-            for (int i = lane; i < (128 - rows) * 16; i += 32) { // whole 128 B rows: no swizzle
-              const int row = rows + i / 16, half = (i / 8) & 1, chunk = i & 7;
-              *reinterpret_cast<uint4*>(v + half * L::kBoxBytes + row * 128 + chunk * 16) =
-                  make_uint4(0, 0, 0, 0);
-            }
-            sm90::fence_proxy_async_shared(); // the zeros before wgmma's reads
-          }
-          __syncwarp();
-          if (lane == 0) sm90::mbarrier_arrive(&page_ready[b]);
-        }
+        ring.relay(sequence, rows, threadIdx.x - 64);
       });
     }
     return;
@@ -306,77 +434,19 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
     return smem + L::kQueryOffset + (consumer * L::kQuerySlots + slot_of(group)) * L::kQueryBytes;
   };
 
-  // S = Q K^T for `group`'s 4 members against the page at k_tile, once its query tile has
-  // landed: 8 wgmmas, committed as one group (the caller waits).
-  const auto issue_scores = [&](float(&s)[64], uint32_t group, uint32_t k_tile) {
-    sm90::mbarrier_wait(&q_full[consumer][slot_of(group)], (group / (2 * L::kQuerySlots)) & 1);
-    const uint32_t q_tile = sm90::shared_address(query_tile(group));
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const uint32_t k_offset = (kk >> 2) * L::kBoxBytes + (kk & 3) * 32;
-      const uint32_t q_offset = (kk >> 2) * (L::kQueryBytes / 2) + (kk & 3) * 32;
-      sm90::wgmma_m64n128k16_bf16(s, sm90::operand_descriptor(q_tile + q_offset),
-                                  sm90::operand_descriptor(k_tile + k_offset), kk > 0);
-    }
-    sm90::wgmma_commit_group();
-  };
-
-  // Softmax of rows gid, gid + 8 of this warp's member over the page (s[4 i + e]: row
-  // gid + 8 (e >> 1), key 8 i + 2 tid + (e & 1)): m and the denominator's share into st, the
-  // weights as A fragments of 8 k-steps of 16 keys (the m64k16 A layout is mma.sync's per warp).
+  // Softmax of this warp's member's rows over the page alone: m and the denominator's share into
+  // st, the weights as split A fragments.
   const auto page_softmax = [&](float(&s)[64], int visible, RowState& st, uint32_t(&p_hi)[8][4],
                                 uint32_t(&p_lo)[8][4]) {
-    float row_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] *= logit_scale;
-    if (visible < 128) { // the causal mask: only a member's own (last) block is cut short
-#pragma unroll
-      for (int i = 0; i < 16; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (8 * i + 2 * tid + (e & 1) >= visible) s[4 * i + e] = -INFINITY;
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) row_max[(i >> 1) & 1] = fmaxf(row_max[(i >> 1) & 1], s[i]);
-    float m_use[2];
+    float row_max[2], m_use[2];
+    scale_and_mask_logits(s, logit_scale, visible, row_max);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
       st.m[r] = row_max[r];
       m_use[r] = row_max[r] == -INFINITY ? 0.f : row_max[r];
       st.l[r] = 0.f;
     }
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = 2 * j + h;
-          const float w0 = exp2_flushed(s[4 * i + 2 * r] - m_use[r]);
-          const float w1 = exp2_flushed(s[4 * i + 2 * r + 1] - m_use[r]);
-          st.l[r] += w0 + w1;
-          split_weights(w0, w1, p_hi[j][2 * h + r], p_lo[j][2 * h + r]);
-        }
-  };
-
-  // O = P V over the page's V tile: 16 RS wgmmas (the high and low parts of each k-step),
-  // committed as one group (the caller waits).
-  const auto issue_values = [&](float(&o)[64], uint32_t(&p_hi)[8][4], uint32_t(&p_lo)[8][4],
-                                uint32_t v_tile) {
-    sm90::fence_fragments(p_hi);
-    sm90::fence_fragments(p_lo);
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      // V MN-major at 16 keys from the tile: rows of 64 dims, the two 64-dim halves a box apart.
-      const uint64_t v = sm90::operand_descriptor(v_tile + j * 16 * 128, L::kBoxBytes);
-      sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_hi[j], v, j > 0);
-      sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_lo[j], v, 1);
-    }
-    sm90::wgmma_commit_group();
+    page_weights(s, m_use, st.l, p_hi, p_lo);
   };
 
   // The member's partial: m, l and a stored directly; O staged in the member's rows of the spent
@@ -413,12 +483,10 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
 
   uint32_t group = 0;
   for_each_run(p, [&](const ItemEntries& entries, int begin, int end, uint32_t sequence) {
-    const int b = sequence % L::kPages;
     const int g = static_cast<int>(entries.key(begin) / p.num_pages);
-    // Every warp waits for the page, even without a group in this run: its arrival on
-    // page_empty below must fall in this run's phase, not an earlier one's.
-    sm90::mbarrier_wait(&page_ready[b], (sequence / L::kPages) & 1);
-    const uint32_t k_tile = sm90::shared_address(page_of(sequence));
+    // Every warp waits for the page, even without a group in this run.
+    ring.wait_ready(sequence);
+    const uint32_t k_tile = sm90::shared_address(ring.page(sequence));
     const uint32_t v_tile = k_tile + 2 * L::kBoxBytes;
     const int groups = group_count(begin, end);
     for (int i = 0; i < groups; ++i, ++group) {
@@ -427,22 +495,22 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
       const bool live = entry < end;
       const uint32_t value = entries.value(min(entry, end - 1));
       float s[64];
-      issue_scores(s, group, k_tile);
+      sm90::mbarrier_wait(&q_full[consumer][slot_of(group)], (group / (2 * L::kQuerySlots)) & 1);
+      issue_tile_scores(s, sm90::shared_address(query_tile(group)), k_tile);
       sm90::wgmma_wait_all();
       sm90::fence_accumulators(s);
       RowState st;
       uint32_t p_hi[8][4], p_lo[8][4];
       page_softmax(s, live ? entry_visible(value) : 128, st, p_hi, p_lo);
       float o[64];
-      issue_values(o, p_hi, p_lo, v_tile);
+      issue_tile_values(o, p_hi, p_lo, v_tile, false);
       sm90::wgmma_wait_all();
       sm90::fence_accumulators(o);
       sm90::fence_fragments(p_hi);
       sm90::fence_fragments(p_lo);
       store_member_partial(st, o, live, value, g, group);
     }
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(&page_empty[b]);
+    ring.release(sequence);
   });
 #endif
 }

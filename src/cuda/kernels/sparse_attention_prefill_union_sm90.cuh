@@ -1,0 +1,269 @@
+#pragma once
+// Sparse attention for prefill rows on Hopper, token-major over page unions: where the tokens of a
+// tile share most of their selections, attend them over the union of their pages with an online
+// softmax and write their outputs directly, with no per-(token, block) partial.
+//
+// Contract: for every page-union tile (KV head g, kUnionTokens consecutive tokens of the pass) with
+// union_counts >= 0, the bf16 output (and lse) of each of its tokens' 16 query rows of group g over
+// the keys its selections make visible: page union_pages[i] with union_visible[i]'s byte for the
+// token (0: not selected; else the first that many keys). Such tiles' entries are sentinels and the
+// merge skips their tokens (gather_selection_entries_kernel decides, per tile, on the device). The
+// numerics are the block-major kernels' per page (logits in fp32 from bf16 operands, e4m3 widened
+// exactly to bf16, P.V with P's bf16 high and low parts), merged across pages online in fp32
+// instead of through 16-bit fixed-point partials.
+//
+// Why: the block-major path writes and reads a 4.2 KB partial for every (token, selected block),
+// which bounds it at ~1.2 ms for an 8K chunk at 64/4 whatever the selections (bench/NOTES.md s13
+// r4-r5). When the tokens of a query block share their blocks (an engine's real selections:
+// 16-20 distinct blocks a 128-token query block, bench/structured_attention.py), a tile of 8
+// tokens reads each of ~16-20 pages once for 128 query rows, and nothing else leaves the SM but
+// the outputs.
+//
+// Mapping: one CTA per SM, persistent over the pass's listed tiles (every warp walks the same
+// list: tiles blockIdx.x + k gridDim.x whose count is >= 0, their pages from registers, lane i
+// holding entry i), 3 warpgroups:
+//   - producer warpgroup: warp 0 brings the tile's pages in list order (PrefillPageRing, as the
+//     block-major kernel), warp 1 the tile's query rows (consumer c gets tokens 4c .. 4c + 3, 16
+//     rows each), warp 2 (and 3 for e4m3) relays page ready after zeroing V rows past the tile's
+//     largest visible key count on that page (e4m3: widening);
+//   - consumer warpgroups 1 and 2 (4 tokens = wgmma's M of 64 each) run every page of the tile
+//     that one of their tokens selected: S
+//     = Q K^T (8 SS wgmmas), the token's visible keys masked (all of them where it did not select
+//     the page), the running max / denominator / O rescaled, O += P V (16 RS wgmmas); at the end
+//     each warp writes its token's 16 rows (rows < group) times v_scale / l, and the lse.
+// Barriers: the ring's page_full / page_ready / page_empty (raw_full / raw_empty), q_full /
+// q_empty per consumer and slot (a slot is released after the tile's last page).
+// Instantiated for bf16 caches only (attention.cu says why not e4m3); the template keeps the
+// ring's e4m3 form, which the block-major kernel uses, for a widening that keeps up.
+#include "cuda/kernels/sparse_attention_prefill_sm90.cuh"
+
+namespace m3sa::cuda {
+
+template <bool kFp8> struct PrefillUnionSm90Layout : PrefillSm90Tiles {
+  static constexpr int kQuerySlots = kFp8 ? 1 : 2; // per consumer; e4m3 needs room for its raw page
+  static constexpr int kQueryOffset = kPages * kPageBytes;
+  static constexpr int kRawOffset = kQueryOffset + 2 * kQuerySlots * kQueryBytes;
+  static constexpr int kSmemBytes = kRawOffset + (kFp8 ? kRawBytes : 0) + 1024; // + atom alignment
+  static_assert(kSmemBytes <= 227 * 1024 - 2048, "one CTA per SM, with the static barriers");
+};
+
+// A listed tile as every warp holds it: lane i keeps entry i (count <= kUnionPages = 32).
+struct UnionTile {
+  static_assert(kUnionPages == 32, "one entry a lane");
+  int64_t tile;
+  int count;
+  uint32_t page, visible_low, visible_high;
+  __device__ uint32_t page_of(int i) const { return __shfl_sync(0xffffffffu, page, i); }
+  // Visible keys of every token of the tile on entry i: byte k for token k.
+  __device__ uint64_t visible_of(int i) const {
+    return uint64_t{__shfl_sync(0xffffffffu, visible_low, i)} |
+           uint64_t{__shfl_sync(0xffffffffu, visible_high, i)} << 32;
+  }
+};
+
+// Calls run(tile, tile_sequence, first_page_sequence) for every listed tile of the CTA in order;
+// the sequences count the CTA's tiles and pages (query slots, page buffers and barrier phases).
+// Counts are read 32 tiles at a time, so a pass without listed tiles costs a load per 32.
+template <typename Run>
+__device__ __forceinline__ void for_each_union_tile(const SparseAttentionParams& p, Run&& run) {
+  const int lane = threadIdx.x & 31;
+  const int64_t tiles = int64_t{union_tiles(p)} * p.kv_heads;
+  uint32_t tile_sequence = 0, page_sequence = 0;
+  for (int64_t base = blockIdx.x; base < tiles; base += 32 * int64_t{gridDim.x}) {
+    const int64_t mine = base + lane * int64_t{gridDim.x};
+    const int count = mine < tiles ? p.union_counts[mine] : -1;
+    for (uint32_t listed = __ballot_sync(0xffffffffu, count >= 0); listed != 0;
+         listed &= listed - 1) {
+      const int bit = __ffs(listed) - 1;
+      UnionTile t;
+      t.tile = base + bit * int64_t{gridDim.x};
+      t.count = __shfl_sync(0xffffffffu, count, bit);
+      t.page = 0, t.visible_low = 0, t.visible_high = 0;
+      if (lane < t.count) {
+        t.page = p.union_pages[t.tile * kUnionPages + lane];
+        const uint64_t v = p.union_visible[t.tile * kUnionPages + lane];
+        t.visible_low = static_cast<uint32_t>(v), t.visible_high = static_cast<uint32_t>(v >> 32);
+      }
+      run(t, tile_sequence, page_sequence);
+      ++tile_sequence;
+      page_sequence += t.count;
+    }
+  }
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm90_kernel(
+    const __grid_constant__ SparseAttentionPrefillSm90Params params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = PrefillUnionSm90Layout<kFp8>;
+  using Ring = PrefillPageRing<kFp8>;
+  const SparseAttentionParams& p = params.attention;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
+  __shared__ uint64_t page_full[L::kPages], page_ready[L::kPages], page_empty[L::kPages];
+  __shared__ uint64_t q_full[2][L::kQuerySlots], q_empty[2][L::kQuerySlots];
+  __shared__ uint64_t raw_full, raw_empty; // e4m3 only
+  const Ring ring{smem, smem + L::kRawOffset, page_full, page_ready, page_empty, &raw_full,
+                  &raw_empty};
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    ring.init();
+    for (int c = 0; c < 2; ++c)
+      for (int s = 0; s < L::kQuerySlots; ++s) {
+        sm90::mbarrier_init(&q_full[c][s], 1);
+        sm90::mbarrier_init(&q_empty[c][s], 4); // each warp of the consumer
+      }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int tiles_per_head = union_tiles(p);
+  const auto query_tile = [&](int consumer, uint32_t tile_sequence) {
+    return smem + L::kQueryOffset +
+           (consumer * L::kQuerySlots + tile_sequence % L::kQuerySlots) * L::kQueryBytes;
+  };
+  const auto query_use = [](uint32_t tile_sequence) { return tile_sequence / L::kQuerySlots & 1; };
+
+  if (warp < 4) { // producer warpgroup
+    sm90::release_registers<kPrefillSm90ProducerRegisters<kFp8>>();
+    if (warp == 0) { // pages (e4m3: raw pages)
+      if (lane == 0) {
+        sm90::prefetch_tensor_map(params.k_map);
+        sm90::prefetch_tensor_map(params.v_map);
+      }
+      for_each_union_tile(p, [&](const UnionTile& t, uint32_t, uint32_t first_page) {
+        const int g = static_cast<int>(t.tile / tiles_per_head);
+        for (int i = 0; i < t.count; ++i) {
+          const uint32_t page = t.page_of(i);
+          if (lane == 0) ring.load(params, first_page + i, g, static_cast<int>(page));
+        }
+      });
+    } else if (warp == 1) { // query rows: lane 8 c + 2 m + half brings consumer c's token m, dims
+                            // 64 half .. + 63
+      if (lane == 0) sm90::prefetch_tensor_map(params.q_map);
+      for_each_union_tile(p, [&](const UnionTile& t, uint32_t tile_sequence, uint32_t) {
+        const int g = static_cast<int>(t.tile / tiles_per_head);
+        const int first = p.token_begin + static_cast<int>(t.tile % tiles_per_head) * kUnionTokens;
+        const int consumer = (lane >> 3) & 1, m = (lane >> 1) & 3, half = lane & 1;
+        // A token past the pass repeats its last one (the tile's bytes stay constant; such rows
+        // are not stored).
+        const int token = min(first + 4 * consumer + m, p.token_end - 1);
+        const int slot = tile_sequence % L::kQuerySlots;
+        if (lane < 2) {
+          sm90::mbarrier_wait(&q_empty[lane][slot], query_use(tile_sequence) ^ 1);
+          sm90::mbarrier_arrive_expect_tx(&q_full[lane][slot], L::kQueryBytes);
+        }
+        __syncwarp();
+        if (lane < 4 * kPrefillSm90Members)
+          sm90::tma_load_3d(query_tile(consumer, tile_sequence) + half * (L::kQueryBytes / 2) +
+                                m * L::kQueryBoxBytes,
+                            params.q_map, &q_full[consumer][slot], 64 * half, g * p.group, token);
+      });
+    } else if (warp < 2 + Ring::kRelayWarps) { // page ready (e4m3: widened)
+      for_each_union_tile(p, [&](const UnionTile& t, uint32_t, uint32_t first_page) {
+        for (int i = 0; i < t.count; ++i) {
+          const uint64_t visible = t.visible_of(i);
+          int rows = 0; // the tile's largest visible key count on this page
+#pragma unroll
+          for (int k = 0; k < kUnionTokens; ++k)
+            rows = max(rows, static_cast<int>(visible >> (8 * k) & 255));
+          ring.relay(first_page + i, rows, threadIdx.x - 64);
+        }
+      });
+    }
+    return;
+  }
+
+  // Consumers: warp w of consumer c holds token 4 c + w of the tile (16 rows).
+  sm90::claim_registers<kPrefillSm90ConsumerRegisters<kFp8>>();
+  const int consumer = (warp - 4) >> 2, token_of_warp = 4 * consumer + (warp & 3);
+  const int gid = lane >> 2, tid = lane & 3;
+  const float logit_scale = logit_scale_log2(p.k_scale);
+  for_each_union_tile(p, [&](const UnionTile& t, uint32_t tile_sequence, uint32_t first_page) {
+    const int slot = tile_sequence % L::kQuerySlots;
+    const uint32_t q_tile = sm90::shared_address(query_tile(consumer, tile_sequence));
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    sm90::mbarrier_wait(&q_full[consumer][slot], query_use(tile_sequence));
+    for (int i = 0; i < t.count; ++i) {
+      const uint64_t visible_of_tile = t.visible_of(i);
+      const int visible = static_cast<int>(visible_of_tile >> (8 * token_of_warp) & 255);
+      const uint32_t sequence = first_page + i;
+      ring.wait_ready(sequence);
+      // A page none of this consumer's 4 tokens selected leaves its rows as they are.
+      if ((visible_of_tile >> (32 * consumer) & 0xffffffffu) == 0) {
+        ring.release(sequence);
+        continue;
+      }
+      const uint32_t k_tile = sm90::shared_address(ring.page(sequence));
+      float s[64];
+      issue_tile_scores(s, q_tile, k_tile);
+      sm90::wgmma_wait_all();
+      sm90::fence_accumulators(s);
+      float row_max[2], m_use[2], rescale[2];
+      scale_and_mask_logits(s, logit_scale, visible, row_max);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m[r], row_max[r]);
+        m_use[r] = m_new == -INFINITY ? 0.f : m_new; // a row without keys yet keeps exp2 finite
+        rescale[r] = exp2_flushed(m[r] - m_use[r]);
+        m[r] = m_new;
+        l[r] *= rescale[r];
+      }
+      // Past its first pages a row's max rarely grows: skip the 64 multiplies by 1 unless some
+      // row of the warp needs them (warp-uniform; the result is the same either way).
+      if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
+#pragma unroll
+        for (int k = 0; k < 64; ++k) o[k] *= rescale[(k >> 1) & 1];
+      }
+      uint32_t p_hi[8][4], p_lo[8][4];
+      page_weights(s, m_use, l, p_hi, p_lo);
+      issue_tile_values(o, p_hi, p_lo, k_tile + 2 * L::kBoxBytes, true);
+      sm90::wgmma_wait_all();
+      sm90::fence_accumulators(o);
+      sm90::fence_fragments(p_hi);
+      sm90::fence_fragments(p_lo);
+      ring.release(sequence);
+    }
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(&q_empty[consumer][slot]);
+
+    // The token's rows: O times v_scale / l in bf16, and the lse (zeros and -inf without keys).
+    const int g = static_cast<int>(t.tile / tiles_per_head);
+    const int token = static_cast<int>(t.tile % tiles_per_head) * kUnionTokens + token_of_warp;
+    if (p.token_begin + token >= p.token_end) return;
+    const int64_t token_offset = int64_t{p.token_begin + token} * p.out_stride_token;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+      const int row = gid + 8 * r;
+      if (row >= p.group) continue;
+      const float inverse = l[r] > 0.f ? p.v_scale / l[r] : 0.f;
+      const int64_t head = int64_t{g} * p.group + row;
+      uint32_t* out = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.out) + token_offset +
+                                                  head * p.out_stride_head + 2 * tid);
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        out[4 * i] = pack_bf16x2(o[4 * i + 2 * r] * inverse, o[4 * i + 2 * r + 1] * inverse);
+      if (p.lse && tid == 0)
+        p.lse[int64_t{p.token_begin + token} * p.lse_stride_token + head * p.lse_stride_head] =
+            row_lse(m[r], l[r]);
+    }
+  });
+#endif
+}
+
+template <bool kFp8>
+cudaError_t launch_attend_page_unions_sm90(const SparseAttentionPrefillSm90Params& p, int grid,
+                                           cudaStream_t stream) {
+  return launch_with_shared_memory(attend_page_unions_sm90_kernel<kFp8>, dim3(grid),
+                                   kPrefillSm90Threads, PrefillUnionSm90Layout<kFp8>::kSmemBytes,
+                                   stream, p);
+}
+template <bool kFp8> bool attend_page_unions_sm90_has_sm90a_code() {
+  return has_sm90a_code(attend_page_unions_sm90_kernel<kFp8>, kPrefillSm90LaunchRegisters);
+}
+
+} // namespace m3sa::cuda
