@@ -42,7 +42,8 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
                                    slot * p.topk_stride_k];
       const int64_t selected = selected_page(p, request, position, block);
       if (selected >= 0)
-        page[j] = static_cast<uint32_t>(selected), visible[j] = min(128, position - block * 128 + 1);
+        page[j] = static_cast<uint32_t>(selected),
+        visible[j] = min(128, position - block * 128 + 1);
     }
     int count = -1; // the tile's union size; -1: block-major
     if (p.union_counts) {
@@ -113,8 +114,8 @@ __global__ void __launch_bounds__(128) merge_token_partials_kernel(const SparseA
     if (p.union_counts && p.union_counts[g * union_tiles(p) + token / kUnionTokens] >= 0)
       continue; // its tile attended token-major
     store_output_row(p,
-                     merge_rows<true, false>(prefill_partial(p, token, g, 0),
-                                             kCompactPartialBytes, p.top_k, threadIdx.x),
+                     merge_rows<true, false>(prefill_partial(p, token, g, 0), kCompactPartialBytes,
+                                             p.top_k, threadIdx.x),
                      p.token_begin + token, g, threadIdx.x);
   }
 }
@@ -127,10 +128,9 @@ cudaError_t launch_gather_selection_entries(const SparseAttentionParams& p, int 
 
 cudaError_t selection_sort_temp_bytes(int entries, size_t* bytes) {
   *bytes = 0;
-  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, static_cast<const uint32_t*>(nullptr),
-                                         static_cast<uint32_t*>(nullptr),
-                                         static_cast<const uint32_t*>(nullptr),
-                                         static_cast<uint32_t*>(nullptr), entries, 0, 32);
+  return cub::DeviceRadixSort::SortPairs(
+      nullptr, *bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr), entries, 0, 32);
 }
 
 cudaError_t sort_selection_entries(const SparseAttentionParams& p, uint32_t* sorted_keys,

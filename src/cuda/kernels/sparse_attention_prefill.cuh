@@ -30,9 +30,9 @@ inline constexpr int kPrefillWarps = kPrefillThreads / 32;
 template <bool kFp8>
 inline constexpr int kPrefillBufferBytes = 2 * 128 * (kFp8 ? 128 : kRowBytes); // K, V of a page
 template <bool kFp8>
-inline constexpr int kPrefillSmemBytes = 2 * kPrefillBufferBytes<kFp8> +
-                                         (kFp8 ? 2 * 128 * kRowBytes : 0) +
-                                         kPrefillWarps * kPartialFloats * 4;
+inline constexpr int
+    kPrefillSmemBytes = 2 * kPrefillBufferBytes<kFp8> +
+                        (kFp8 ? 2 * 128 * kRowBytes : 0) + kPrefillWarps* kPartialFloats * 4;
 static_assert(kPrefillSmemBytes<false> <= 227 * 1024 && kPrefillSmemBytes<true> <= 227 * 1024,
               "one CTA per SM");
 
@@ -143,12 +143,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
         load_query(p, p.token_begin + token, g, live, q);
         RowState st;
         st.reset();
-        for (int c = slice * keys_per_warp; c < (slice + 1) * keys_per_warp && c < visible;
-             c += 16)
+        for (int c = slice * keys_per_warp; c < (slice + 1) * keys_per_warp && c < visible; c += 16)
           attend_keys(st, q, k_tile, v_tile, c, visible - 1, logit_scale);
         if (warps_per_member == 1) {
-          if (live)
-            store_compact_partial(st, prefill_partial(p, token, g, entry_slot(value)));
+          if (live) store_compact_partial(st, prefill_partial(p, token, g, entry_slot(value)));
         } else {
           store_partial(st, warp_partials + warp * kPartialFloats);
           __syncthreads();

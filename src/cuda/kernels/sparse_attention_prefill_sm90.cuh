@@ -120,8 +120,9 @@ template <bool kFp8> struct PrefillPageRing {
       sm90::mbarrier_wait(&empty[b], use(sequence) ^ 1);
       sm90::mbarrier_arrive_expect_tx(&full[b], T::kPageBytes);
       for (int box = 0; box < 4; ++box)
-        sm90::tma_load_4d(page(sequence) + box * T::kBoxBytes, box < 2 ? params.k_map : params.v_map,
-                          &full[b], 64 * (box & 1), 0, g, page_id);
+        sm90::tma_load_4d(page(sequence) + box * T::kBoxBytes,
+                          box < 2 ? params.k_map : params.v_map, &full[b], 64 * (box & 1), 0, g,
+                          page_id);
     }
   }
 
@@ -188,7 +189,8 @@ template <bool kFp8> struct PrefillPageRing {
 
 // S = Q K^T for a query tile's 4 tokens x 16 rows (the m64 A operand at shared address q_tile)
 // against a page's 128 keys (k_tile): 8 wgmmas, committed as one group (the caller waits).
-__device__ __forceinline__ void issue_tile_scores(float (&s)[64], uint32_t q_tile, uint32_t k_tile) {
+__device__ __forceinline__ void issue_tile_scores(float (&s)[64], uint32_t q_tile,
+                                                  uint32_t k_tile) {
   using T = PrefillSm90Tiles;
   sm90::wgmma_fence();
 #pragma unroll
@@ -354,7 +356,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
   __shared__ uint64_t page_full[L::kPages], page_ready[L::kPages], page_empty[L::kPages];
   __shared__ uint64_t q_full[2][L::kQuerySlots], q_empty[2][L::kQuerySlots];
   __shared__ uint64_t raw_full, raw_empty; // e4m3 only
-  const Ring ring{smem, smem + L::kRawOffset, page_full, page_ready, page_empty, &raw_full,
+  const Ring ring{smem,      smem + L::kRawOffset, page_full, page_ready, page_empty, &raw_full,
                   &raw_empty};
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
   __shared__ uint64_t page_full[L::kPages], page_ready[L::kPages], page_empty[L::kPages];
   __shared__ uint64_t q_full[2][L::kQuerySlots], q_empty[2][L::kQuerySlots];
   __shared__ uint64_t raw_full, raw_empty; // e4m3 only
-  const Ring ring{smem, smem + L::kRawOffset, page_full, page_ready, page_empty, &raw_full,
+  const Ring ring{smem,      smem + L::kRawOffset, page_full, page_ready, page_empty, &raw_full,
                   &raw_empty};
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
