@@ -54,7 +54,7 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
 #pragma unroll
         for (int j = 0; j < kItems; ++j)
           if (!(listed >> j & 1)) next = min(next, page[j]);
-        for (int o = 16; o > 0; o >>= 1) next = min(next, __shfl_xor_sync(0xffffffffu, next, o));
+        next = __reduce_min_sync(0xffffffffu, next); // one REDUX: this loop is latency-bound
         if (next == kNoPage) break; // every selected page listed
         uint64_t bytes = 0;         // byte k: visible keys of the tile's token k
         int matches = 0;
@@ -64,10 +64,9 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
             bytes |= uint64_t(visible[j]) << (8 * ((32 * j + lane) / p.top_k));
             listed |= 1u << j, ++matches;
           }
-        for (int o = 16; o > 0; o >>= 1) {
-          bytes |= __shfl_xor_sync(0xffffffffu, bytes, o);
-          matches += __shfl_xor_sync(0xffffffffu, matches, o);
-        }
+        bytes = uint64_t{__reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bytes))} |
+                uint64_t{__reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bytes >> 32))} << 32;
+        matches = static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<uint32_t>(matches)));
         int tokens = 0;
 #pragma unroll
         for (int k = 0; k < kUnionTokens; ++k) tokens += (bytes >> (8 * k) & 255) != 0;

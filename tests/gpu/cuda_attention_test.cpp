@@ -9,7 +9,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda/launchers.h"
 #include "gpu/cuda_test_util.h"
@@ -281,6 +284,157 @@ TEST(CudaAttentionSmall, DecodeSplitMergesMatchTheReference) {
   expect_matches_host_backends({"SplitsMergedByArrival",
                                 spec(std::vector<int32_t>(20, 1), lengths, 20, 1, 64, 4), 16, 1.f,
                                 1.f, true});
+}
+
+// The prefill gather's page-union lists (gather_selection_entries_kernel, launched directly):
+// per tile of 8 tokens and KV head, the distinct pages (ascending) with each token's visible keys
+// where they are at most min(32, 2 top_k) and no token names a page twice, -1 (and (KV head,
+// page) entries) otherwise; bad page ids flagged and left out; without union lists every tile's
+// entries are keyed. Checked against a host listing of the same selections.
+TEST(CudaAttentionSmall, PrefillGatherListsPageUnions) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  using cuda::kCompactPartialBytes, cuda::kUnionPages;
+  constexpr int kHkv = 2, kTopK = 4, kWidth = 16, kPages = 64, kTokens = 36;
+  // r0: 20 tokens at positions 280..299 (own block 2); r1: 13 at 1987..1999 (own block 15);
+  // r2: 3 padding rows. Tile 2 spans r0 and r1, tile 4 r1 and r2.
+  const std::vector<int32_t> cu_q_lens = {0, 20, 33, 36}, seq_lens = {300, 2000, 0};
+  std::vector<int32_t> table(3 * kWidth, 0);
+  for (int b = 0; b < 3; ++b) table[0 * kWidth + b] = 10 + b;
+  for (int b = 0; b < kWidth; ++b) table[1 * kWidth + b] = 20 + b;
+  table[1 * kWidth + 5] = 20;  // blocks 0 and 5 of r1 share a page
+  table[1 * kWidth + 7] = 999; // out of range: flagged, never listed
+  // topk [Hkv, T, K]
+  std::vector<int32_t> topk(kHkv * kTokens * kTopK, -1);
+  const auto select = [&](int g, int t, std::vector<int32_t> blocks) {
+    for (int k = 0; k < static_cast<int>(blocks.size()); ++k)
+      topk[(g * kTokens + t) * kTopK + k] = blocks[k];
+  };
+  for (int t = 0; t < 20; ++t) select(0, t, {0, 1, 2}), select(1, t, {2});
+  for (int i = 0; i < 13; ++i) {
+    const int t = 20 + i;
+    if (i < 4) select(0, t, {12, 13, 14, 15});
+    else if (i < 12) { // tile 3: nine distinct blocks (block 7's page out of range)
+      std::vector<int32_t> b = {i, i + 1, 9 + i % 3, 15};
+      std::sort(b.begin(), b.end());
+      b.erase(std::unique(b.begin(), b.end()), b.end());
+      select(0, t, b);
+    } else select(0, t, {0, 5, 15}); // two slots, one page
+    select(1, t, {3, 15});
+  }
+  for (int t = 33; t < 36; ++t) select(0, t, {0}), select(1, t, {0});
+
+  // Host listing: per (KV head, tile) the pages and each token's visible keys, or -1.
+  struct Item {
+    uint32_t key = 0, value = 0;
+    bool live = false;
+  };
+  constexpr int kTiles = (kTokens + 7) / 8;
+  std::vector<int32_t> want_counts(kHkv * kTiles);
+  std::vector<std::vector<std::pair<uint32_t, uint64_t>>> want_lists(kHkv * kTiles);
+  std::vector<Item> want_items(kHkv * kTokens * kTopK);
+  bool any_listed = false, any_block_major = false;
+  for (int g = 0; g < kHkv; ++g)
+    for (int tile = 0; tile < kTiles; ++tile) {
+      std::map<uint32_t, uint64_t> pages;
+      bool twice = false;
+      for (int t = 8 * tile; t < std::min(kTokens, 8 * tile + 8); ++t) {
+        const int r = t < 20 ? 0 : (t < 33 ? 1 : 2);
+        const int position = seq_lens[r] > 0 ? seq_lens[r] - (cu_q_lens[r + 1] - cu_q_lens[r]) +
+                                                   (t - cu_q_lens[r])
+                                             : -1;
+        for (int k = 0; k < kTopK; ++k) {
+          const int block = topk[(g * kTokens + t) * kTopK + k];
+          if (block < 0 || position < 0 || block > position / 128) continue;
+          const int page = table[r * kWidth + block];
+          if (page >= kPages) continue;
+          const int visible = std::min(128, position - block * 128 + 1);
+          uint64_t& bytes = pages[static_cast<uint32_t>(page)];
+          twice |= (bytes >> (8 * (t % 8)) & 255) != 0;
+          bytes |= uint64_t(visible) << (8 * (t % 8));
+          Item& item = want_items[(g * kTokens + t) * kTopK + k];
+          item.key = static_cast<uint32_t>(g * kPages + page);
+          item.value = (static_cast<uint32_t>(t) << 13) | (k << 8) | (visible - 1);
+          item.live = true;
+        }
+      }
+      const bool listed = !twice && static_cast<int>(pages.size()) <= std::min(32, 2 * kTopK);
+      want_counts[g * kTiles + tile] = listed ? static_cast<int>(pages.size()) : -1;
+      if (listed) want_lists[g * kTiles + tile].assign(pages.begin(), pages.end());
+      (listed ? any_listed : any_block_major) = true;
+    }
+  ASSERT_TRUE(any_listed && any_block_major); // the case covers both outcomes
+  EXPECT_EQ(want_counts[0 * kTiles + 3], -1) << "nine pages";
+  EXPECT_EQ(want_counts[0 * kTiles + 4], -1) << "a page named twice";
+  EXPECT_EQ(want_counts[0 * kTiles + 2], 7) << "a tile across two requests";
+
+  const auto upload = [](const std::vector<int32_t>& v) {
+    DeviceBuffer d(v.size() * 4);
+    EXPECT_TRUE(d.upload(v.data(), v.size() * 4).ok());
+    return d;
+  };
+  DeviceBuffer d_cu = upload(cu_q_lens), d_seq = upload(seq_lens), d_table = upload(table),
+               d_topk = upload(topk), d_flags = upload({0});
+  const int entries = kHkv * kTokens * kTopK;
+  DeviceBuffer d_keys(entries * 4), d_values(entries * 4),
+      d_partials(size_t{entries} * kCompactPartialBytes), d_counts(kHkv * kTiles * 4),
+      d_pages(kHkv * kTiles * kUnionPages * 4), d_visible(kHkv * kTiles * kUnionPages * 8);
+  for (bool unions : {true, false}) {
+    SCOPED_TRACE(unions ? "with union lists" : "without");
+    for (const DeviceBuffer* b : {&d_keys, &d_values, &d_counts, &d_pages, &d_visible, &d_flags})
+      ASSERT_TRUE(b->fill(b == &d_flags ? 0 : 0xcd).ok());
+    cuda::SparseAttentionParams p{};
+    p.num_pages = kPages;
+    p.topk = d_topk.data_as<const int32_t>();
+    p.topk_stride_head = kTokens * kTopK, p.topk_stride_token = kTopK, p.topk_stride_k = 1;
+    p.cu_q_lens = d_cu.data_as<const int32_t>(), p.seq_lens = d_seq.data_as<const int32_t>();
+    p.block_table = d_table.data_as<const int32_t>();
+    p.block_table_stride = kWidth, p.block_table_width = kWidth;
+    p.num_requests = 3, p.token_begin = 0, p.token_end = kTokens;
+    p.kv_heads = kHkv, p.group = 16, p.top_k = kTopK;
+    p.error_flags = d_flags.data_as<int32_t>();
+    p.entry_keys = d_keys.data_as<uint32_t>(), p.entry_values = d_values.data_as<uint32_t>();
+    p.entry_count = entries, p.entry_sentinel = 255;
+    p.prefill_partials = d_partials.data_as<unsigned char>();
+    if (unions) {
+      p.union_counts = d_counts.data_as<int32_t>(), p.union_pages = d_pages.data_as<uint32_t>();
+      p.union_visible = d_visible.data_as<uint64_t>();
+    }
+    M3SA_CUDA_ASSERT(cuda::launch_gather_selection_entries(p, 1, nullptr));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<int32_t> counts(kHkv * kTiles), flags(1);
+    std::vector<uint32_t> keys(entries), values(entries), pages(kHkv * kTiles * kUnionPages);
+    std::vector<uint64_t> visible(kHkv * kTiles * kUnionPages);
+    ASSERT_TRUE(d_flags.download(flags.data(), 4).ok());
+    ASSERT_TRUE(d_keys.download(keys.data(), entries * 4).ok());
+    ASSERT_TRUE(d_values.download(values.data(), entries * 4).ok());
+    ASSERT_TRUE(d_counts.download(counts.data(), counts.size() * 4).ok());
+    ASSERT_TRUE(d_pages.download(pages.data(), pages.size() * 4).ok());
+    ASSERT_TRUE(d_visible.download(visible.data(), visible.size() * 8).ok());
+    EXPECT_EQ(flags[0], cuda::kPageOutOfRange);
+    for (int g = 0; g < kHkv; ++g)
+      for (int tile = 0; tile < kTiles; ++tile) {
+        const int i = g * kTiles + tile, count = unions ? want_counts[i] : -1;
+        if (unions) {
+          EXPECT_EQ(counts[i], count) << "head " << g << " tile " << tile;
+        }
+        for (int k = 0; unions && k < count; ++k) {
+          EXPECT_EQ(pages[i * kUnionPages + k], want_lists[i][k].first) << g << " " << tile;
+          EXPECT_EQ(visible[i * kUnionPages + k], want_lists[i][k].second) << g << " " << tile;
+        }
+        // Entries: keyed where the tile goes block-major, sentinels where it is listed.
+        for (int t = 8 * tile; t < std::min(kTokens, 8 * tile + 8); ++t)
+          for (int k = 0; k < kTopK; ++k) {
+            const int e = (g * kTokens + t) * kTopK + k;
+            const Item& want = want_items[e];
+            if (count < 0 && want.live) {
+              EXPECT_EQ(keys[e], want.key) << g << " " << t << " " << k;
+              EXPECT_EQ(values[e], want.value) << g << " " << t << " " << k;
+            } else {
+              EXPECT_EQ(keys[e], 255u) << g << " " << t << " " << k;
+            }
+          }
+      }
+  }
 }
 
 // A batch and its device copies, reused by the tests below.

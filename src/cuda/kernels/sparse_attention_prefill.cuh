@@ -30,9 +30,9 @@ inline constexpr int kPrefillWarps = kPrefillThreads / 32;
 template <bool kFp8>
 inline constexpr int kPrefillBufferBytes = 2 * 128 * (kFp8 ? 128 : kRowBytes); // K, V of a page
 template <bool kFp8>
-inline constexpr int
-    kPrefillSmemBytes = 2 * kPrefillBufferBytes<kFp8> +
-                        (kFp8 ? 2 * 128 * kRowBytes : 0) + kPrefillWarps* kPartialFloats * 4;
+inline constexpr int kPrefillSmemBytes = 2 * kPrefillBufferBytes<kFp8> +
+                                         (kFp8 ? 2 * 128 * kRowBytes : 0) +
+                                         kPrefillWarps * kPartialFloats * 4;
 static_assert(kPrefillSmemBytes<false> <= 227 * 1024 && kPrefillSmemBytes<true> <= 227 * 1024,
               "one CTA per SM");
 
