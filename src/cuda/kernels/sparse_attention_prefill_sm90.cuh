@@ -187,6 +187,29 @@ template <bool kFp8> struct PrefillPageRing {
   }
 };
 
+// A Hopper prefill kernel's barriers, in static shared memory: the page ring's, and per consumer
+// and query slot q_full (the TMA bytes) / q_empty (the consumer's 4 warps). init() by one thread,
+// then a CTA barrier, before any use.
+template <bool kFp8, int kQuerySlots> struct PrefillSm90Barriers {
+  uint64_t page_full[PrefillSm90Tiles::kPages], page_ready[PrefillSm90Tiles::kPages],
+      page_empty[PrefillSm90Tiles::kPages];
+  uint64_t q_full[2][kQuerySlots], q_empty[2][kQuerySlots];
+  uint64_t raw_full, raw_empty; // e4m3 only
+
+  __device__ PrefillPageRing<kFp8> ring(uint8_t* pages, uint8_t* raw) {
+    return {pages, raw, page_full, page_ready, page_empty, &raw_full, &raw_empty};
+  }
+  __device__ void init() {
+    ring(nullptr, nullptr).init();
+    for (int c = 0; c < 2; ++c)
+      for (int s = 0; s < kQuerySlots; ++s) {
+        sm90::mbarrier_init(&q_full[c][s], 1);
+        sm90::mbarrier_init(&q_empty[c][s], 4); // each warp of the consumer
+      }
+    sm90::fence_barrier_init();
+  }
+};
+
 // S = Q K^T for a query tile's 4 tokens x 16 rows (the m64 A operand at shared address q_tile)
 // against a page's 128 keys (k_tile): 8 wgmmas, committed as one group (the caller waits).
 __device__ __forceinline__ void issue_tile_scores(float (&s)[64], uint32_t q_tile,
@@ -353,21 +376,12 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
   const SparseAttentionParams& p = params.attention;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
-  __shared__ uint64_t page_full[L::kPages], page_ready[L::kPages], page_empty[L::kPages];
-  __shared__ uint64_t q_full[2][L::kQuerySlots], q_empty[2][L::kQuerySlots];
-  __shared__ uint64_t raw_full, raw_empty; // e4m3 only
-  const Ring ring{smem,      smem + L::kRawOffset, page_full, page_ready, page_empty, &raw_full,
-                  &raw_empty};
+  __shared__ PrefillSm90Barriers<kFp8, L::kQuerySlots> barriers;
+  const Ring ring = barriers.ring(smem, smem + L::kRawOffset);
+  uint64_t(&q_full)[2][L::kQuerySlots] = barriers.q_full;
+  uint64_t(&q_empty)[2][L::kQuerySlots] = barriers.q_empty;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) {
-    ring.init();
-    for (int c = 0; c < 2; ++c)
-      for (int s = 0; s < L::kQuerySlots; ++s) {
-        sm90::mbarrier_init(&q_full[c][s], 1);
-        sm90::mbarrier_init(&q_empty[c][s], 4); // each warp of the consumer
-      }
-    sm90::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) barriers.init();
   __syncthreads();
   const auto group_count = [](int begin, int end) {
     return (end - begin + kPrefillSm90Members - 1) / kPrefillSm90Members;

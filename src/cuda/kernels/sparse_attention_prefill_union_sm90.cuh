@@ -100,21 +100,12 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
   const SparseAttentionParams& p = params.attention;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
-  __shared__ uint64_t page_full[L::kPages], page_ready[L::kPages], page_empty[L::kPages];
-  __shared__ uint64_t q_full[2][L::kQuerySlots], q_empty[2][L::kQuerySlots];
-  __shared__ uint64_t raw_full, raw_empty; // e4m3 only
-  const Ring ring{smem,      smem + L::kRawOffset, page_full, page_ready, page_empty, &raw_full,
-                  &raw_empty};
+  __shared__ PrefillSm90Barriers<kFp8, L::kQuerySlots> barriers;
+  const Ring ring = barriers.ring(smem, smem + L::kRawOffset);
+  uint64_t(&q_full)[2][L::kQuerySlots] = barriers.q_full;
+  uint64_t(&q_empty)[2][L::kQuerySlots] = barriers.q_empty;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) {
-    ring.init();
-    for (int c = 0; c < 2; ++c)
-      for (int s = 0; s < L::kQuerySlots; ++s) {
-        sm90::mbarrier_init(&q_full[c][s], 1);
-        sm90::mbarrier_init(&q_empty[c][s], 4); // each warp of the consumer
-      }
-    sm90::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) barriers.init();
   __syncthreads();
   const int tiles_per_head = union_tiles(p);
   const auto query_tile = [&](int consumer, uint32_t tile_sequence) {
