@@ -261,6 +261,10 @@ const AttentionCase kCases[] = {
      true},
     {"MixedBatchWithPadding", spec({1, 1, 1, 260, 17, 0}, {5000, 0, 300, 2000, 17, 0}, 3, 1, 64, 4),
      16, 1, 1, true},
+    // Prefill padding rows (seq_len 0) inside page-union tiles and next to block-major ones: zeros
+    // and lse -inf, whatever their queries hold.
+    {"SmallPrefillPaddingRows", spec({5, 6, 3, 11}, {0, 300, 0, 2000}, 0, 1, 16, 1), 16, 1, 1,
+     true},
     {"MixedMtpBatchFp8", spec({2, 2, 200}, {3000, 90, 7000}, 2, 2, 32, 2, DType::fp8_e4m3), 16, 2.f,
      0.5f},
     {"LongPrefixSpotCheck", spec({64}, {(1 << 20) - 16 * 1024 + 64}, 0, 1, 16, 1), 16},
@@ -312,13 +316,15 @@ TEST(CudaAttentionSmall, PrefillGatherListsPageUnions) {
   for (int t = 0; t < 20; ++t) select(0, t, {0, 1, 2}), select(1, t, {2});
   for (int i = 0; i < 13; ++i) {
     const int t = 20 + i;
-    if (i < 4) select(0, t, {12, 13, 14, 15});
+    if (i < 4)
+      select(0, t, {12, 13, 14, 15});
     else if (i < 12) { // tile 3: nine distinct blocks (block 7's page out of range)
       std::vector<int32_t> b = {i, i + 1, 9 + i % 3, 15};
       std::sort(b.begin(), b.end());
       b.erase(std::unique(b.begin(), b.end()), b.end());
       select(0, t, b);
-    } else select(0, t, {0, 5, 15}); // two slots, one page
+    } else
+      select(0, t, {0, 5, 15}); // two slots, one page
     select(1, t, {3, 15});
   }
   for (int t = 33; t < 36; ++t) select(0, t, {0}), select(1, t, {0});
@@ -339,9 +345,9 @@ TEST(CudaAttentionSmall, PrefillGatherListsPageUnions) {
       bool twice = false;
       for (int t = 8 * tile; t < std::min(kTokens, 8 * tile + 8); ++t) {
         const int r = t < 20 ? 0 : (t < 33 ? 1 : 2);
-        const int position = seq_lens[r] > 0 ? seq_lens[r] - (cu_q_lens[r + 1] - cu_q_lens[r]) +
-                                                   (t - cu_q_lens[r])
-                                             : -1;
+        const int position =
+            seq_lens[r] > 0 ? seq_lens[r] - (cu_q_lens[r + 1] - cu_q_lens[r]) + (t - cu_q_lens[r])
+                            : -1;
         for (int k = 0; k < kTopK; ++k) {
           const int block = topk[(g * kTokens + t) * kTopK + k];
           if (block < 0 || position < 0 || block > position / 128) continue;

@@ -137,6 +137,11 @@ TEST_P(Attention, SharedBlockTableAndPaddingRows) {
   check(spec, attention_config(4, 16), 1.f, 1.f, false);
 }
 
+TEST_P(Attention, PrefillChunksWithPaddingRequests) {
+  check({{5, 6, 3, 11}, {0, 300, 0, 2000}, 0, 1, 1, DType::bf16, 16, 1, DType::bf16},
+        attention_config(1, 16), 1.f, 1.f, true);
+}
+
 TEST_P(Attention, RowsWithoutKeysGiveZerosAndMinusInfinity) {
   BatchSpec spec{{1, 2}, {0, 300}, 1, 1, 1, DType::bf16, 2, 1, DType::bf16};
   SyntheticBatch sb(spec);
