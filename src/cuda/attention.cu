@@ -67,10 +67,9 @@ struct AttentionLayout {
 int64_t pass_entries(const PlanRequest& request, const AttentionPlanInfo& info) {
   return int64_t{info.pass_tokens} * request.config.num_index_heads * request.config.top_k;
 }
-// Page-union tiles of a pass, over its KV heads.
-int64_t pass_union_tiles(const PlanRequest& request, const AttentionPlanInfo& info) {
-  return int64_t{(info.pass_tokens + kUnionTokens - 1) / kUnionTokens} *
-         request.config.num_index_heads;
+// Page-union tiles of `tokens` pass tokens, over `kv_heads` KV heads.
+int64_t union_tile_count(int64_t tokens, int64_t kv_heads) {
+  return (tokens + kUnionTokens - 1) / kUnionTokens * kv_heads;
 }
 
 AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanInfo& info,
@@ -87,7 +86,7 @@ AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanI
   l.sort_temp_bytes = static_cast<size_t>(info.sort_temp_bytes);
   l.sort_temp = carver.take<unsigned char>(l.sort_temp_bytes);
   l.prefill_partials = carver.take<unsigned char>(entries * kCompactPartialBytes);
-  const int64_t tiles = pass_union_tiles(request, info);
+  const int64_t tiles = union_tile_count(info.pass_tokens, request.config.num_index_heads);
   l.union_counts = carver.take<int32_t>(tiles);
   l.union_pages = carver.take<uint32_t>(tiles * kUnionPages);
   l.union_visible = carver.take<uint64_t>(tiles * kUnionPages);
@@ -268,8 +267,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     p.token_begin = begin;
     p.token_end = static_cast<int>(std::min<int64_t>(tokens, int64_t{begin} + info.pass_tokens));
     p.entry_count = (p.token_end - p.token_begin) * p.kv_heads * p.top_k;
-    const int64_t union_tiles =
-        int64_t{(p.token_end - p.token_begin + kUnionTokens - 1) / kUnionTokens} * p.kv_heads;
+    const int64_t union_tiles = union_tile_count(p.token_end - p.token_begin, p.kv_heads);
     const int gather_grid = static_cast<int>(std::min<int64_t>(
         (union_tiles + kGatherThreads / 32 - 1) / (kGatherThreads / 32), 8 * info.sm_count));
     M3SA_CUDA_RETURN_IF_ERROR(launch_gather_selection_entries(p, gather_grid, s));
@@ -323,7 +321,9 @@ const Implementation kCudaSparseAttentionSm90 = {
     "as cuda.sparse_attention.sm80, but decode rows stream the selected K/V by TMA into a ring per "
     "warp (four independent warps a CTA, two CTAs per SM) where the K and V views allow TMA and "
     "no cluster merge is chosen; decode kernels overlap the previous kernel (PDL); prefill pages "
-    "attend 4 member tokens a wgmma tile (TMA-fed, warp-specialised) where q, K and V allow TMA",
+    "attend 4 member tokens a wgmma tile (TMA-fed, warp-specialised) where q, K and V allow TMA, "
+    "and with a bf16 cache tiles of 8 tokens whose selections share their pages attend over the "
+    "union of those pages, token-major",
     Backend::cuda,
     OpKind::sparse_attention,
     1,
