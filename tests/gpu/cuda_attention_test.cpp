@@ -583,8 +583,12 @@ TEST(CudaAttentionLayouts, TwentyRunsBitwiseIdentical) {
 }
 
 // Captured once, replayed after q, the selections, the lengths, the block tables and the caches
-// were rewritten in place: the replay equals an eager run on the new data.
-void expect_graph_replay_matches_eager(const char* arch, const BatchSpec& s) {
+// were rewritten in place: the replay equals an eager run on the new data. With
+// `share_on_replay`, the new selections are shared within even position blocks, so prefill tiles
+// that went block-major in the captured run become page-union tiles on replay (the sm90 plan
+// decides per tile on the device).
+void expect_graph_replay_matches_eager(const char* arch, const BatchSpec& s,
+                                       bool share_on_replay = false) {
   SCOPED_TRACE(arch);
   const uint64_t seed = test_seed();
   Fixture f(s, 16, seed), g(s, 16, seed + 100);
@@ -604,6 +608,7 @@ void expect_graph_replay_matches_eager(const char* arch, const BatchSpec& s) {
   // request 1 is 999 tokens shorter (its selection recomputed for the new position).
   g.sb.seq_lens.data<int32_t>()[1] -= 999;
   M3SA_ASSERT_OK(run_index_topk(g.config, g.sb, {Backend::cpu}, &g.topk));
+  if (share_on_replay) share_selections_within_even_blocks(g.sb, g.topk);
   M3SA_ASSERT_OK(d.seq_lens.upload(g.sb.seq_lens));
   M3SA_ASSERT_OK(d.q.upload(g.sb.q));
   M3SA_ASSERT_OK(d.k_cache.upload(g.sb.k_cache));
@@ -636,6 +641,7 @@ TEST(CudaAttentionLayouts, GraphReplayOnRewrittenInputsMatchesEager) {
     expect_graph_replay_matches_eager(
         arch, spec({1, 1, 1, 1, 100}, {3000, 12000, 640, 1, 2500}, 4, 1, 64, 4));
     expect_graph_replay_matches_eager(arch, decode_batch_and_prefill(12, 100, 2500));
+    expect_graph_replay_matches_eager(arch, spec({1, 300}, {5000, 20000}, 1, 1, 64, 4), true);
   }
 }
 
