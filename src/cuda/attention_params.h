@@ -18,7 +18,7 @@ inline constexpr int kCompactPartialBytes = 3 * kAttentionRows * 4 + kAttentionR
 // grid and the plan's split and workspace sizes follow from it.
 inline constexpr int kAttentionCtasPerSm = 2;
 inline constexpr int kMaxSelection = 32;   // top_k limit (config.h kMaxTopK)
-inline constexpr int kGatherThreads = 256; // the prefill's entry gather: one thread per entry
+inline constexpr int kGatherThreads = 256; // the prefill's entry gather: a warp per union tile
 inline constexpr int kRunEntries = 64; // the prefill's attend step: sorted entries per work item
 // The prefill's page-union tiles (sm90): 8 consecutive tokens of a pass and one KV head whose
 // selections together name at most kUnionPages distinct pages (and at most 2 top_k) attend

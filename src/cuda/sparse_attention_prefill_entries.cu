@@ -23,6 +23,13 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
   const int64_t tiles = int64_t{tiles_per_head} * p.kv_heads;
   const int items = kUnionTokens * p.top_k;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  // Item 32 j + lane of a tile starting at pass token `first`: its token and slot, false past the
+  // tile's items or the pass.
+  const auto item = [&](int first, int j, int& token, int& slot) {
+    const int i = 32 * j + lane;
+    token = first + i / p.top_k, slot = i % p.top_k;
+    return i < items && token < pass_tokens;
+  };
   for (int64_t tile = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; tile < tiles;
        tile += warps) {
     const int g = static_cast<int>(tile / tiles_per_head);
@@ -31,9 +38,9 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
     int visible[kItems];
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      const int i = 32 * j + lane, token = first + i / p.top_k, slot = i % p.top_k;
+      int token, slot;
       page[j] = kNoPage, visible[j] = 0;
-      if (i >= items || token >= pass_tokens) continue;
+      if (!item(first, j, token, slot)) continue;
       const int t = p.token_begin + token;
       const int request = request_of_token(p.cu_q_lens, p.num_requests, t);
       // A bad position is flagged once per token, by slot 0 of head 0.
@@ -55,8 +62,8 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
         for (int j = 0; j < kItems; ++j)
           if (!(listed >> j & 1)) next = min(next, page[j]);
         next = __reduce_min_sync(0xffffffffu, next); // one REDUX: this loop is latency-bound
-        if (next == kNoPage) break; // every selected page listed
-        uint64_t bytes = 0;         // byte k: visible keys of the tile's token k
+        if (next == kNoPage) break;                  // every selected page listed
+        uint64_t bytes = 0;                          // byte k: visible keys of the tile's token k
         int matches = 0;
 #pragma unroll
         for (int j = 0; j < kItems; ++j)
@@ -85,8 +92,8 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
     }
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      const int i = 32 * j + lane, token = first + i / p.top_k, slot = i % p.top_k;
-      if (i >= items || token >= pass_tokens) continue;
+      int token, slot;
+      if (!item(first, j, token, slot)) continue;
       const int64_t index = (int64_t{g} * pass_tokens + token) * p.top_k + slot;
       if (count < 0 && page[j] != kNoPage) {
         p.entry_keys[index] = static_cast<uint32_t>(g * p.num_pages + page[j]);
