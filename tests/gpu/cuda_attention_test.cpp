@@ -244,9 +244,9 @@ const AttentionCase kCases[] = {
     {"PrefillChunkAfterPrefixK32", spec({1000}, {9000}, 0, 1, 16, 1), 32},
     {"PrefillGroup8K8Scales", spec({400}, {3000}, 0, 1, 32, 4), 8, 0.5f, 2.f, true},
     {"PrefillK1", spec({257}, {4000}, 0, 1, 16, 1), 1, 1.f, 1.f, true},
-    // 4 KV heads x top_k 32 x 4.2 KB partials: 1,956 tokens a pass (1 GiB), so 2,200 tokens take
-    // two passes - the second a short one, whose entries end inside a work item.
-    {"PrefillTwoPassesK32", spec({2200}, {6000}, 0, 1, 64, 4), 32},
+    // 4 KV heads x top_k 32 x 4.2 KB partials: 2,200 tokens a pass (1.125 GiB), so 3,001 tokens
+    // take two passes of 1,501 and 1,500.
+    {"PrefillTwoPassesK32", spec({3001}, {6000}, 0, 1, 64, 4), 32},
     {"PrefillFp8", spec({513}, {5000}, 0, 1, 64, 4, DType::fp8_e4m3), 16, 0.25f, 4.f},
     // Shared selections: page-union tiles (bf16 caches on sm90; tiles inside an even block, some
     // across a block boundary) next to block-major ones, GQA groups of 16 and 8; e4m3 caches

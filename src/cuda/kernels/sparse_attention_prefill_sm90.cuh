@@ -33,8 +33,9 @@
 //     of the spent Q slot (the slot's swizzled layout: conflict-free), from where two TMA stores
 //     write it as whole rows: per-thread stores of the 4 KB partial were two thirds of the
 //     kernel's time (s13 r3). One consumer's softmax and epilogue overlap the other's MMAs.
-// Barriers: page_full (TMA bytes), page_ready (relay), page_empty (the 8 consumer warps, once per
-// run each, whether or not they had a group in it), q_full / q_empty per consumer and slot (a
+// Barriers: the page ring's (PrefillPageRing: a page's keys and values ready and empty, each
+// released by the 8 consumer warps once per run, whether or not they had a group in it; this
+// kernel waits for and releases both halves together), q_full / q_empty per consumer and slot (a
 // slot is released once its staged partials have been read by their TMA stores), raw_full /
 // raw_empty (e4m3).
 #include "cuda/kernels/sm90/hopper.cuh"
@@ -79,22 +80,28 @@ template <bool kFp8> struct PrefillSm90Layout : PrefillSm90Tiles {
   static_assert(kSmemBytes <= 227 * 1024 - 2048, "one CTA per SM, with the static barriers");
 };
 
-// The page buffers of a Hopper prefill kernel and their barriers: page_full (TMA bytes),
-// page_ready (the relay warps), page_empty (the 8 consumer warps, once per page each), and for
-// e4m3 the raw page's raw_full / raw_empty. A page's sequence number (its count among the pages
-// the CTA streams) picks its buffer and barrier phases.
+// The page buffers of a Hopper prefill kernel and their barriers, with a page's keys and values
+// released separately, so that a consumer that runs P.V of one page with S of the next (the
+// page-union kernel's ping-pong) frees the keys of a page as soon as its S is done and the values
+// after its P.V: keys_ready (the K boxes' TMA bytes; e4m3: the relay), values_full (the V boxes'
+// bytes), values_ready (the relay), keys_empty / values_empty (the 8 consumer warps, once per page
+// each); for e4m3 the raw page's raw_full / raw_empty. A page's sequence number (its count among
+// the pages the CTA streams) picks its buffer and barrier phases.
 template <bool kFp8> struct PrefillPageRing {
-  static constexpr int kRelayWarps = kFp8 ? 2 : 1; // warps 2 (and 3) of the producer warpgroup
-  uint8_t* pages;                                  // [kPages][kPageBytes], 1024-aligned
-  uint8_t* raw;                                    // e4m3: [kRawBytes]
-  uint64_t *full, *ready, *empty;                  // [kPages] each
+  static constexpr int kRelayWarps = kFp8 ? 2 : 1;   // warps 2 (and 3) of the producer warpgroup
+  uint8_t* pages;                                    // [kPages][kPageBytes], 1024-aligned
+  uint8_t* raw;                                      // e4m3: [kRawBytes]
+  uint64_t *keys_ready, *values_full, *values_ready; // [kPages] each
+  uint64_t *keys_empty, *values_empty;               // [kPages] each
   uint64_t *raw_full, *raw_empty;
 
   __device__ void init() const { // one thread, before the CTA's first barrier
     for (int i = 0; i < PrefillSm90Tiles::kPages; ++i) {
-      sm90::mbarrier_init(&full[i], 1);
-      sm90::mbarrier_init(&ready[i], 1);
-      sm90::mbarrier_init(&empty[i], 8); // each consumer warp, once per page
+      sm90::mbarrier_init(&keys_ready[i], 1);
+      sm90::mbarrier_init(&values_full[i], 1);
+      sm90::mbarrier_init(&values_ready[i], 1);
+      sm90::mbarrier_init(&keys_empty[i], 8); // each consumer warp, once per page
+      sm90::mbarrier_init(&values_empty[i], 8);
     }
     sm90::mbarrier_init(raw_full, 1);
     sm90::mbarrier_init(raw_empty, 1);
@@ -106,7 +113,8 @@ template <bool kFp8> struct PrefillPageRing {
     return (sequence / PrefillSm90Tiles::kPages) & 1;
   }
 
-  // Producer warp 0, one lane: brings page `page` of KV head g (e4m3: into the raw page).
+  // Producer warp 0, one lane: brings page `page` of KV head g (e4m3: into the raw page). The keys
+  // go in as soon as the buffer's keys are free, the values when its values are.
   __device__ void load(const SparseAttentionPrefillSm90Params& params, uint32_t sequence, int g,
                        int page_id) const {
     using T = PrefillSm90Tiles;
@@ -117,27 +125,33 @@ template <bool kFp8> struct PrefillPageRing {
       sm90::tma_load_4d(raw + T::kRawBytes / 2, params.v_map, raw_full, 0, 0, g, page_id);
     } else {
       const int b = sequence % T::kPages;
-      sm90::mbarrier_wait(&empty[b], use(sequence) ^ 1);
-      sm90::mbarrier_arrive_expect_tx(&full[b], T::kPageBytes);
-      for (int box = 0; box < 4; ++box)
-        sm90::tma_load_4d(page(sequence) + box * T::kBoxBytes,
-                          box < 2 ? params.k_map : params.v_map, &full[b], 64 * (box & 1), 0, g,
-                          page_id);
+      sm90::mbarrier_wait(&keys_empty[b], use(sequence) ^ 1);
+      sm90::mbarrier_arrive_expect_tx(&keys_ready[b], 2 * T::kBoxBytes);
+      for (int box = 0; box < 2; ++box)
+        sm90::tma_load_4d(page(sequence) + box * T::kBoxBytes, params.k_map, &keys_ready[b],
+                          64 * box, 0, g, page_id);
+      sm90::mbarrier_wait(&values_empty[b], use(sequence) ^ 1);
+      sm90::mbarrier_arrive_expect_tx(&values_full[b], 2 * T::kBoxBytes);
+      for (int box = 0; box < 2; ++box)
+        sm90::tma_load_4d(page(sequence) + (2 + box) * T::kBoxBytes, params.v_map, &values_full[b],
+                          64 * box, 0, g, page_id);
     }
   }
 
-  // The relay warps (thread: 0 .. 32 kRelayWarps - 1): page ready once it has landed, with V rows
-  // at and past `rows` (the largest visible key count of the page's tokens) zeroed - pages hold
-  // whatever the engine left there, and 0 x NaN would poison P.V (K rows past a token's visible
-  // keys are masked to -inf in the logits instead); for e4m3, after widening the raw page to bf16
-  // (exact) into the page buffer, so that both dtypes share the MMAs and their numerics.
+  // The relay warps (thread: 0 .. 32 kRelayWarps - 1): values ready once they have landed, with V
+  // rows at and past `rows` (the largest visible key count of the page's tokens) zeroed - pages
+  // hold whatever the engine left there, and 0 x NaN would poison P.V (K rows past a token's
+  // visible keys are masked to -inf in the logits instead); for e4m3, keys and values ready after
+  // widening the raw page to bf16 (exact) into the page buffer, so that both dtypes share the MMAs
+  // and their numerics.
   __device__ void relay(uint32_t sequence, int rows, int thread) const {
     using T = PrefillSm90Tiles;
     const int b = sequence % T::kPages;
     uint8_t* dst_page = page(sequence);
     if constexpr (kFp8) {
       sm90::mbarrier_wait(raw_full, sequence & 1);
-      sm90::mbarrier_wait(&empty[b], use(sequence) ^ 1);
+      sm90::mbarrier_wait(&keys_empty[b], use(sequence) ^ 1);
+      sm90::mbarrier_wait(&values_empty[b], use(sequence) ^ 1);
       const SwizzledHalves widened{dst_page, T::kBoxBytes};
       for (int i = thread; i < 2 * 128 * 8; i += 32 * kRelayWarps) {
         const int which = i >> 10, row = (i >> 3) & 127, chunk = i & 7; // which: K, V
@@ -157,11 +171,12 @@ template <bool kFp8> struct PrefillPageRing {
       sm90::named_barrier_sync(1, 32 * kRelayWarps);
       if (thread == 0) {
         sm90::mbarrier_arrive(raw_empty);
-        sm90::mbarrier_arrive(&ready[b]);
+        sm90::mbarrier_arrive(&keys_ready[b]);
+        sm90::mbarrier_arrive(&values_ready[b]);
       }
     } else {
       const int lane = thread & 31;
-      sm90::mbarrier_wait(&full[b], use(sequence));
+      sm90::mbarrier_wait(&values_full[b], use(sequence));
       if (rows < 128) {
         uint8_t* v = dst_page + 2 * T::kBoxBytes;
         for (int i = lane; i < (128 - rows) * 16; i += 32) { // whole 128 B rows: no swizzle
@@ -172,16 +187,29 @@ template <bool kFp8> struct PrefillPageRing {
         sm90::fence_proxy_async_shared(); // the zeros before wgmma's reads
       }
       __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&ready[b]);
+      if (lane == 0) sm90::mbarrier_arrive(&values_ready[b]);
     }
   }
 
-  // Consumer warps: every consumer warp waits for every page and releases it once (its arrival
-  // must fall in this page's phase, whether or not it had work on it).
-  __device__ void wait_ready(uint32_t sequence) const {
-    sm90::mbarrier_wait(&ready[sequence % PrefillSm90Tiles::kPages], use(sequence));
+  // Consumer warps: every consumer warp waits for every page and releases its keys and its values
+  // once each (its arrivals must fall in this page's phase, whether or not it had work on it).
+  __device__ void wait_keys(uint32_t sequence) const {
+    sm90::mbarrier_wait(&keys_ready[sequence % PrefillSm90Tiles::kPages], use(sequence));
   }
+  __device__ void wait_values(uint32_t sequence) const {
+    sm90::mbarrier_wait(&values_ready[sequence % PrefillSm90Tiles::kPages], use(sequence));
+  }
+  __device__ void wait_ready(uint32_t sequence) const {
+    wait_keys(sequence);
+    wait_values(sequence);
+  }
+  __device__ void release_keys(uint32_t sequence) const { arrive_once(keys_empty, sequence); }
+  __device__ void release_values(uint32_t sequence) const { arrive_once(values_empty, sequence); }
   __device__ void release(uint32_t sequence) const {
+    release_keys(sequence);
+    release_values(sequence);
+  }
+  __device__ static void arrive_once(uint64_t* empty, uint32_t sequence) { // a warp's arrival
     __syncwarp();
     if ((threadIdx.x & 31) == 0) sm90::mbarrier_arrive(&empty[sequence % PrefillSm90Tiles::kPages]);
   }
@@ -191,13 +219,15 @@ template <bool kFp8> struct PrefillPageRing {
 // and query slot q_full (the TMA bytes) / q_empty (the consumer's 4 warps). init() by one thread,
 // then a CTA barrier, before any use.
 template <bool kFp8, int kQuerySlots> struct PrefillSm90Barriers {
-  uint64_t page_full[PrefillSm90Tiles::kPages], page_ready[PrefillSm90Tiles::kPages],
-      page_empty[PrefillSm90Tiles::kPages];
+  static constexpr int kPages = PrefillSm90Tiles::kPages;
+  uint64_t keys_ready[kPages], values_full[kPages], values_ready[kPages];
+  uint64_t keys_empty[kPages], values_empty[kPages];
   uint64_t q_full[2][kQuerySlots], q_empty[2][kQuerySlots];
   uint64_t raw_full, raw_empty; // e4m3 only
 
   __device__ PrefillPageRing<kFp8> ring(uint8_t* pages, uint8_t* raw) {
-    return {pages, raw, page_full, page_ready, page_empty, &raw_full, &raw_empty};
+    return {pages,      raw,          keys_ready, values_full, values_ready,
+            keys_empty, values_empty, &raw_full,  &raw_empty};
   }
   __device__ void init() {
     ring(nullptr, nullptr).init();
@@ -245,14 +275,14 @@ __device__ __forceinline__ void issue_tile_values(float (&o)[64], uint32_t (&p_h
   sm90::wgmma_commit_group();
 }
 
-// A warp's 16 rows of S (s[4 i + e]: row gid + 8 (e >> 1), key 8 i + 2 tid + (e & 1)) as
-// log2-domain logits, keys at or past `visible` masked (only a token's own block, or a page it did
-// not select, is cut short: a warp-uniform branch), and each row's maximum over the page.
-__device__ __forceinline__ void scale_and_mask_logits(float (&s)[64], float logit_scale,
-                                                      int visible, float (&row_max)[2]) {
+// A warp's 16 rows of S (s[4 i + e]: row gid + 8 (e >> 1), key 8 i + 2 tid + (e & 1)), raw q.k,
+// keys at or past `visible` masked (only a token's own block, or a page it did not select, is cut
+// short: a warp-uniform branch), and each row's maximum over the page as a log2-domain logit. The
+// logits themselves are scaled in page_weights, inside the exponent's FFMA: logit_scale > 0, so
+// the maximum of the raw products, scaled, is the maximum of the scaled ones.
+__device__ __forceinline__ void mask_logits(float (&s)[64], float logit_scale, int visible,
+                                            float (&row_max)[2]) {
   const int tid = threadIdx.x & 3;
-#pragma unroll
-  for (int i = 0; i < 64; ++i) s[i] *= logit_scale;
   if (visible < 128) {
 #pragma unroll
     for (int i = 0; i < 16; ++i)
@@ -267,6 +297,7 @@ __device__ __forceinline__ void scale_and_mask_logits(float (&s)[64], float logi
   for (int r = 0; r < 2; ++r) {
     row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
     row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+    row_max[r] *= logit_scale;
   }
 }
 
@@ -347,12 +378,12 @@ __device__ __forceinline__ float exp2_flushed(float x) {
   return y;
 }
 
-// The weights 2^(s - m_use) of a warp's 16 rows over a page as A fragments of 8 k-steps of 16 keys
-// (the m64k16 A layout is mma.sync's per warp), split into bf16 high and low parts; each row's
-// sum over this thread's keys is added to l.
-__device__ __forceinline__ void page_weights(const float (&s)[64], const float (&m_use)[2],
-                                             float (&l)[2], uint32_t (&p_hi)[8][4],
-                                             uint32_t (&p_lo)[8][4]) {
+// The weights 2^(logit_scale s - m_use) of a warp's 16 rows over a page (s: raw q.k) as A
+// fragments of 8 k-steps of 16 keys (the m64k16 A layout is mma.sync's per warp), split into bf16
+// high and low parts; each row's sum over this thread's keys is added to l.
+__device__ __forceinline__ void page_weights(const float (&s)[64], float logit_scale,
+                                             const float (&m_use)[2], float (&l)[2],
+                                             uint32_t (&p_hi)[8][4], uint32_t (&p_lo)[8][4]) {
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -360,8 +391,8 @@ __device__ __forceinline__ void page_weights(const float (&s)[64], const float (
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = 2 * j + h;
-        const float w0 = exp2_flushed(s[4 * i + 2 * r] - m_use[r]);
-        const float w1 = exp2_flushed(s[4 * i + 2 * r + 1] - m_use[r]);
+        const float w0 = exp2_flushed(fmaf(s[4 * i + 2 * r], logit_scale, -m_use[r]));
+        const float w1 = exp2_flushed(fmaf(s[4 * i + 2 * r + 1], logit_scale, -m_use[r]));
         l[r] += w0 + w1;
         split_weights(w0, w1, p_hi[j][2 * h + r], p_lo[j][2 * h + r]);
       }
@@ -455,14 +486,14 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
   const auto page_softmax = [&](float(&s)[64], int visible, RowState& st, uint32_t(&p_hi)[8][4],
                                 uint32_t(&p_lo)[8][4]) {
     float row_max[2], m_use[2];
-    scale_and_mask_logits(s, logit_scale, visible, row_max);
+    mask_logits(s, logit_scale, visible, row_max);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       st.m[r] = row_max[r];
       m_use[r] = row_max[r] == -INFINITY ? 0.f : row_max[r];
       st.l[r] = 0.f;
     }
-    page_weights(s, m_use, st.l, p_hi, p_lo);
+    page_weights(s, logit_scale, m_use, st.l, p_hi, p_lo);
   };
 
   // The member's partial: m, l and a stored directly; O staged in the member's rows of the spent

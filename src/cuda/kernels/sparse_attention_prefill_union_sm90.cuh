@@ -26,13 +26,17 @@
 //     block-major kernel), warp 1 the tile's query rows (consumer c gets tokens 4c .. 4c + 3, 16
 //     rows each), warp 2 (and 3 for e4m3) relays page ready after zeroing V rows past the tile's
 //     largest visible key count on that page (e4m3: widening);
-//   - consumer warpgroups 1 and 2 (4 tokens = wgmma's M of 64 each) run every page of the tile
-//     that one of their tokens selected: S
-//     = Q K^T (8 SS wgmmas), the token's visible keys masked (all of them where it did not select
-//     the page), the running max / denominator / O rescaled, O += P V (16 RS wgmmas); at the end
-//     each warp writes its token's 16 rows (rows < group) times v_scale / l, and the lse.
-// Barriers: the ring's page_full / page_ready / page_empty (raw_full / raw_empty), q_full /
-// q_empty per consumer and slot (a slot is released after the tile's last page).
+//   - consumer warpgroups 1 and 2 (4 tokens = wgmma's M of 64 each) run every page of the tile:
+//     S = Q K^T (8 SS wgmmas), the token's visible keys masked (all of them where it did not
+//     select the page), the running max / denominator / O rescaled, O += P V (16 RS wgmmas); they
+//     take turns issuing (FA3's ping-pong, two named barriers): a turn issues P.V of the previous
+//     page and S of this one, and a consumer's softmax runs while the other's wgmmas do; at the
+//     end each warp writes its token's 16 rows (rows < group) times v_scale / l, and the lse.
+// Barriers: the ring's keys_ready / values_full / values_ready / keys_empty / values_empty (a
+// page's keys are released after its S, its values after its P.V, so that a turn holds the
+// values of one page and the keys of the next while two more halves load; with one release per
+// page the two-page ring stalled the turns: bench/NOTES.md s15 r3), raw_full / raw_empty for
+// e4m3, q_full / q_empty per consumer and slot (a slot is released after the tile's last page).
 // Instantiated for bf16 caches only (attention.cu says why not e4m3); the template keeps the
 // ring's e4m3 form, which the block-major kernel uses, for a widening that keeps up.
 #include "cuda/kernels/sparse_attention_prefill_sm90.cuh"
@@ -169,6 +173,15 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
   const int consumer = (warp - 4) >> 2, token_of_warp = 4 * consumer + (warp & 3);
   const int gid = lane >> 2, tid = lane & 3;
   const float logit_scale = logit_scale_log2(p.k_scale);
+  // The consumers take turns issuing their wgmmas (FA3's ping-pong): named barrier kTurn + c is
+  // consumer c's turn (its 128 threads sync, the other's 128 arrive). A turn issues P.V of the
+  // previous page and S of this one, so that the consumer's softmax of this page runs while the
+  // other consumer's wgmmas keep the tensor pipe busy. Consumer 0 goes first; every turn is passed
+  // on, and consumer 0 takes one more at the end for the last one consumer 1 passed.
+  constexpr int kTurn = 2; // 1: the e4m3 relay warps' barrier
+  const auto take_turn = [&] { sm90::named_barrier_sync(kTurn + consumer, 256); };
+  const auto pass_turn = [&] { sm90::named_barrier_arrive(kTurn + 1 - consumer, 256); };
+  if (consumer == 1) pass_turn();
   for_each_union_tile(p, [&](const UnionTile& t, uint32_t tile_sequence, uint32_t first_page) {
     const int slot = tile_sequence % L::kQuerySlots;
     const uint32_t q_tile = sm90::shared_address(query_tile(consumer, tile_sequence));
@@ -176,24 +189,13 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    sm90::mbarrier_wait(&q_full[consumer][slot], query_use(tile_sequence));
-    for (int i = 0; i < t.count; ++i) {
-      const uint64_t visible_of_tile = t.visible_of(i);
-      const int visible = static_cast<int>(visible_of_tile >> (8 * token_of_warp) & 255);
-      const uint32_t sequence = first_page + i;
-      ring.wait_ready(sequence);
-      // A page none of this consumer's 4 tokens selected leaves its rows as they are.
-      if ((visible_of_tile >> (32 * consumer) & 0xffffffffu) == 0) {
-        ring.release(sequence);
-        continue;
-      }
-      const uint32_t k_tile = sm90::shared_address(ring.page(sequence));
-      float s[64];
-      issue_tile_scores(s, q_tile, k_tile);
-      sm90::wgmma_wait_all();
-      sm90::fence_accumulators(s);
+    uint32_t p_hi[8][4], p_lo[8][4];
+    // The softmax of page i's S into P (the row maxima, denominators and O rescaled; O must not
+    // be in flight), the token's unseen keys masked.
+    const auto page_softmax = [&](float(&s)[64], int i) {
+      const int visible = static_cast<int>(t.visible_of(i) >> (8 * token_of_warp) & 255);
       float row_max[2], m_use[2], rescale[2];
-      scale_and_mask_logits(s, logit_scale, visible, row_max);
+      mask_logits(s, logit_scale, visible, row_max);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m[r], row_max[r]);
@@ -208,14 +210,50 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
 #pragma unroll
         for (int k = 0; k < 64; ++k) o[k] *= rescale[(k >> 1) & 1];
       }
-      uint32_t p_hi[8][4], p_lo[8][4];
-      page_weights(s, m_use, l, p_hi, p_lo);
-      issue_tile_values(o, p_hi, p_lo, k_tile + 2 * L::kBoxBytes, true);
+      page_weights(s, logit_scale, m_use, l, p_hi, p_lo);
+    };
+    const auto k_tile_of = [&](int i) { return sm90::shared_address(ring.page(first_page + i)); };
+    const auto v_tile_of = [&](int i) { return k_tile_of(i) + 2 * L::kBoxBytes; };
+    sm90::mbarrier_wait(&q_full[consumer][slot], query_use(tile_sequence));
+    // A page's keys are released once its S is done, its values once its P.V is: the turn of
+    // page i holds the values of page i - 1 and the keys of page i, while the keys of page i + 1
+    // and the values of page i come in.
+    if (t.count > 0) {
+      float s[64];
+      ring.wait_keys(first_page);
+      take_turn();
+      issue_tile_scores(s, q_tile, k_tile_of(0));
+      pass_turn();
+      sm90::wgmma_wait_all();
+      sm90::fence_accumulators(s);
+      ring.release_keys(first_page);
+      page_softmax(s, 0);
+      for (int i = 1; i < t.count; ++i) {
+        ring.wait_values(first_page + i - 1);
+        ring.wait_keys(first_page + i);
+        take_turn();
+        issue_tile_values(o, p_hi, p_lo, v_tile_of(i - 1), true);
+        issue_tile_scores(s, q_tile, k_tile_of(i));
+        pass_turn();
+        sm90::wgmma_wait<1>(); // P.V of page i - 1
+        sm90::fence_accumulators(o);
+        sm90::fence_fragments(p_hi);
+        sm90::fence_fragments(p_lo);
+        ring.release_values(first_page + i - 1);
+        sm90::wgmma_wait_all(); // S of page i
+        sm90::fence_accumulators(s);
+        ring.release_keys(first_page + i);
+        page_softmax(s, i);
+      }
+      ring.wait_values(first_page + t.count - 1);
+      take_turn();
+      issue_tile_values(o, p_hi, p_lo, v_tile_of(t.count - 1), true);
+      pass_turn();
       sm90::wgmma_wait_all();
       sm90::fence_accumulators(o);
       sm90::fence_fragments(p_hi);
       sm90::fence_fragments(p_lo);
-      ring.release(sequence);
+      ring.release_values(first_page + t.count - 1);
     }
     __syncwarp();
     if (lane == 0) sm90::mbarrier_arrive(&q_empty[consumer][slot]);
@@ -243,6 +281,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
             row_lse(m[r], l[r]);
     }
   });
+  if (consumer == 0) take_turn(); // consumer 1's last pass
 #endif
 }
 

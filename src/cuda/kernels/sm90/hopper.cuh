@@ -165,6 +165,11 @@ template <int Registers> __device__ __forceinline__ void claim_registers() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` (of `threads` in all) without waiting: the producer side of a
+// barrier that other warps bar.sync on.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // ---- wgmma -----------------------------------------------------------------------------------
 
@@ -190,6 +195,11 @@ __device__ __forceinline__ void wgmma_commit_group() {
 }
 __device__ __forceinline__ void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Waits until at most kPending of this warpgroup's committed wgmma groups are pending (groups
+// complete in commit order).
+template <int kPending> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 // Keeps the compiler from moving accumulator reads or writes across a wgmma fence / wait.
 __device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
