@@ -39,15 +39,9 @@ struct AttentionPlanInfo {
 // split count > 1 is only chosen for fewer pairs than that.
 int64_t split_pairs(int sm_count) { return int64_t{kAttentionCtasPerSm} * sm_count; }
 
-// Prefill passes: their compact partials (4.2 KB per token, KV head and slot) stay within 1.125
-// GiB, which holds 4,401 tokens at 4 KV heads and top_k 16 (M3 at TP1), so that an 8K chunk
-// takes two passes rather than three: a pass costs ~50 us besides its attention (gather, sort,
-// merge), and a third pass of a few hundred tokens left most SMs idle (bench/NOTES.md s15 r4).
 int32_t pass_tokens(const PlanRequest& request) {
-  const int64_t per_token =
-      int64_t{request.config.num_index_heads} * request.config.top_k * kCompactPartialBytes;
-  return static_cast<int32_t>(std::clamp<int64_t>(
-      (int64_t{9} << 27) / per_token, 1, std::max<int64_t>(1, request.capacities.max_tokens)));
+  return prefill_pass_capacity(request.config.num_index_heads, request.config.top_k,
+                               request.capacities.max_tokens);
 }
 
 struct AttentionLayout {
@@ -265,10 +259,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     p.union_counts = l.union_counts, p.union_pages = l.union_pages;
     p.union_visible = l.union_visible;
   }
-  // The passes split the prefill rows evenly (each at most pass_tokens), so that none is a short
-  // tail whose attention occupies a fraction of the SMs.
-  const int passes = (tokens - decode_tokens + info.pass_tokens - 1) / info.pass_tokens;
-  const int per_pass = (tokens - decode_tokens + passes - 1) / passes;
+  const int per_pass = prefill_pass_tokens(tokens - decode_tokens, info.pass_tokens);
   for (int begin = decode_tokens; begin < tokens; begin += per_pass) {
     p.token_begin = begin;
     p.token_end = static_cast<int>(std::min<int64_t>(tokens, int64_t{begin} + per_pass));

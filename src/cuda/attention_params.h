@@ -26,6 +26,26 @@ inline constexpr int kRunEntries = 64; // the prefill's attend step: sorted entr
 inline constexpr int kUnionTokens = 8;
 inline constexpr int kUnionPages = 32;
 
+// Prefill rows run in passes whose compact partials (every (token, KV head, slot)) fit 1.125 GiB
+// of workspace: 4,401 tokens at 4 KV heads and top_k 16 (M3 at TP1), so that an 8K chunk takes
+// two passes rather than three - a pass costs ~50 us besides its attention (gather, sort, merge),
+// and a third pass of a few hundred tokens left most SMs idle (bench/NOTES.md s15 r4). Plain host
+// arithmetic, checked on the CPU (tests/unit/prefill_passes_test.cpp).
+inline constexpr int64_t kPrefillPartialBudget = int64_t{9} << 27;
+// Tokens a pass may hold: at least 1, at most the plan's max_tokens.
+constexpr int32_t prefill_pass_capacity(int64_t kv_heads, int64_t top_k, int64_t max_tokens) {
+  const int64_t fit = kPrefillPartialBudget / (kv_heads * top_k * kCompactPartialBytes);
+  const int64_t cap = max_tokens > 1 ? max_tokens : 1;
+  return static_cast<int32_t>(fit < 1 ? 1 : fit > cap ? cap : fit);
+}
+// Tokens of each pass (the last may hold fewer) when `rows` > 0 prefill rows run in passes of at
+// most `capacity`: as few passes as fit, split evenly, so that none is a short tail whose attention
+// occupies a fraction of the SMs.
+constexpr int32_t prefill_pass_tokens(int64_t rows, int32_t capacity) {
+  const int64_t passes = (rows + capacity - 1) / capacity;
+  return static_cast<int32_t>((rows + passes - 1) / passes);
+}
+
 // How the splits of a (token, KV head) merge their partials (log-sum-exp).
 enum SplitMerge : int32_t {
   // Each CTA writes its partial to `partials`; the last to arrive (`arrivals`) merges them.
