@@ -4,7 +4,8 @@
 // entry, 1 after the PDL wait, 2 selection resolved, 3 first stage landed, 4 stream done, 5 item
 // finished; the persistent kernel keeps its last item's), and the last CTA of that launch prints
 // them (device printf, flushed at the host's next synchronisation). Built by
-// bench/micro/stamped_m3sa.sh into .gpu/m3sa_stamps (both decode kernels in bf16, the TMA one in e4m3 too).
+// bench/micro/stamped_m3sa.sh into .gpu/m3sa_stamps (both decode kernels in bf16, the TMA one in
+// e4m3 too).
 #include <cstdio>
 
 #ifndef M3SA_ATTENTION_DECODE_STAMPS
