@@ -3,7 +3,9 @@
 # the gpu suite, compute-sanitizer on its small cases (label `small`), the demo, the benchmark and,
 # where ../shared/peer was copied into .peer/ (and carried), vLLM's Triton kernels in the same call
 # with the side-by-side table. QUICK=1 leaves out the sanitizer and the demo; BENCH_SET /
-# BENCH_FILTER pick the bench cases, PEER_ARGS the peer's (e.g. "--dtypes bf16"). The logs end up
+# BENCH_FILTER pick the bench cases, PEER_ARGS the peer's (e.g. "--dtypes bf16"); TESTS_FILTER /
+# SANITIZER_FILTER the gtest filters of the suite (default: all) and of the sanitizer runs
+# (default: the small cases), BIN the folder of the binaries (default .gpu). The logs end up
 # in one logs.tgz, so that what comes back stays within the device tool's eight files.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 # NVLink multicast off on the lent machines (device README)
@@ -11,19 +13,20 @@ out="${OUT:-/tmp/m3sa_out}"; mkdir -p "$out"
 wheel_lib() { python3 -c "import nvidia.$1, os; print(os.path.join(list(nvidia.$1.__path__)[0], 'lib'))" 2>/dev/null; }
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:$(wheel_lib cublas):$(wheel_lib nccl)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-./.gpu/m3sa_gpu_tests 2>&1 > "$out/gpu_tests.log"; echo "gpu suite rc=$?"
+bin="${BIN:-.gpu}"
+"$bin/m3sa_gpu_tests" --gtest_filter="${TESTS_FILTER:-*}" > "$out/gpu_tests.log" 2>&1; echo "gpu suite rc=$?"
 grep -E '^\[ [A-Z]|FAILED|PASSED|Failure' "$out/gpu_tests.log" | grep -v '^\[ RUN\|^\[       OK' | tail -30
 if [ -z "${QUICK:-}" ]; then
-small='*Small*' # the ctest label `small` (tests/CMakeLists.txt): the same name pattern
+small="${SANITIZER_FILTER:-*Small*}" # default: the ctest label `small` (tests/CMakeLists.txt)
 for tool in memcheck racecheck synccheck initcheck; do
-  compute-sanitizer --tool $tool --error-exitcode 1 ./.gpu/m3sa_gpu_tests --gtest_filter="$small" > "$out/sanitizer_$tool.log" 2>&1
+  compute-sanitizer --tool $tool --error-exitcode 1 "$bin/m3sa_gpu_tests" --gtest_filter="$small" > "$out/sanitizer_$tool.log" 2>&1
   echo "compute-sanitizer --tool $tool rc=$? :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_$tool.log" | tail -1)"
 done
-./.gpu/m3sa demo > "$out/demo_bf16.txt" 2>&1; echo "demo bf16 rc=$?"
-./.gpu/m3sa demo --index-dtype fp8 > "$out/demo_fp8.txt" 2>&1; echo "demo fp8 rc=$?"
+"$bin/m3sa" demo > "$out/demo_bf16.txt" 2>&1; echo "demo bf16 rc=$?"
+"$bin/m3sa" demo --index-dtype fp8 > "$out/demo_fp8.txt" 2>&1; echo "demo fp8 rc=$?"
 grep -E "indexer on|insert_index_k  |index_topk  |sparse_attention  |^\[" "$out/demo_bf16.txt" "$out/demo_fp8.txt"
 fi
-./.gpu/m3sa bench --set "${BENCH_SET:-quick}" --filter "${BENCH_FILTER:-}" --json "$out/bench.json" > "$out/bench.md" 2> "$out/bench.err"; echo "bench rc=$?"
+"$bin/m3sa" bench --set "${BENCH_SET:-quick}" --filter "${BENCH_FILTER:-}" --json "$out/bench.json" > "$out/bench.md" 2> "$out/bench.err"; echo "bench rc=$?"
 cat "$out/bench.md"
 if [ -d .peer ]; then
   # shellcheck disable=SC2086 # PEER_ARGS is a list of arguments
