@@ -40,10 +40,13 @@ constexpr int32_t prefill_pass_capacity(int64_t kv_heads, int64_t top_k, int64_t
 }
 // Tokens of each pass (the last may hold fewer) when `rows` > 0 prefill rows run in passes of at
 // most `capacity`: as few passes as fit, split evenly, so that none is a short tail whose attention
-// occupies a fraction of the SMs.
+// occupies a fraction of the SMs, and rounded up to whole page-union tiles (kUnionTokens), so that
+// every pass's tiles keep the first pass's grid (tiles are counted from a pass's first token).
 constexpr int32_t prefill_pass_tokens(int64_t rows, int32_t capacity) {
   const int64_t passes = (rows + capacity - 1) / capacity;
-  return static_cast<int32_t>((rows + passes - 1) / passes);
+  const int64_t even = (rows + passes - 1) / passes;
+  const int64_t whole_tiles = (even + kUnionTokens - 1) / kUnionTokens * kUnionTokens;
+  return static_cast<int32_t>(whole_tiles < capacity ? whole_tiles : capacity);
 }
 
 // How the splits of a (token, KV head) merge their partials (log-sum-exp).

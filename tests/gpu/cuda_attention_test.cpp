@@ -245,7 +245,7 @@ const AttentionCase kCases[] = {
     {"PrefillGroup8K8Scales", spec({400}, {3000}, 0, 1, 32, 4), 8, 0.5f, 2.f, true},
     {"PrefillK1", spec({257}, {4000}, 0, 1, 16, 1), 1, 1.f, 1.f, true},
     // 4 KV heads x top_k 32 x 4.2 KB partials: 2,200 tokens a pass (1.125 GiB), so 3,001 tokens
-    // take two passes of 1,501 and 1,500.
+    // take two passes of 1,504 and 1,497.
     {"PrefillTwoPassesK32", spec({3001}, {6000}, 0, 1, 64, 4), 32},
     {"PrefillFp8", spec({513}, {5000}, 0, 1, 64, 4, DType::fp8_e4m3), 16, 0.25f, 4.f},
     // Shared selections: page-union tiles (bf16 caches on sm90; tiles inside an even block, some

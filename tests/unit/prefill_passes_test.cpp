@@ -34,10 +34,11 @@ TEST(PrefillPasses, CapacityKeepsThePartialsWithinTheBudget) {
     }
 }
 
-TEST(PrefillPasses, RowsSplitEvenlyIntoTheFewestPasses) {
+TEST(PrefillPasses, RowsSplitEvenlyIntoTheFewestPassesOfWholeTiles) {
   EXPECT_EQ(prefill_pass_tokens(8192, 4401), 4096);
-  EXPECT_EQ(prefill_pass_tokens(3001, 2200), 1501);
-  EXPECT_EQ(prefill_pass_tokens(700, 4401), 700);
+  EXPECT_EQ(prefill_pass_tokens(3001, 2200), 1504); // 1,501 rounded up to whole union tiles
+  EXPECT_EQ(prefill_pass_tokens(700, 4401), 704);   // one pass: the bound is not reached
+  EXPECT_EQ(prefill_pass_tokens(4401, 4401), 4401); // never past the capacity
   EXPECT_EQ(prefill_pass_tokens(1, 1), 1);
   for (int32_t capacity : {1, 2, 3, 7, 64, 1956, 2200, 4401})
     for (int64_t rows = 1; rows <= 3 * int64_t{capacity} + 5; rows += (rows < 50 ? 1 : 37)) {
@@ -49,8 +50,10 @@ TEST(PrefillPasses, RowsSplitEvenlyIntoTheFewestPasses) {
       for (int64_t begin = 0; begin < rows; begin += per_pass, ++passes)
         shortest = std::min<int64_t>(shortest, std::min<int64_t>(per_pass, rows - begin));
       EXPECT_EQ(passes, (rows + capacity - 1) / capacity) << rows << " rows";
-      // Even: no pass is more than one row per pass shorter than the others.
-      EXPECT_GE(shortest + passes, per_pass) << rows << " rows";
+      // Even: no pass is more than a union tile a pass shorter than the others.
+      EXPECT_GE(shortest + int64_t{cuda::kUnionTokens} * passes, per_pass) << rows << " rows";
+      // Whole union tiles, unless the capacity is the bound.
+      if (per_pass < capacity) EXPECT_EQ(per_pass % cuda::kUnionTokens, 0) << rows << " rows";
     }
 }
 
