@@ -53,7 +53,9 @@ TEST(PrefillPasses, RowsSplitEvenlyIntoTheFewestPassesOfWholeTiles) {
       // Even: no pass is more than a union tile a pass shorter than the others.
       EXPECT_GE(shortest + int64_t{cuda::kUnionTokens} * passes, per_pass) << rows << " rows";
       // Whole union tiles, unless the capacity is the bound.
-      if (per_pass < capacity) EXPECT_EQ(per_pass % cuda::kUnionTokens, 0) << rows << " rows";
+      if (per_pass < capacity) {
+        EXPECT_EQ(per_pass % cuda::kUnionTokens, 0) << rows << " rows";
+      }
     }
 }
 
