@@ -39,11 +39,6 @@ struct AttentionPlanInfo {
 // split count > 1 is only chosen for fewer pairs than that.
 int64_t split_pairs(int sm_count) { return int64_t{kAttentionCtasPerSm} * sm_count; }
 
-int32_t pass_tokens(const PlanRequest& request) {
-  return prefill_pass_capacity(request.config.num_index_heads, request.config.top_k,
-                               request.capacities.max_tokens);
-}
-
 struct AttentionLayout {
   ControlArea control;   // arrivals: [split pairs]
   float* split_partials; // [split pairs, kPartialFloats]
@@ -65,7 +60,7 @@ int64_t pass_entries(const PlanRequest& request, const AttentionPlanInfo& info) 
 }
 // Page-union tiles of `tokens` pass tokens, over `kv_heads` KV heads.
 int64_t union_tile_count(int64_t tokens, int64_t kv_heads) {
-  return (tokens + kUnionTokens - 1) / kUnionTokens * kv_heads;
+  return union_tiles_of(tokens) * kv_heads;
 }
 
 AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanInfo& info,
@@ -96,7 +91,9 @@ AttentionLayout run_layout(const OpPlan& plan, Workspace workspace) {
 
 Status plan_attention_with(bool sm90, const PlanRequest& request, const detail::DeviceCaps& caps,
                            OpPlan* plan) {
-  AttentionPlanInfo info{caps.sm_count, pass_tokens(request), 0, {}, sm90 ? 1 : 0};
+  AttentionPlanInfo info{caps.sm_count, 0, 0, {}, sm90 ? 1 : 0};
+  info.pass_tokens = prefill_pass_capacity(request.config.num_index_heads, request.config.top_k,
+                                           request.capacities.max_tokens);
   for (int i = 0; i < 4 && caps.compute_capability >= 90; ++i)
     info.active_clusters[i] = std::min(sparse_attention_decode_bf16_active_clusters(2 << i),
                                        sparse_attention_decode_fp8_active_clusters(2 << i));

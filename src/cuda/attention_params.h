@@ -5,6 +5,8 @@
 // on rewritten metadata and caches.
 #include <cstdint>
 
+#include "common/host_device.h"
+
 namespace m3sa::cuda {
 
 // One split's or one warp's share of a (token, KV head) row group before the log-sum-exp merge:
@@ -25,6 +27,11 @@ inline constexpr int kRunEntries = 64; // the prefill's attend step: sorted entr
 // token-major over that union instead of block-major (sparse_attention_prefill_union_sm90.cuh).
 inline constexpr int kUnionTokens = 8;
 inline constexpr int kUnionPages = 32;
+// Page-union tiles that `tokens` consecutive pass tokens make, for one KV head (the host sizes
+// the lists with it, the kernels map tiles to tokens with it).
+template <typename T> M3SA_HOST_DEVICE constexpr T union_tiles_of(T tokens) {
+  return (tokens + kUnionTokens - 1) / kUnionTokens;
+}
 
 // Prefill rows run in passes whose compact partials (every (token, KV head, slot)) fit 1.125 GiB
 // of workspace: 4,401 tokens at 4 KV heads and top_k 16 (M3 at TP1), so that an 8K chunk takes
@@ -45,7 +52,7 @@ constexpr int32_t prefill_pass_capacity(int64_t kv_heads, int64_t top_k, int64_t
 constexpr int32_t prefill_pass_tokens(int64_t rows, int32_t capacity) {
   const int64_t passes = (rows + capacity - 1) / capacity;
   const int64_t even = (rows + passes - 1) / passes;
-  const int64_t whole_tiles = (even + kUnionTokens - 1) / kUnionTokens * kUnionTokens;
+  const int64_t whole_tiles = union_tiles_of(even) * kUnionTokens;
   return static_cast<int32_t>(whole_tiles < capacity ? whole_tiles : capacity);
 }
 

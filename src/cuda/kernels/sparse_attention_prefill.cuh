@@ -46,9 +46,9 @@ __device__ __forceinline__ int entry_token(uint32_t v) { return static_cast<int>
 __device__ __forceinline__ int entry_slot(uint32_t v) { return (v >> 8) & 31; }
 __device__ __forceinline__ int entry_visible(uint32_t v) { return static_cast<int>(v & 255) + 1; }
 
-// Page-union tiles of a KV head in the pass (attention_params.h kUnionTokens).
+// Page-union tiles of a KV head in the pass.
 __device__ __forceinline__ int union_tiles(const SparseAttentionParams& p) {
-  return (p.token_end - p.token_begin + kUnionTokens - 1) / kUnionTokens;
+  return union_tiles_of(p.token_end - p.token_begin);
 }
 
 // Compact partial of (pass token, KV head, slot).
