@@ -5,7 +5,9 @@
 // finished; the persistent kernel keeps its last item's), and the last CTA of that launch prints
 // them (device printf, flushed at the host's next synchronisation). Built by
 // bench/micro/stamped_m3sa.sh into .gpu/m3sa_stamps (both decode kernels in bf16, the TMA one in
-// e4m3 too).
+// e4m3 too). The decode indexer's TMA kernel (decode_topk_sm90.cuh) stamps the same table: 1 tile
+// begun, 2 warp 0's first box landed, 3 warp 0's stream done, 4 every warp's, 5 CTA done; its
+// finish stamps: published and arrived (every CTA), staged, floor, ranked (a tile's last CTA).
 #include <cstdio>
 
 #ifndef M3SA_ATTENTION_DECODE_STAMPS
@@ -28,6 +30,11 @@ static __device__ unsigned g_decode_launch, g_decode_arrivals;
 // written), every launch; printed after the phase stamps.
 static __device__ long long g_decode_finish_stamps[kStampedCtas][4];
 
+// The CTA's row in the table: grid x, then y (the decode indexer's grid is tiles x splits).
+static __device__ __forceinline__ unsigned decode_stamp_cta() {
+  return blockIdx.x + blockIdx.y * gridDim.x;
+}
+
 static __device__ __forceinline__ unsigned long long decode_stamp_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -41,13 +48,14 @@ static __device__ __noinline__ void record_decode_stamps(DecodeStamps stamp, int
   stamp.exit_ns = decode_stamp_ns();
   stamp.last = last;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(stamp.sm));
-  if (launch == kStampedLaunch && blockIdx.x < kStampedCtas) g_decode_stamps[blockIdx.x] = stamp;
+  const unsigned cta = decode_stamp_cta(), ctas = gridDim.x * gridDim.y;
+  if (launch == kStampedLaunch && cta < kStampedCtas) g_decode_stamps[cta] = stamp;
   __threadfence();
-  if (atomicAdd(&g_decode_arrivals, 1) != gridDim.x - 1) return;
+  if (atomicAdd(&g_decode_arrivals, 1) != ctas - 1) return;
   g_decode_arrivals = 0;
   if (launch == kStampedLaunch) {
     __threadfence();
-    const int n = min(static_cast<int>(gridDim.x), kStampedCtas);
+    const int n = min(static_cast<int>(ctas), kStampedCtas);
     unsigned long long t0 = ~0ull;
     for (int c = 0; c < n; ++c) t0 = min(t0, g_decode_stamps[c].entry_ns);
     unsigned cluster = 1;
@@ -79,8 +87,8 @@ static __device__ __noinline__ void record_decode_stamps(DecodeStamps stamp, int
   if (threadIdx.x == 0) stamp.clock[i] = clock64()
 #define M3SA_DECODE_STAMPS_END(splits, last) record_decode_stamps(stamp, splits, last)
 #define M3SA_DECODE_FINISH_STAMP(i)                                                                \
-  if (threadIdx.x == 0 && blockIdx.x < kStampedCtas)                                               \
-  g_decode_finish_stamps[blockIdx.x][i] = clock64()
+  if (threadIdx.x == 0 && decode_stamp_cta() < kStampedCtas)                                       \
+  g_decode_finish_stamps[decode_stamp_cta()][i] = clock64()
 #else
 #define M3SA_DECODE_STAMPS_BEGIN()
 #define M3SA_DECODE_STAMP(i)

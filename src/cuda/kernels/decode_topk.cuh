@@ -8,6 +8,7 @@
 // bookkeeping and publish / merge tail it shares with the Hopper kernel (decode_topk_sm90.cuh).
 #include <cuda/atomic>
 
+#include "cuda/kernels/decode_stamps.cuh"
 #include "cuda/kernels/score_blocks.cuh"
 #include "cuda/kernels/select_topk.cuh"
 
@@ -134,8 +135,10 @@ __device__ __forceinline__ void merge_row(const DecodeTile& t, int row,
   uint64_t* chosen = scratch + kSurvivorCapacity;
   int32_t* live = reinterpret_cast<int32_t*>(chosen + 32);
   const uint64_t floor = lists_floor<kShared>(set, fill, lane);
+  M3SA_DECODE_FINISH_STAMP(2);
   if (rank_survivors<kShared>(set, fill, floor, scratch, kSurvivorCapacity, chosen, live,
                               kLiveListCapacity, lane)) {
+    M3SA_DECODE_FINISH_STAMP(3);
     t.emit(row, true, lane < fill ? chosen[lane] : 0, lane);
     return;
   }
@@ -147,10 +150,12 @@ __device__ __forceinline__ void merge_row(const DecodeTile& t, int row,
 // After scoring: the CTA's lists go to the workspace, and the last CTA of the tile merges every
 // range's lists into the rows' selections (or, with one split, the CTA merges its own). Every
 // thread of the CTA calls it (it holds CTA barriers); warps >= kDecodeMergeWarps only wait.
-// `is_last`: one shared int.
+// `is_last`: one shared int; `min_per_split`: the kernel's split_block_range minimum, which sets
+// how many ranges hold blocks.
 template <int MaxK, int kLists>
 __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<kLists> cta,
-                                                  int n_local, int* is_last, MergeMemory memory) {
+                                                  int n_local, int* is_last, MergeMemory memory,
+                                                  int min_per_split = 1) {
   const DecodeTopkParams& p = *t.p;
   const ScoreBlocksParams& s = p.scoring;
   const int rows = t.geo.rows, fill = t.fill;
@@ -179,7 +184,7 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
   // written keys): a list of n blocks has at most n candidates, so short ranges publish short
   // lists.
   static_assert(kLists * kDecodeSm90MaxRows <= kTileRows || kLists == 1);
-  const int per_split = (n_local + s.splits - 1) / s.splits;
+  const int per_split = max(min_per_split, (n_local + s.splits - 1) / s.splits);
   const int len = min(fill, (per_split + kLists - 1) / kLists);
   const int active_splits = per_split == 0 ? 0 : (n_local + per_split - 1) / per_split;
   const int64_t split_stride = int64_t{kTileRows} * fill;
@@ -203,6 +208,7 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
     if (*is_last) arrivals.store(0, ::cuda::memory_order_relaxed); // ready for the next run
   }
   __syncthreads();
+  M3SA_DECODE_FINISH_STAMP(0);
   if (!*is_last || !worker) return;
 
   // Only the worker warps are here from now on: they meet at named barrier 1.
@@ -217,6 +223,7 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
     cp_async_wait<0>();
     asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory");
   }
+  M3SA_DECODE_FINISH_STAMP(1);
   // A warp per row, over its kLists lists of every range.
   for (int row = warp; row < rows; row += kWarps) {
     if (short_row(row)) {

@@ -15,7 +15,10 @@
 // is 128 tokens x 128 B, so an e4m3 page is one box and a bf16 page two), 12 boxes (192 KB) per SM
 // are in flight or being read, and no CTA barrier runs while they stream.
 //
-// Mapping: grid (tiles, splits) as the portable kernel, one CTA of 4 warps per SM. Each warp is
+// Mapping: grid (tiles, splits) as the portable kernel, one CTA of 4 warps per SM, a range of at
+// least one block a warp (short contexts leave the last CTAs without blocks: at batch 1 S=8K, 16
+// ranges of 4 blocks measured 8.95 us against 9.86 with 64 ranges of one, s16 r2, since the last
+// CTA's merge then reads 64 full lists instead of 256 mostly empty ones). Each warp is
 // independent until the end: it takes a contiguous quarter of the CTA's block range and streams
 // it through its own ring of kSlots boxes (one mbarrier each). Lane 0 issues a box and, once the
 // warp has read it, the box kSlots further on into the same slot, so a slot's phases advance only
@@ -78,11 +81,17 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
   constexpr int kSlots = Traits::kSlots, kBoxesPerPage = Traits::kBoxesPerPage;
   const DecodeTopkParams& p = params.decode;
   const ScoreBlocksParams& s = p.scoring;
+  M3SA_DECODE_STAMPS_BEGIN();
+  M3SA_DECODE_STAMP(0);
   // Launched to overlap the previous kernel (PDL): wait for it before touching memory.
   wait_for_prior_grids();
   allow_next_grid();
   DecodeTile t;
-  if (!begin_decode_tile(p, &t)) return;
+  if (!begin_decode_tile(p, &t)) {
+    M3SA_DECODE_STAMPS_END(s.splits, 0);
+    return;
+  }
+  M3SA_DECODE_STAMP(1);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = sm90::align_to_swizzle_atom(smem_raw);
   uint64_t* lists = reinterpret_cast<uint64_t*>(ring + Traits::kRingBytes);
@@ -93,7 +102,7 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
   const int rows = t.geo.rows, fill = t.fill, heads = s.heads;
   const int n_local = shard_local_count(s, t.geo.n_max); // this rank's blocks (all, unsharded)
   // This warp's blocks: a contiguous quarter of the CTA's range.
-  const BlockRange range = split_block_range(n_local, s.splits);
+  const BlockRange range = split_block_range(n_local, s.splits, Traits::kWarps);
   const int count = max(0, range.end - range.begin);
   const int per_warp = (count + Traits::kWarps - 1) / Traits::kWarps;
   const int first = range.begin + warp * per_warp;
@@ -174,6 +183,7 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
     for (int box = 0; box < kBoxesPerPage; ++box) {
       const int u = k * kBoxesPerPage + box, slot = u % kSlots;
       sm90::mbarrier_wait(&my_full[slot], (u / kSlots) & 1);
+      if (u == 0) M3SA_DECODE_STAMP(2);
       if (valid) {
         const uint32_t box_address = ring_address + slot * Traits::kBoxBytes;
         // A k-step's eight ldmatrix are issued while the previous step's MMAs run: the asm
@@ -238,14 +248,18 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
       }
     }
   }
+  M3SA_DECODE_STAMP(3);
   if (M3SA_DECODE_SM90_VARIANT == 2) return;
   __syncthreads();
+  M3SA_DECODE_STAMP(4);
   // The four warps' lists go out as they are and the merge ranks kWarps lists a range: merging
   // them here first took 1.4-2.5 us after the stream (bench/NOTES.md s8 r2).
   uint64_t* ring_keys = reinterpret_cast<uint64_t*>(ring);
   publish_and_merge<MaxK>(
       t, CtaLists<Traits::kWarps>{lists, kDecodeSm90MaxRows}, n_local, is_last,
-      MergeMemory{ring_keys, Traits::kStageKeys, ring_keys + Traits::kStageKeys});
+      MergeMemory{ring_keys, Traits::kStageKeys, ring_keys + Traits::kStageKeys}, Traits::kWarps);
+  M3SA_DECODE_STAMP(5);
+  M3SA_DECODE_STAMPS_END(s.splits, s.splits == 1 || *is_last);
 #endif
 }
 

@@ -138,12 +138,14 @@ __device__ __forceinline__ TileGeometry tile_geometry(const ScoreBlocksParams& p
   return geo;
 }
 
-// The blocks [begin, end) this CTA scores: split blockIdx.y of the tile's causal blocks.
+// The blocks [begin, end) this CTA scores: split blockIdx.y of the tile's causal blocks, at least
+// `min_per_split` blocks a split (the last splits then get none: begin >= end).
 struct BlockRange {
   int begin, end;
 };
-__device__ __forceinline__ BlockRange split_block_range(int n_max, int splits) {
-  const int per_split = (n_max + splits - 1) / splits;
+__device__ __forceinline__ BlockRange split_block_range(int n_max, int splits,
+                                                        int min_per_split = 1) {
+  const int per_split = max(min_per_split, (n_max + splits - 1) / splits);
   const int begin = blockIdx.y * per_split;
   return {begin, min(n_max, begin + per_split)};
 }
