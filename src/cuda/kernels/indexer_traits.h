@@ -26,6 +26,20 @@ inline int tile_tokens(int heads) { return std::max(1, kTileRows / heads); }
 inline constexpr int kDecodeSm90MaxRows = 8;
 inline constexpr int kDecodeSm90CtasPerSm = 1;
 
+// A tile's `n` causal blocks over its `splits` CTAs (blockIdx.y): ranges of this many consecutive
+// blocks, at least `min_per_split` (the Hopper decode kernel: one block a warp), so that the last
+// ranges may hold none; 0 when there is no block. The kernels' split_block_range and the publish's
+// list packing (publish_and_merge) both derive from it; the CPU tests check that they agree
+// (tests/unit/decode_ranges_test.cpp).
+M3SA_HOST_DEVICE int decode_range_blocks(int n, int splits, int min_per_split) {
+  const int even = (n + splits - 1) / splits;
+  return n <= 0 ? 0 : even > min_per_split ? even : min_per_split;
+}
+// The ranges of decode_range_blocks(n, ...) = per_split blocks that hold at least one block.
+M3SA_HOST_DEVICE int decode_ranges_with_blocks(int n, int per_split) {
+  return per_split == 0 ? 0 : (n + per_split - 1) / per_split;
+}
+
 // The SM90 scorer (score_blocks_sm90.cuh): 256 query rows a tile, 256 / H tokens.
 inline constexpr int kSm90TileRows = 256;
 inline int sm90_tile_tokens(int heads) { return std::max(1, kSm90TileRows / heads); }
