@@ -1,7 +1,7 @@
 // How a decode tile's blocks split over its CTAs and what the publish packs from that
-// (decode_range_blocks and decode_ranges_with_blocks, cuda/kernels/indexer_traits.h): the kernels
+// (blocks_per_split and splits_with_blocks, cuda/kernels/indexer_traits.h): the kernels
 // take range y = [y * per_split, min(n, (y + 1) * per_split)) and give each warp a quarter of it;
-// the last CTA reads the lists of decode_ranges_with_blocks(n, per_split) ranges, each
+// the last CTA reads the lists of splits_with_blocks(n, per_split) ranges, each
 // min(fill, ceil(per_split / lists)) keys long (publish_and_merge, cuda/kernels/decode_topk.cuh).
 // A range the publish does not count, or a warp with more candidates than the packed length,
 // would drop keys without a trace, so both are checked for the tile sizes the decode grids meet.
@@ -15,8 +15,8 @@
 namespace m3sa::testing {
 namespace {
 
-using cuda::decode_range_blocks;
-using cuda::decode_ranges_with_blocks;
+using cuda::blocks_per_split;
+using cuda::splits_with_blocks;
 
 constexpr int kWarpLists = 4; // the Hopper kernel's lists a range: one a warp
 
@@ -34,7 +34,7 @@ TEST(DecodeRanges, EveryBlockInExactlyOneRangeAndTheCountedRangesHoldThemAll) {
       for (int n = 0; n <= 2100; n += (n < 300 ? 1 : 37)) {
         SCOPED_TRACE(::testing::Message()
                      << "n " << n << " splits " << splits << " min " << min_per_split);
-        const int per_split = decode_range_blocks(n, splits, min_per_split);
+        const int per_split = blocks_per_split(n, splits, min_per_split);
         ASSERT_GE(per_split, 0);
         if (n > 0) {
           EXPECT_GE(per_split, min_per_split);
@@ -52,7 +52,7 @@ TEST(DecodeRanges, EveryBlockInExactlyOneRangeAndTheCountedRangesHoldThemAll) {
           for (int b = r.begin; b < r.end; ++b) ++seen[b];
         }
         for (int b = 0; b < n; ++b) ASSERT_EQ(seen[b], 1) << "block " << b;
-        EXPECT_EQ(decode_ranges_with_blocks(n, per_split), non_empty);
+        EXPECT_EQ(splits_with_blocks(n, per_split), non_empty);
       }
 }
 
@@ -60,7 +60,7 @@ TEST(DecodeRanges, AWarpNeverHoldsMoreCandidatesThanItsPublishedList) {
   for (int fill : {1, 8, 13, 16, 31, 32})
     for (int splits : {1, 4, 33, 132})
       for (int n = 1; n <= 2100; n += (n < 300 ? 1 : 41)) {
-        const int per_split = decode_range_blocks(n, splits, kWarpLists);
+        const int per_split = blocks_per_split(n, splits, kWarpLists);
         const int len = std::min(fill, (per_split + kWarpLists - 1) / kWarpLists);
         for (int y = 0; y < splits; ++y) {
           const Range r = range_of(y, n, per_split);
@@ -78,12 +78,12 @@ TEST(DecodeRanges, AWarpNeverHoldsMoreCandidatesThanItsPublishedList) {
 
 TEST(DecodeRanges, ShortContextsGiveEveryWarpABlock) {
   // Batch 1 at S = 8K on 132 SMs: 16 ranges of 4 blocks, not 64 of one (bench/NOTES.md s16 r2).
-  EXPECT_EQ(decode_range_blocks(64, 132, kWarpLists), 4);
-  EXPECT_EQ(decode_ranges_with_blocks(64, 4), 16);
+  EXPECT_EQ(blocks_per_split(64, 132, kWarpLists), 4);
+  EXPECT_EQ(splits_with_blocks(64, 4), 16);
   // Long contexts split evenly as before.
-  EXPECT_EQ(decode_range_blocks(1024, 132, kWarpLists), 8);
-  EXPECT_EQ(decode_range_blocks(8192, 132, kWarpLists), 63);
-  EXPECT_EQ(decode_range_blocks(0, 132, kWarpLists), 0);
+  EXPECT_EQ(blocks_per_split(1024, 132, kWarpLists), 8);
+  EXPECT_EQ(blocks_per_split(8192, 132, kWarpLists), 63);
+  EXPECT_EQ(blocks_per_split(0, 132, kWarpLists), 0);
 }
 
 } // namespace

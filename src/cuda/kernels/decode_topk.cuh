@@ -184,9 +184,9 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
   // written keys): a list of n blocks has at most n candidates, so short ranges publish short
   // lists.
   static_assert(kLists * kDecodeSm90MaxRows <= kTileRows || kLists == 1);
-  const int per_split = decode_range_blocks(n_local, s.splits, min_per_split);
+  const int per_split = blocks_per_split(n_local, s.splits, min_per_split);
   const int len = min(fill, (per_split + kLists - 1) / kLists);
-  const int active_splits = decode_ranges_with_blocks(n_local, per_split);
+  const int active_splits = splits_with_blocks(n_local, per_split);
   const int64_t split_stride = int64_t{kTileRows} * fill;
   const int packed = kLists * rows * len, chunks = (packed + 1) / 2; // keys, 16-byte chunks
   uint64_t* tile_lists = p.partial_lists + int64_t{blockIdx.x} * s.splits * split_stride;

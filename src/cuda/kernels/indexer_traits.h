@@ -31,12 +31,12 @@ inline constexpr int kDecodeSm90CtasPerSm = 1;
 // ranges may hold none; 0 when there is no block. The kernels' split_block_range and the publish's
 // list packing (publish_and_merge) both derive from it; the CPU tests check that they agree
 // (tests/unit/decode_ranges_test.cpp).
-M3SA_HOST_DEVICE int decode_range_blocks(int n, int splits, int min_per_split) {
+M3SA_HOST_DEVICE int blocks_per_split(int n, int splits, int min_per_split) {
   const int even = (n + splits - 1) / splits;
   return n <= 0 ? 0 : even > min_per_split ? even : min_per_split;
 }
-// The ranges of decode_range_blocks(n, ...) = per_split blocks that hold at least one block.
-M3SA_HOST_DEVICE int decode_ranges_with_blocks(int n, int per_split) {
+// The ranges of blocks_per_split(n, ...) = per_split blocks that hold at least one block.
+M3SA_HOST_DEVICE int splits_with_blocks(int n, int per_split) {
   return per_split == 0 ? 0 : (n + per_split - 1) / per_split;
 }
 

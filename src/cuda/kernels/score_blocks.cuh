@@ -145,7 +145,7 @@ struct BlockRange {
 };
 __device__ __forceinline__ BlockRange split_block_range(int n_max, int splits,
                                                         int min_per_split = 1) {
-  const int per_split = decode_range_blocks(n_max, splits, min_per_split);
+  const int per_split = blocks_per_split(n_max, splits, min_per_split);
   const int begin = blockIdx.y * per_split;
   return {begin, min(n_max, begin + per_split)};
 }
