@@ -193,14 +193,12 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit_group() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
 // Waits until at most kPending of this warpgroup's committed wgmma groups are pending (groups
 // complete in commit order).
 template <int kPending> __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 // Keeps the compiler from moving accumulator reads or writes across a wgmma fence / wait.
 __device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
 #pragma unroll
