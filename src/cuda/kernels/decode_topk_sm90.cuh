@@ -83,6 +83,21 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
   const ScoreBlocksParams& s = p.scoring;
   M3SA_DECODE_STAMPS_BEGIN();
   M3SA_DECODE_STAMP(0);
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* ring = sm90::align_to_swizzle_atom(smem_raw);
+  uint64_t* lists = reinterpret_cast<uint64_t*>(ring + Traits::kRingBytes);
+  uint64_t* full = lists + Traits::kListBytes / 8; // [warp][slot]
+  int* is_last = reinterpret_cast<int*>(full + Traits::kWarps * kSlots);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Before the wait, what reads no memory the previous grid may write: the parameters into the
+  // constant cache, the descriptor into the TMA unit, this warp's ring barriers (lane 0 is the only
+  // thread that arrives on them; the CTA barrier after the queries' staging publishes them).
+  touch_parameters(params);
+  if (lane == 0) {
+    for (int i = 0; i < kSlots; ++i) sm90::mbarrier_init(&full[warp * kSlots + i], 1);
+    sm90::fence_barrier_init();
+    if (warp == 0) sm90::prefetch_tensor_map(params.index_k_map);
+  }
   // Launched to overlap the previous kernel (PDL): wait for it before touching memory.
   wait_for_prior_grids();
   allow_next_grid();
@@ -92,13 +107,6 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
     return;
   }
   M3SA_DECODE_STAMP(1);
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* ring = sm90::align_to_swizzle_atom(smem_raw);
-  uint64_t* lists = reinterpret_cast<uint64_t*>(ring + Traits::kRingBytes);
-  uint64_t* full = lists + Traits::kListBytes / 8; // [warp][slot]
-  int* is_last = reinterpret_cast<int*>(full + Traits::kWarps * kSlots);
-
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rows = t.geo.rows, fill = t.fill, heads = s.heads;
   const int n_local = shard_local_count(s, t.geo.n_max); // this rank's blocks (all, unsharded)
   // This warp's blocks: a contiguous quarter of the CTA's range.
@@ -139,12 +147,8 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
                            (t.tile.token_begin + q_row / heads) * s.q_stride_token +
                            (q_row % heads) * s.q_stride_head,
                        q_chunk);
-  if (lane == 0) {
-    for (int i = 0; i < kSlots; ++i) sm90::mbarrier_init(&my_full[i], 1);
-    sm90::fence_barrier_init();
-    if (boxes > 0) sm90::prefetch_tensor_map(params.index_k_map);
+  if (lane == 0)
     for (int u = 0; u < min(boxes, kSlots); ++u) issue(u);
-  }
   if (q_row < kDecodeSm90MaxRows) reinterpret_cast<uint4*>(lists)[q_row * 16 + q_chunk] = q_raw;
   __syncthreads();
   // Each lane's B fragments: query row g = lane / 4, words 8 ks + c and 8 ks + c + 4 of the 16 B

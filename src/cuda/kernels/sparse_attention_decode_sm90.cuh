@@ -167,7 +167,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   const int g = static_cast<int>(pair % p.kv_heads);
   const int t = p.token_begin + static_cast<int>(pair / p.kv_heads);
   uint64_t* my_full = full[warp];
-  if (lane == 0) { // the only thread that arrives on this warp's barriers initialises them
+  touch_parameters(params); // into the constant cache while the previous grid runs
+  if (lane == 0) {          // the only thread that arrives on this warp's barriers initialises them
     for (int i = 0; i < kSlots; ++i) sm90::mbarrier_init(&my_full[i], 1);
     sm90::fence_barrier_init();
     if (warp == 0) sm90::prefetch_tensor_map(params.k_map);
