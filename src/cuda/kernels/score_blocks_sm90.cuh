@@ -40,6 +40,13 @@
 #include "cuda/kernels/score_blocks.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 
+// Diagnostic switch (bench/micro/variant_m3sa.sh): e4m3 pages multiplied by e4m3 wgmma (QGMMA)
+// instead of widened to bf16. 1: the four k32 steps accumulate in the tensor core; 2: each step
+// starts from zero and is added to the fp32 accumulators by FADDs (DeepGEMM's promotion).
+#ifndef M3SA_SCORE_FP8_MMA
+#define M3SA_SCORE_FP8_MMA 0
+#endif
+
 namespace m3sa::cuda {
 
 inline constexpr int kSm90ScoreThreads = 384; // producer warpgroup + 2 consumer warpgroups
@@ -55,13 +62,16 @@ static_assert(128 * kSm90ProducerRegisters + 256 * kSm90ConsumerRegisters <=
 // Shared memory: bf16 queries (256 rows x 2 slabs of 128 B), a ring of bf16 pages (2 slabs of
 // 128 keys x 128 B) and, for e4m3 caches, a ring of raw pages (128 keys x 128 B).
 template <typename StoredT> struct Sm90ScoreTraits {
-  static constexpr bool kFp8 = std::is_same_v<StoredT, __nv_fp8_e4m3>;
+  static constexpr bool kNativeFp8 =
+      std::is_same_v<StoredT, __nv_fp8_e4m3> && M3SA_SCORE_FP8_MMA != 0;
+  static constexpr bool kFp8 = std::is_same_v<StoredT, __nv_fp8_e4m3> && !kNativeFp8; // widened
   static constexpr int kSlabBytes = 128 * 128; // 128 rows x 128 B: one wgmma operand slab
-  static constexpr int kStageBytes = 2 * kSlabBytes;
-  static constexpr int kStages = kFp8 ? 3 : 4;
+  static constexpr int kSlabs = kNativeFp8 ? 1 : 2;
+  static constexpr int kStageBytes = kSlabs * kSlabBytes;
+  static constexpr int kStages = kNativeFp8 ? 8 : kFp8 ? 3 : 4;
   static constexpr int kRawStages = kFp8 ? 4 : 0;
   static constexpr int kRawBytes = 128 * 128;
-  static constexpr int kQueryBytes = 2 * kSm90TileRows * 128;
+  static constexpr int kQueryBytes = kSlabs * kSm90TileRows * 128;
   static constexpr int kBarriers = 2 * kStages + 2 * kRawStages;
   // + 1 KB to align the operands to 1024 B, + the barriers.
   static constexpr int kSmemBytes =
@@ -170,7 +180,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
           continue;
         }
         sm90::mbarrier_arrive_expect_tx(&full[stage], Traits::kStageBytes);
-        for (int slab = 0; slab < 2; ++slab)
+        for (int slab = 0; slab < Traits::kSlabs; ++slab)
           sm90::tma_load_3d(key_s + stage * Traits::kStageBytes + slab * Traits::kSlabBytes,
                             params.index_k_map, &full[stage], slab * 64, 0, page);
       }
@@ -273,7 +283,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     // This consumer's 128 query rows, swizzled into its half of query_s as bf16 (e4m3 widened;
     // zeros past the tile).
     sm90::named_barrier_sync(1 + consumer, 128);   // the previous unit's MMAs have read query_s
-    constexpr int kChunks = Traits::kFp8 ? 8 : 16; // 16-byte chunks of a stored 128-dim row
+    constexpr int kChunks = sizeof(StoredT) == 1 ? 8 : 16; // 16-byte chunks of a stored row
     const StoredT* q = static_cast<const StoredT*>(p.index_q);
     for (int i = thread; i < 128 * kChunks; i += 128) {
       const int row = row_base + i / kChunks, chunk = i % kChunks;
@@ -284,6 +294,8 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
                          chunk);
       if constexpr (Traits::kFp8)
         store_widened_e4m3x16(query_s, kSm90TileRows * 128, row, chunk, raw);
+      else if constexpr (Traits::kNativeFp8)
+        *reinterpret_cast<uint4*>(query_s + sm90::swizzled_offset(row, chunk)) = raw;
       else
         *reinterpret_cast<uint4*>(query_s + (chunk / 8) * (kSm90TileRows * 128) +
                                   sm90::swizzled_offset(row, chunk % 8)) = raw;
@@ -304,6 +316,36 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
         sm90::fence_accumulators(acc[0]);
         sm90::fence_accumulators(acc[1]);
         sm90::wgmma_fence();
+#if M3SA_SCORE_FP8_MMA == 1
+        if constexpr (Traits::kNativeFp8) {
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              sm90::wgmma_m64n128k32_e4m3(
+                  acc[t], sm90::operand_descriptor(query_base + t * 64 * 128 + k * 32),
+                  sm90::operand_descriptor(key_base + k * 32), k);
+        } else
+#elif M3SA_SCORE_FP8_MMA == 2
+        if constexpr (Traits::kNativeFp8) {
+          float part[64];
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              sm90::fence_accumulators(part);
+              sm90::wgmma_fence();
+              sm90::wgmma_m64n128k32_e4m3(
+                  part, sm90::operand_descriptor(query_base + t * 64 * 128 + k * 32),
+                  sm90::operand_descriptor(key_base + k * 32), 0);
+              sm90::wgmma_commit_group();
+              sm90::wgmma_wait_all();
+              sm90::fence_accumulators(part);
+#pragma unroll
+              for (int i = 0; i < 64; ++i) acc[t][i] = k == 0 ? part[i] : acc[t][i] + part[i];
+            }
+        } else
+#endif
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
 #pragma unroll
