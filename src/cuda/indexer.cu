@@ -6,6 +6,7 @@
 #include "cuda/indexer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "cuda/kernels/indexer_traits.h"
@@ -13,6 +14,17 @@
 #include "cuda/launchers.h"
 #include "cuda/tensor_maps.h"
 #include "registry/registry.h"
+
+// Diagnostic switch (bench/micro/variant_m3sa.sh): another error bound for the QGMMA scores'
+// certification, to measure what the bound costs (a bound below QGMMA's error gives wrong rows).
+#ifndef M3SA_QGMMA_RELATIVE_ERROR
+#define M3SA_QGMMA_RELATIVE_ERROR kQgmmaRelativeError
+#endif
+// Diagnostic switch: cuda.index_topk.sm90 plans as cuda.index_topk.sm90_qgmma (so that m3sa bench
+// and the engines' default path measure it).
+#ifndef M3SA_INDEX_TOPK_SM90_QGMMA
+#define M3SA_INDEX_TOPK_SM90_QGMMA 0
+#endif
 
 namespace m3sa::cuda {
 namespace {
@@ -81,11 +93,14 @@ ScoreBlocksParams scoring_params(const OpPlan& plan, int splits, const TensorVie
 }
 
 // Scores of the scheduled requests into `scores` with strides (head, token, block) and width;
-// fill_tail for exported scores.
+// fill_tail for exported scores. tensor_core_fp8: e4m3 caches on the SM90 scorer may be scored
+// by QGMMA (inexact sums: only for selections that are certified afterwards); *inexact says
+// whether they were.
 Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView& cache,
                       const BatchMetadata& batch, const IndexerLayout& l, float* scores,
                       const int64_t (&strides)[3], int64_t width, bool fill_tail,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool tensor_core_fp8 = false,
+                      bool* inexact = nullptr) {
   const ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(plan);
   ScoreBlocksParams p = scoring_params(plan, info.block_splits, q, cache, batch, l);
   p.scores = scores;
@@ -110,9 +125,12 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
     sm90.scoring = p;
     sm90.schedule = l.schedule;
     sm90.units = l.units;
-    M3SA_CUDA_RETURN_IF_ERROR(cache.dtype == DType::fp8_e4m3
-                                  ? launch_score_blocks_sm90_fp8(sm90, info.sm_count, stream)
-                                  : launch_score_blocks_sm90_bf16(sm90, info.sm_count, stream));
+    const bool fp8 = cache.dtype == DType::fp8_e4m3;
+    if (inexact != nullptr) *inexact = fp8 && tensor_core_fp8;
+    M3SA_CUDA_RETURN_IF_ERROR(
+        !fp8 ? launch_score_blocks_sm90_bf16(sm90, info.sm_count, stream)
+        : tensor_core_fp8 ? launch_score_blocks_sm90_fp8_qgmma(sm90, info.sm_count, stream)
+                          : launch_score_blocks_sm90_fp8(sm90, info.sm_count, stream));
     return {};
   }
   M3SA_CUDA_RETURN_IF_ERROR(
@@ -125,9 +143,9 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
   return {};
 }
 
-Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const float* scores,
-                        const int64_t (&strides)[3], int64_t width, const TensorView& topk,
-                        int32_t* error_flags, cudaStream_t stream) {
+SelectTopkParams selection_params(const OpPlan& plan, const BatchMetadata& batch,
+                                  const float* scores, const int64_t (&strides)[3], int64_t width,
+                                  const TensorView& topk, int32_t* error_flags) {
   SelectTopkParams p{};
   p.score_width = static_cast<int32_t>(width);
   p.error_flags = error_flags;
@@ -137,9 +155,43 @@ Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const fl
   p.score_stride_block = strides[2];
   p.rows = selection_rows(plan, batch, topk);
   p.first_request = first_scheduled_request(plan, batch);
+  return p;
+}
+
+Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const float* scores,
+                        const int64_t (&strides)[3], int64_t width, const TensorView& topk,
+                        int32_t* error_flags, cudaStream_t stream) {
   const bool after_sm90_scorer =
       detail::load_plan_info<ScoringPlanInfo>(plan).scorer == Scorer::sm90;
-  M3SA_CUDA_RETURN_IF_ERROR(launch_select_topk(p, stream, after_sm90_scorer));
+  M3SA_CUDA_RETURN_IF_ERROR(launch_select_topk(
+      selection_params(plan, batch, scores, strides, width, topk, error_flags), stream,
+      after_sm90_scorer));
+  return {};
+}
+
+// index_topk's prefill rows scored by QGMMA: the key norms, the selection, then its certification
+// (certify_selection.cuh).
+Status launch_certified_selection(const OpPlan& plan, const IndexTopkArgs& args,
+                                  const IndexerLayout& l, const int64_t (&strides)[3],
+                                  int64_t width, cudaStream_t stream) {
+  const BatchMetadata& batch = args.batch;
+  KeyNormParams n{};
+  n.scoring = scoring_params(plan, 1, args.index_q, args.index_k_cache, batch, l);
+  n.first_request = first_scheduled_request(plan, batch);
+  n.num_requests = batch.num_requests;
+  n.key_norms = l.key_norms;
+  n.key_norm_stride = static_cast<int32_t>(plan.request.capacities.max_blocks_per_request);
+  M3SA_CUDA_RETURN_IF_ERROR(
+      launch_key_norms(n, static_cast<int>(plan.request.capacities.max_requests), stream));
+  CertifySelectionParams c{};
+  c.select = selection_params(plan, batch, l.scores, strides, width, args.topk,
+                              l.control.error_flags);
+  M3SA_CUDA_RETURN_IF_ERROR(launch_select_topk(c.select, stream, true));
+  c.scoring = n.scoring;
+  c.key_norms = l.key_norms;
+  c.key_norm_stride = n.key_norm_stride;
+  c.error_scale = M3SA_QGMMA_RELATIVE_ERROR * std::fabs(c.scoring.scale);
+  M3SA_CUDA_RETURN_IF_ERROR(launch_certify_selection(c, stream));
   return {};
 }
 
@@ -159,7 +211,21 @@ Status plan_indexer(const PlanRequest& request, const detail::DeviceCaps& caps, 
   return plan_indexer_with(Scorer::portable, request, caps, plan);
 }
 Status plan_indexer_sm90(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
-  return plan_indexer_with(Scorer::sm90, request, caps, plan);
+  M3SA_RETURN_IF_ERROR(plan_indexer_with(Scorer::sm90, request, caps, plan));
+#if M3SA_INDEX_TOPK_SM90_QGMMA
+  ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(*plan);
+  info.tensor_core_fp8 = request.op == OpKind::index_topk ? 1 : 0;
+  detail::store_plan_info(plan, info);
+#endif
+  return {};
+}
+Status plan_index_topk_sm90_qgmma(const PlanRequest& request, const detail::DeviceCaps& caps,
+                                  OpPlan* plan) {
+  M3SA_RETURN_IF_ERROR(plan_indexer_with(Scorer::sm90, request, caps, plan));
+  ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(*plan);
+  info.tensor_core_fp8 = 1;
+  detail::store_plan_info(plan, info);
+  return {};
 }
 
 // The Hopper scorer and decode kernels.
@@ -171,6 +237,16 @@ Status can_run_sm90(const PlanRequest& request, const detail::DeviceCaps& caps) 
           decode_topk_sm90_bf16_k32_has_sm90a_code() && decode_topk_sm90_fp8_k16_has_sm90a_code() &&
           decode_topk_sm90_fp8_k32_has_sm90a_code(),
       "the wgmma / TMA scorer and the TMA decode kernels");
+}
+
+// The QGMMA scorer and the certification: e4m3 caches only.
+Status can_run_sm90_qgmma(const PlanRequest& request, const detail::DeviceCaps& caps) {
+  if (request.cache_dtype != DType::fp8_e4m3)
+    return Status::unsupported(detail::concat("cache_dtype ", to_string(request.cache_dtype)),
+                               "QGMMA scoring is for e4m3 index caches");
+  M3SA_RETURN_IF_ERROR(can_run_sm90(request, caps));
+  return can_run_sm90a(request, caps, score_blocks_sm90_fp8_qgmma_has_sm90a_code(),
+                       "the QGMMA scorer");
 }
 
 Status prepare_indexer(const OpPlan& plan, Workspace workspace, void* stream) {
@@ -206,9 +282,14 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
   const Capacities& cap = plan.request.capacities;
   const int64_t strides[3] = {cap.max_tokens * cap.max_blocks_per_request,
                               cap.max_blocks_per_request, 1};
+  bool inexact = false;
   M3SA_RETURN_IF_ERROR(launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l,
                                       l.scores, strides, cap.max_blocks_per_request, false,
-                                      stream));
+                                      stream,
+                                      detail::load_plan_info<ScoringPlanInfo>(plan).tensor_core_fp8 != 0,
+                                      &inexact));
+  if (inexact)
+    return launch_certified_selection(plan, args, l, strides, cap.max_blocks_per_request, stream);
   return launch_selection(plan, args.batch, l.scores, strides, cap.max_blocks_per_request,
                           args.topk, l.control.error_flags, stream);
 }
@@ -265,6 +346,8 @@ IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::Work
   }
   if (topk)
     l.scores = carver.take<float>(int64_t{heads} * cap.max_tokens * cap.max_blocks_per_request);
+  if (topk && request.cache_dtype == DType::fp8_e4m3)
+    l.key_norms = carver.take<float>(cap.max_requests * cap.max_blocks_per_request);
   return l;
 }
 
@@ -349,7 +432,7 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
 namespace m3sa::detail {
 
 extern const Implementation kCudaScoreBlocksSm80, kCudaScoreBlocksSm90, kCudaSelectTopkBlocks,
-    kCudaIndexTopkSm80, kCudaIndexTopkSm90;
+    kCudaIndexTopkSm80, kCudaIndexTopkSm90, kCudaIndexTopkSm90Qgmma;
 
 const Implementation kCudaScoreBlocksSm80 = {
     "cuda.score_blocks.sm80",
@@ -413,6 +496,22 @@ const Implementation kCudaIndexTopkSm90 = {
     1,
     cuda::can_run_sm90,
     cuda::plan_indexer_sm90,
+    cuda::index_topk,
+    cuda::prepare_indexer,
+    cuda::read_control_errors,
+    cuda::ScoringPlanInfo::kVersion};
+
+const Implementation kCudaIndexTopkSm90Qgmma = {
+    "cuda.index_topk.sm90_qgmma",
+    "as cuda.index_topk.sm90, but e4m3 prefill rows are scored by e4m3 wgmma (QGMMA, inexact "
+    "sums) and every row's selection is certified against a measured error bound, the blocks near "
+    "its K-th score rescored exactly (certify_selection.cuh); opt-in: slower than the widened "
+    "scorer except at 1M tokens so far (bench/NOTES.md s17)",
+    Backend::cuda,
+    OpKind::index_topk,
+    0,
+    cuda::can_run_sm90_qgmma,
+    cuda::plan_index_topk_sm90_qgmma,
     cuda::index_topk,
     cuda::prepare_indexer,
     cuda::read_control_errors,

@@ -18,10 +18,12 @@ enum class Scorer : int32_t { portable = 0, sm90 = 1 };
 
 // Plan info of the scoring implementations (cuda.score_blocks.*, cuda.index_topk.*).
 struct ScoringPlanInfo {
-  static constexpr uint32_t kVersion = 2;
+  static constexpr uint32_t kVersion = 3;
   int32_t sm_count;     // the device's SMs, read at plan time
   int32_t block_splits; // block ranges per row tile: the portable scoring and decode grids' y
   Scorer scorer;
+  // 1 (cuda.index_topk.sm90_qgmma): e4m3 prefill rows scored by QGMMA, selections certified.
+  int32_t tensor_core_fp8;
 };
 
 // The splits of a request on a device of `sm_count` SMs.
@@ -37,6 +39,7 @@ struct IndexerLayout {
   int32_t* range_starts = nullptr;     // [range_capacity] (the SM90 schedule's scratch)
   float* scores = nullptr;             // [H, max_tokens, max_blocks] (index_topk: prefill rows)
   uint64_t* partial_lists = nullptr;   // [decode tiles, splits, 64, ranked slots] (index_topk)
+  float* key_norms = nullptr; // [max_requests, max_blocks] (index_topk, e4m3 caches: certification)
   int64_t tile_capacity = 0;
   int64_t unit_capacity = 0, range_capacity = 0;
 };

@@ -128,6 +128,30 @@ struct SelectTopkParams {
   int32_t group_candidates;
 };
 
+// The largest L2 norm of the visible keys (positions < seq_len) of every causal block of the
+// prefill requests [first_request, num_requests): +inf for a block with a NaN key or an invalid
+// page (certify_selection.cuh then rescores such blocks, or leaves the row to the flag). Of
+// `scoring` it reads the cache, seq_lens and the block table.
+struct KeyNormParams {
+  ScoreBlocksParams scoring; // e4m3 cache
+  int32_t first_request, num_requests;
+  float* key_norms; // [R, key_norm_stride] out (workspace); blocks past the stride are left out
+  int32_t key_norm_stride;
+};
+
+// index_topk's prefill rows after QGMMA scores (inexact sums) and their selection: every row's
+// selection checked against the per-block error bound error_scale * |q| * key_norm, and the
+// blocks whose bound reaches across the row's K-th score rescored exactly (fp32 sums of the exact
+// e4m3 products) and selected among. `select` as the selection was launched with; of `scoring`
+// the query, the cache, the block table and the scale.
+struct CertifySelectionParams {
+  SelectTopkParams select;
+  ScoreBlocksParams scoring; // e4m3 query and cache
+  const float* key_norms;    // [R, key_norm_stride] (KeyNormParams)
+  int64_t key_norm_stride;
+  float error_scale; // kQgmmaRelativeError * |scale|
+};
+
 // Decode rows of index_topk: scoring as above (tiles, num_tiles and scores unused; tiles are
 // derived from the request index), then per-range candidate lists merged by the last CTA.
 struct DecodeTopkParams {

@@ -22,6 +22,18 @@ cudaError_t launch_score_blocks_sm90_fp8(const ScoreBlocksSm90Params& params, in
                                          cudaStream_t stream);
 bool score_blocks_sm90_bf16_has_sm90a_code();
 bool score_blocks_sm90_fp8_has_sm90a_code();
+// e4m3 pages on e4m3 wgmma (inexact sums): index_topk's prefill rows, before
+// launch_certify_selection.
+cudaError_t launch_score_blocks_sm90_fp8_qgmma(const ScoreBlocksSm90Params& params, int grid,
+                                               cudaStream_t stream);
+bool score_blocks_sm90_fp8_qgmma_has_sm90a_code();
+// The largest key norm of every causal block of the prefill requests (certify_selection.cuh),
+// then, after the selection, each row's selection certified against the QGMMA scores' error
+// bound and the blocks near its K-th score rescored exactly; both with programmatic dependent
+// launch.
+cudaError_t launch_key_norms(const KeyNormParams& params, int request_capacity,
+                             cudaStream_t stream);
+cudaError_t launch_certify_selection(const CertifySelectionParams& params, cudaStream_t stream);
 // Decode scoring + selection; _k16 for at most 16 ranked slots (half the merge registers).
 cudaError_t launch_decode_topk_bf16_k16(const DecodeTopkParams& params, dim3 grid,
                                         cudaStream_t stream);

@@ -35,6 +35,7 @@
   X(kCudaSelectTopkBlocks)           \
   X(kCudaIndexTopkSm80)              \
   X(kCudaIndexTopkSm90)              \
+  X(kCudaIndexTopkSm90Qgmma)         \
   X(kCudaNormRopeInsert)             \
   X(kCudaSparseAttentionSm80)        \
   X(kCudaSparseAttentionSm90)

@@ -155,9 +155,11 @@ TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
   const SelectionRules rules = selection_rules(c.config, sb);
   const int heads = c.config.num_index_heads;
 
-  for (const char* arch : {"sm80", "sm90"}) {
+  for (const char* arch : {"sm80", "sm90", "sm90_qgmma"}) {
+    const bool certified = std::string(arch) == "sm90_qgmma"; // e4m3 caches only
+    if (certified && c.dtype != DType::fp8_e4m3) continue;
     const std::string topk_name = std::string("cuda.index_topk.") + arch;
-    const std::string score_name = std::string("cuda.score_blocks.") + arch;
+    const std::string score_name = std::string("cuda.score_blocks.") + (certified ? "sm90" : arch);
     CudaRun topk_run, score_run;
     if (!plan_named(topk_name.c_str(), OpKind::index_topk, c.config, sb, &topk_run) ||
         !plan_named(score_name.c_str(), OpKind::score_blocks, c.config, sb, &score_run))
@@ -175,7 +177,8 @@ TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
     EXPECT_EQ(device_flags(score_run), 0) << arch;
     const HostTensor got_topk = topk.download(), got_scores = scores.download();
 
-    // Every scorer sums exact products in fp32 (e4m3 widened to bf16 on Hopper): near-ties only.
+    // Every scorer sums exact products in fp32, or (sm90_qgmma) scores by QGMMA and certifies the
+    // selection, rescoring the blocks near each row's K-th score exactly: near-ties only.
     const TopkComparison cmp = compare_topk(want_topk.view(), got_topk.view(),
                                             c.integers ? TensorView{} : want_scores.view(), rules);
     std::printf("[ %s %s ] %s: %s\n", c.name, arch, to_string(oracle.backend),
@@ -186,7 +189,9 @@ TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
       EXPECT_TRUE(same_bytes(want_scores, got_scores))
           << arch << ": integer-valued scores must be bit-identical";
     }
-    // Fused (index_topk) == export (score_blocks) + select_topk_blocks, bit for bit.
+    // Fused (index_topk) == export (score_blocks) + select_topk_blocks, bit for bit; where
+    // sm90_qgmma certifies QGMMA scores (random data), its rescored sums may round apart from the
+    // export's by an ulp: near-ties of the export's scores only.
     CudaRun select_run;
     ASSERT_TRUE(plan_named("cuda.select_topk_blocks", OpKind::select_topk_blocks, c.config, sb,
                            &select_run));
@@ -194,13 +199,73 @@ TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
     M3SA_ASSERT_OK(select_topk_blocks(select_run.plan, {scores.view(), db.batch(), selected.view()},
                                       select_run.workspace.workspace()));
     M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-    EXPECT_TRUE(same_bytes(selected.download(), got_topk)) << arch;
+    if (certified && !c.integers) {
+      const TopkComparison fused =
+          compare_topk(selected.download().view(), got_topk.view(), got_scores.view(), rules);
+      EXPECT_TRUE(fused.ok()) << arch << " fused against export + select: " << describe(fused);
+    } else {
+      EXPECT_TRUE(same_bytes(selected.download(), got_topk)) << arch;
+    }
   }
 }
 
 // Prefill metadata a scorer cannot serve is flagged by every scorer and never read (the name holds
 // "Small": compute-sanitizer's memcheck runs it, so a read of the bad page would show): a page id
 // out of range (bit 1), then a seq_len beyond the block table (bit 2).
+// cuda.index_topk.sm90_qgmma scores e4m3 caches by QGMMA, whose sums are not exact, and certifies
+// each row's selection. Data built against it, every sum exact in fp32 (so every row must be identical
+// to the CPU backend's): every block a copy of one (exact ties everywhere: every block is in doubt
+// and rescored), and copies whose scores step by 2^-9 (one dimension, ~1e-5 of the scores: below
+// QGMMA's error, which orders them by chance, above the comparison's near-tie bound).
+TEST(GpuPrefillScorerSmall, CertifiedFp8SelectionsAreExactOnAdversarialData) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const MsaConfig config = config_of(4, 16, 1, 0);
+  // A multiple of 0.25 in [-2, 2] (exact in e4m3) from a hash of (a, b).
+  const auto quarter = [](uint64_t a, uint64_t b) {
+    uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 32;
+    return static_cast<float>(static_cast<int>(x % 17) - 8) * 0.25f;
+  };
+  for (const bool stepped : {false, true}) {
+    SCOPED_TRACE(stepped ? "blocks 2^-9 apart" : "every block a copy of one");
+    BatchSpec spec;
+    spec.q_lens = {512};
+    spec.seq_lens = {16384};
+    spec.index_heads = config.num_index_heads;
+    spec.index_dtype = DType::fp8_e4m3;
+    spec.seed = test_seed();
+    SyntheticBatch sb(spec);
+    M3SA_ASSERT_OK(sb.status());
+    const int last = kHeadDim - 1;
+    sb.fill_index(
+        [&](int, int64_t j, int d) {
+          return stepped && d == last ? static_cast<float>((j / 128) % 8) * 0x1p-9f
+                                      : quarter(j % 128, d);
+        },
+        [&](int64_t t, int h, int d) {
+          return stepped && d == last ? 1.f : quarter(1000 + t * 4 + h, d);
+        });
+    HostTensor want, want_scores;
+    M3SA_ASSERT_OK(run_index_topk(config, sb, RunOptions{Backend::cpu}, &want));
+    M3SA_ASSERT_OK(run_score_blocks(config, sb, RunOptions{Backend::cpu}, &want_scores));
+    CudaRun run;
+    if (!plan_named("cuda.index_topk.sm90_qgmma", OpKind::index_topk, config, sb, &run)) return;
+    const DeviceBatch db(sb);
+    DeviceBuffer topk(DType::i32, {config.num_index_heads, sb.num_tokens(), config.top_k}, 0x5a);
+    M3SA_ASSERT_OK(index_topk(run.plan,
+                              {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
+                              run.workspace.workspace()));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(device_flags(run), 0);
+    const TopkComparison cmp = compare_topk(want.view(), topk.download().view(),
+                                            want_scores.view(), selection_rules(config, sb));
+    std::printf("[ certified e4m3, %s ] %s\n", stepped ? "stepped" : "tied", describe(cmp).c_str());
+    EXPECT_EQ(cmp.identical_rows, cmp.rows) << describe(cmp);
+  }
+}
+
 TEST(GpuPrefillScorerSmall, BadMetadataIsFlaggedNotReadByEveryScorer) {
   M3SA_SKIP_WITHOUT_CUDA();
   for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
@@ -208,10 +273,13 @@ TEST(GpuPrefillScorerSmall, BadMetadataIsFlaggedNotReadByEveryScorer) {
     SyntheticBatch sb(spec_of(c, test_seed()));
     M3SA_ASSERT_OK(sb.status());
     sb.fill_index_integers(1, -2, 2);
-    for (const char* arch : {"sm80", "sm90"}) {
+    for (const char* arch : {"sm80", "sm90", "sm90_qgmma"}) {
+      const bool certified = std::string(arch) == "sm90_qgmma"; // e4m3 caches only
+      if (certified && dtype != DType::fp8_e4m3) continue;
       SCOPED_TRACE(std::string(arch) + (dtype == DType::bf16 ? " bf16" : " e4m3"));
       const std::string topk_name = std::string("cuda.index_topk.") + arch;
-      const std::string score_name = std::string("cuda.score_blocks.") + arch;
+      const std::string score_name =
+          std::string("cuda.score_blocks.") + (certified ? "sm90" : arch);
       CudaRun topk_run, score_run;
       if (!plan_named(topk_name.c_str(), OpKind::index_topk, c.config, sb, &topk_run) ||
           !plan_named(score_name.c_str(), OpKind::score_blocks, c.config, sb, &score_run))

@@ -17,7 +17,10 @@
 // widen them to bf16 into the first: the MMAs are bf16 for both dtypes, because Hopper's e4m3
 // wgmma does not accumulate in full fp32 (its selections differed from the exact ones in 0.5-0.9 %
 // of rows on random data, bench/NOTES.md), while every e4m3 value is a bf16 value and bf16 wgmma
-// accumulates exactly like the portable kernel. Warpgroups 1 and 2 are consumers: a row tile is 256
+// accumulates exactly like the portable kernel. The kTensorCoreFp8 instantiation (cuda.index_topk.sm90_qgmma only) takes
+// e4m3 pages by TMA straight into an 8-stage ring of 16 KB and multiplies them by e4m3 wgmma
+// (m64n128k32, four steps a page): 1.47x faster, inexact, so its selections are certified
+// afterwards (certify_selection.cuh). Warpgroups 1 and 2 are consumers: a row tile is 256
 // query rows (256 / H tokens: the H index heads of a token are consecutive rows, so every H gets
 // the same MMA tile); consumer c owns rows [128 c, 128 c + 128) as two m64 wgmma tiles, N = 128
 // keys = one page, K = 128 dims, fp32 accumulators in registers (2 x 64 per thread). After its MMAs
@@ -40,13 +43,6 @@
 #include "cuda/kernels/score_blocks.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 
-// Diagnostic switch (bench/micro/variant_m3sa.sh): e4m3 pages multiplied by e4m3 wgmma (QGMMA)
-// instead of widened to bf16. 1: the four k32 steps accumulate in the tensor core; 2: each step
-// starts from zero and is added to the fp32 accumulators by FADDs (DeepGEMM's promotion).
-#ifndef M3SA_SCORE_FP8_MMA
-#define M3SA_SCORE_FP8_MMA 0
-#endif
-
 namespace m3sa::cuda {
 
 inline constexpr int kSm90ScoreThreads = 384; // producer warpgroup + 2 consumer warpgroups
@@ -61,9 +57,11 @@ static_assert(128 * kSm90ProducerRegisters + 256 * kSm90ConsumerRegisters <=
 
 // Shared memory: bf16 queries (256 rows x 2 slabs of 128 B), a ring of bf16 pages (2 slabs of
 // 128 keys x 128 B) and, for e4m3 caches, a ring of raw pages (128 keys x 128 B).
-template <typename StoredT> struct Sm90ScoreTraits {
-  static constexpr bool kNativeFp8 =
-      std::is_same_v<StoredT, __nv_fp8_e4m3> && M3SA_SCORE_FP8_MMA != 0;
+// kTensorCoreFp8: e4m3 pages go straight into a ring of 16 KB stages and are multiplied by e4m3
+// wgmma (QGMMA), whose sums are not exact (index_topk certifies its selections afterwards,
+// certify_selection.cuh).
+template <typename StoredT, bool kTensorCoreFp8 = false> struct Sm90ScoreTraits {
+  static constexpr bool kNativeFp8 = std::is_same_v<StoredT, __nv_fp8_e4m3> && kTensorCoreFp8;
   static constexpr bool kFp8 = std::is_same_v<StoredT, __nv_fp8_e4m3> && !kNativeFp8; // widened
   static constexpr int kSlabBytes = 128 * 128; // 128 rows x 128 B: one wgmma operand slab
   static constexpr int kSlabs = kNativeFp8 ? 1 : 2;
@@ -79,6 +77,7 @@ template <typename StoredT> struct Sm90ScoreTraits {
 };
 static_assert(Sm90ScoreTraits<__nv_bfloat16>::kSmemBytes <= 227 * 1024);
 static_assert(Sm90ScoreTraits<__nv_fp8_e4m3>::kSmemBytes <= 227 * 1024);
+static_assert(Sm90ScoreTraits<__nv_fp8_e4m3, true>::kSmemBytes <= 227 * 1024);
 
 // A unit's blocks [begin, end), or an empty range (bad tiles: nothing is read).
 __device__ __forceinline__ BlockRange sm90_unit_blocks(const ScoringSchedule& s,
@@ -126,11 +125,11 @@ __device__ __forceinline__ void store_widened_e4m3x16(uint8_t* operand, int slab
   *reinterpret_cast<uint4*>(slab + sm90::swizzled_offset(row, 2 * (c % 4) + 1)) = wide[1];
 }
 
-template <typename StoredT>
+template <typename StoredT, bool kTensorCoreFp8>
 __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     score_blocks_sm90_kernel(const __grid_constant__ ScoreBlocksSm90Params params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Traits = Sm90ScoreTraits<StoredT>;
+  using Traits = Sm90ScoreTraits<StoredT, kTensorCoreFp8>;
   constexpr int kStages = Traits::kStages, kRawStages = Traits::kRawStages;
   const ScoreBlocksParams& p = params.scoring;
   extern __shared__ uint8_t smem_raw[];
@@ -316,36 +315,15 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
         sm90::fence_accumulators(acc[0]);
         sm90::fence_accumulators(acc[1]);
         sm90::wgmma_fence();
-#if M3SA_SCORE_FP8_MMA == 1
         if constexpr (Traits::kNativeFp8) {
 #pragma unroll
           for (int t = 0; t < 2; ++t)
 #pragma unroll
-            for (int k = 0; k < 4; ++k)
+            for (int k = 0; k < 4; ++k) // 32 e4m3 dims of the 128-byte row per instruction
               sm90::wgmma_m64n128k32_e4m3(
                   acc[t], sm90::operand_descriptor(query_base + t * 64 * 128 + k * 32),
                   sm90::operand_descriptor(key_base + k * 32), k);
-        } else
-#elif M3SA_SCORE_FP8_MMA == 2
-        if constexpr (Traits::kNativeFp8) {
-          float part[64];
-#pragma unroll
-          for (int t = 0; t < 2; ++t)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              sm90::fence_accumulators(part);
-              sm90::wgmma_fence();
-              sm90::wgmma_m64n128k32_e4m3(
-                  part, sm90::operand_descriptor(query_base + t * 64 * 128 + k * 32),
-                  sm90::operand_descriptor(key_base + k * 32), 0);
-              sm90::wgmma_commit_group();
-              sm90::wgmma_wait_all();
-              sm90::fence_accumulators(part);
-#pragma unroll
-              for (int i = 0; i < 64; ++i) acc[t][i] = k == 0 ? part[i] : acc[t][i] + part[i];
-            }
-        } else
-#endif
+        } else {
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
 #pragma unroll
@@ -359,6 +337,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
               sm90::wgmma_m64n128k16_bf16(acc[t], a, bk, slab + k);
             }
           }
+        }
         }
         sm90::wgmma_commit_group();
         sm90::wgmma_wait_all();
@@ -408,16 +387,18 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
 #endif
 }
 
-template <typename StoredT>
+template <typename StoredT, bool kTensorCoreFp8 = false>
 cudaError_t launch_score_blocks_sm90(const ScoreBlocksSm90Params& p, int grid, cudaStream_t s) {
   LaunchOptions options;
   options.overlap_prior = true;
-  return launch_with_shared_memory(score_blocks_sm90_kernel<StoredT>, dim3(grid), kSm90ScoreThreads,
-                                   Sm90ScoreTraits<StoredT>::kSmemBytes, s, p, options);
+  return launch_with_shared_memory(score_blocks_sm90_kernel<StoredT, kTensorCoreFp8>, dim3(grid),
+                                   kSm90ScoreThreads,
+                                   Sm90ScoreTraits<StoredT, kTensorCoreFp8>::kSmemBytes, s, p,
+                                   options);
 }
 
-template <typename StoredT> bool score_blocks_sm90_has_sm90a_code() {
-  return has_sm90a_code(score_blocks_sm90_kernel<StoredT>, kSm90LaunchRegisters);
+template <typename StoredT, bool kTensorCoreFp8 = false> bool score_blocks_sm90_has_sm90a_code() {
+  return has_sm90a_code(score_blocks_sm90_kernel<StoredT, kTensorCoreFp8>, kSm90LaunchRegisters);
 }
 
 } // namespace m3sa::cuda
