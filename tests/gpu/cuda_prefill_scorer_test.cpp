@@ -5,16 +5,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/workspace.h"
+#include "cuda/indexer.h"
 #include "cuda/indexer_params.h"
 #include "cuda/kernels/indexer_traits.h"
 #include "cuda/launchers.h"
 #include "gpu/cuda_test_util.h"
 #include "gpu/device_batch.h"
+#include "registry/registry.h"
 #include "support/test_util.h"
 
 namespace m3sa::testing {
@@ -263,6 +267,108 @@ TEST(GpuPrefillScorerSmall, CertifiedFp8SelectionsAreExactOnAdversarialData) {
                                             want_scores.view(), selection_rules(config, sb));
     std::printf("[ certified e4m3, %s ] %s\n", stepped ? "stepped" : "tied", describe(cmp).c_str());
     EXPECT_EQ(cmp.identical_rows, cmp.rows) << describe(cmp);
+  }
+}
+
+// The certification's premise, on the kernel itself: every QGMMA block score that
+// cuda.index_topk.sm90_qgmma leaves in its workspace is within kQgmmaRelativeError |scale| |q|
+// key_norm of the exact one (cuda.score_blocks.sm90, widened), the norms being the ones the
+// certification used. Three kinds of data: uniform in [-2, 2); magnitudes over 2^-6 .. 2^7 (the
+// tensor core aligns each k32 step's products to the largest); one product of 256 and 31 of
+// 2^-6 in every 32 dims, all of one sign (the small ones are what an aligned sum of limited
+// width drops). Prints the largest ratio of error to bound for each.
+TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const MsaConfig config = config_of(4, 16, 1, 0);
+  const auto hash = [](uint64_t a, uint64_t b) {
+    uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    return x ^ (x >> 32);
+  };
+  // +-(1 + m / 8) 2^e, e in [lo, hi]: exact in e4m3.
+  const auto spread = [&](uint64_t a, uint64_t b, int lo, int hi) {
+    const uint64_t x = hash(a, b);
+    const int e = lo + static_cast<int>(x % static_cast<uint64_t>(hi - lo + 1));
+    const float v = std::ldexp(1.f + static_cast<float>((x >> 8) % 8) / 8.f, e);
+    return (x >> 16) % 2 ? -v : v;
+  };
+  for (int kind = 0; kind < 3; ++kind) {
+    const char* name = kind == 0 ? "uniform" : kind == 1 ? "wide range" : "one large product";
+    SCOPED_TRACE(name);
+    BatchSpec spec;
+    spec.q_lens = {1024};
+    spec.seq_lens = {8192};
+    spec.index_heads = config.num_index_heads;
+    spec.index_dtype = DType::fp8_e4m3;
+    spec.seed = test_seed();
+    SyntheticBatch sb(spec);
+    M3SA_ASSERT_OK(sb.status());
+    if (kind == 0) {
+      sb.fill_index_random(spec.seed);
+    } else if (kind == 1) {
+      sb.fill_index([&](int, int64_t j, int d) { return spread(spec.seed + j, d, -6, 7); },
+                    [&](int64_t t, int h, int d) { return spread(~spec.seed + t * 4 + h, d, -6, 4); });
+    } else {
+      // q: 16 on dim 0 of each 32, 2^-3 with a per-row sign pattern elsewhere; k: 16, and 2^-3
+      // with the query's sign times a per-key sign (mostly +) so the small products mostly add.
+      const auto sign = [&](uint64_t a, int d) { return hash(a, d) % 8 == 0 ? -1.f : 1.f; };
+      sb.fill_index([&](int, int64_t j, int d) { return d % 32 == 0 ? 16.f : 0.125f * sign(j, d); },
+                    [&](int64_t, int, int d) { return d % 32 == 0 ? 16.f : 0.125f; });
+    }
+    CudaRun topk_run, score_run;
+    if (!plan_named("cuda.index_topk.sm90_qgmma", OpKind::index_topk, config, sb, &topk_run) ||
+        !plan_named("cuda.score_blocks.sm90", OpKind::score_blocks, config, sb, &score_run))
+      return;
+    const DeviceBatch db(sb);
+    const int heads = config.num_index_heads;
+    DeviceBuffer topk(DType::i32, {heads, sb.num_tokens(), config.top_k}, 0x5a);
+    DeviceBuffer exact(DType::f32, {heads, sb.num_tokens(), sb.width()}, 0xff);
+    M3SA_ASSERT_OK(index_topk(topk_run.plan,
+                              {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
+                              topk_run.workspace.workspace()));
+    M3SA_ASSERT_OK(score_blocks(
+        score_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), exact.view()},
+        score_run.workspace.workspace()));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(device_flags(topk_run), 0);
+    // The QGMMA scores and the key norms, where the run left them in its workspace.
+    const auto info = detail::load_plan_info<cuda::ScoringPlanInfo>(topk_run.plan);
+    detail::WorkspaceCarver carver(topk_run.workspace.data());
+    const cuda::IndexerLayout l =
+        cuda::carve_indexer(topk_run.plan.request, info.block_splits, carver, false);
+    const Capacities& cap = topk_run.plan.request.capacities;
+    std::vector<float> approx(static_cast<size_t>(heads * cap.max_tokens * cap.max_blocks_per_request));
+    std::vector<float> norms(static_cast<size_t>(cap.max_requests * cap.max_blocks_per_request));
+    M3SA_CUDA_ASSERT(cudaMemcpy(approx.data(), l.scores, approx.size() * sizeof(float),
+                                cudaMemcpyDeviceToHost));
+    M3SA_CUDA_ASSERT(cudaMemcpy(norms.data(), l.key_norms, norms.size() * sizeof(float),
+                                cudaMemcpyDeviceToHost));
+    const HostTensor want = exact.download();
+    const float scale = std::fabs(config.score_scale);
+    double worst = 0.0;
+    int64_t compared = 0;
+    for (int h = 0; h < heads; ++h)
+      for (int t = 0; t < sb.num_tokens(); ++t) {
+        double q2 = 0.0;
+        for (int d = 0; d < kHeadDim; ++d) {
+          const double v = load(DType::fp8_e4m3, sb.index_q.view().data,
+                                (int64_t{t} * heads + h) * kHeadDim + d);
+          q2 += v * v;
+        }
+        const int n = static_cast<int>(sb.position(t) / 128 + 1);
+        for (int b = 0; b < n; ++b) {
+          const float a = approx[(int64_t{h} * cap.max_tokens + t) * cap.max_blocks_per_request + b];
+          const float e = want.data<float>()[(int64_t{h} * sb.num_tokens() + t) * sb.width() + b];
+          const double bound = scale * std::sqrt(q2) * norms[b]; // one request: row 0 of norms
+          if (bound > 0.0) worst = std::max(worst, std::fabs(double{a} - e) / bound);
+          ++compared;
+        }
+      }
+    std::printf("[ QGMMA error, %s ] %lld block scores: largest |a - s| / (|scale| |q| key_norm) "
+                "%.3g (certified bound %.3g)\n",
+                name, static_cast<long long>(compared), worst, double{cuda::kQgmmaRelativeError});
+    EXPECT_LE(worst, cuda::kQgmmaRelativeError) << name;
   }
 }
 
