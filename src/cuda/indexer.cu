@@ -42,8 +42,9 @@ int splits_of(const OpPlan& plan) {
 }
 
 IndexerLayout run_layout(const OpPlan& plan, Workspace workspace) {
+  const ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(plan);
   detail::WorkspaceCarver carver(workspace.data);
-  return carve_indexer(plan.request, splits_of(plan), carver, false);
+  return carve_indexer(plan.request, info.block_splits, carver, false, info.tensor_core_fp8 != 0);
 }
 
 // index_topk leaves decode requests to the decode kernel; score_blocks schedules every request.
@@ -195,13 +196,18 @@ Status launch_certified_selection(const OpPlan& plan, const IndexTopkArgs& args,
   return {};
 }
 
+// tensor_core_fp8: e4m3 prefill rows scored by QGMMA and certified (index_topk on e4m3 caches).
 Status plan_indexer_with(Scorer scorer, const PlanRequest& request, const detail::DeviceCaps& caps,
-                         OpPlan* plan) {
+                         OpPlan* plan, bool tensor_core_fp8 = false) {
   ScoringPlanInfo info = plan_scoring(request, caps.sm_count);
   info.scorer = scorer;
+  info.tensor_core_fp8 = tensor_core_fp8 && request.op == OpKind::index_topk &&
+                                 request.cache_dtype == DType::fp8_e4m3
+                             ? 1
+                             : 0;
   plan->num_threads = 1;
   detail::WorkspaceCarver carver;
-  carve_indexer(request, info.block_splits, carver, false);
+  carve_indexer(request, info.block_splits, carver, false, info.tensor_core_fp8 != 0);
   plan->workspace_bytes = carver.bytes_used();
   detail::store_plan_info(plan, info);
   return {};
@@ -211,21 +217,11 @@ Status plan_indexer(const PlanRequest& request, const detail::DeviceCaps& caps, 
   return plan_indexer_with(Scorer::portable, request, caps, plan);
 }
 Status plan_indexer_sm90(const PlanRequest& request, const detail::DeviceCaps& caps, OpPlan* plan) {
-  M3SA_RETURN_IF_ERROR(plan_indexer_with(Scorer::sm90, request, caps, plan));
-#if M3SA_INDEX_TOPK_SM90_QGMMA
-  ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(*plan);
-  info.tensor_core_fp8 = request.op == OpKind::index_topk ? 1 : 0;
-  detail::store_plan_info(plan, info);
-#endif
-  return {};
+  return plan_indexer_with(Scorer::sm90, request, caps, plan, M3SA_INDEX_TOPK_SM90_QGMMA != 0);
 }
 Status plan_index_topk_sm90_qgmma(const PlanRequest& request, const detail::DeviceCaps& caps,
                                   OpPlan* plan) {
-  M3SA_RETURN_IF_ERROR(plan_indexer_with(Scorer::sm90, request, caps, plan));
-  ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(*plan);
-  info.tensor_core_fp8 = 1;
-  detail::store_plan_info(plan, info);
-  return {};
+  return plan_indexer_with(Scorer::sm90, request, caps, plan, true);
 }
 
 // The Hopper scorer and decode kernels.
@@ -319,7 +315,7 @@ int64_t decode_tile_capacity(const PlanRequest& request) {
 }
 
 IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::WorkspaceCarver& carver,
-                            bool decode_only) {
+                            bool decode_only, bool certified) {
   IndexerLayout l;
   const bool topk = request.op == OpKind::index_topk;
   const int64_t arrivals = topk ? decode_tile_capacity(request) : 0;
@@ -346,7 +342,7 @@ IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::Work
   }
   if (topk)
     l.scores = carver.take<float>(int64_t{heads} * cap.max_tokens * cap.max_blocks_per_request);
-  if (topk && request.cache_dtype == DType::fp8_e4m3)
+  if (certified)
     l.key_norms = carver.take<float>(cap.max_requests * cap.max_blocks_per_request);
   return l;
 }

@@ -45,9 +45,10 @@ struct IndexerLayout {
 };
 
 // The one description of the workspace: sizes it at plan time (carver without base), carves it
-// at run time. decode_only: the context-parallel indexer's scoring (no prefill tiles or scores).
+// at run time. decode_only: the context-parallel indexer's scoring (no prefill tiles or scores);
+// certified: the QGMMA path's key norms (ScoringPlanInfo::tensor_core_fp8).
 IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::WorkspaceCarver& carver,
-                            bool decode_only);
+                            bool decode_only, bool certified = false);
 
 int ranked_slots(const MsaConfig& config);
 int64_t decode_tile_capacity(const PlanRequest& request);

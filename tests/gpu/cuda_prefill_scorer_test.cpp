@@ -213,9 +213,25 @@ TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
   }
 }
 
-// Prefill metadata a scorer cannot serve is flagged by every scorer and never read (the name holds
-// "Small": compute-sanitizer's memcheck runs it, so a read of the bad page would show): a page id
-// out of range (bit 1), then a seq_len beyond the block table (bit 2).
+// A well-mixed 64-bit hash of (a, b): the adversarial tests' data.
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return x ^ (x >> 32);
+}
+
+// One e4m3 prefill chunk of q_len tokens ending at seq_len, `heads` index heads, the test's seed.
+BatchSpec fp8_chunk_spec(int32_t q_len, int32_t seq_len, int heads) {
+  BatchSpec spec;
+  spec.q_lens = {q_len};
+  spec.seq_lens = {seq_len};
+  spec.index_heads = heads;
+  spec.index_dtype = DType::fp8_e4m3;
+  spec.seed = test_seed();
+  return spec;
+}
+
 // cuda.index_topk.sm90_qgmma scores e4m3 caches by QGMMA, whose sums are not exact, and certifies
 // each row's selection. Data built against it, every sum exact in fp32 (so every row must be identical
 // to the CPU backend's): every block a copy of one (exact ties everywhere: every block is in doubt
@@ -226,21 +242,11 @@ TEST(GpuPrefillScorerSmall, CertifiedFp8SelectionsAreExactOnAdversarialData) {
   const MsaConfig config = config_of(4, 16, 1, 0);
   // A multiple of 0.25 in [-2, 2] (exact in e4m3) from a hash of (a, b).
   const auto quarter = [](uint64_t a, uint64_t b) {
-    uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
-    x ^= x >> 29;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 32;
-    return static_cast<float>(static_cast<int>(x % 17) - 8) * 0.25f;
+    return static_cast<float>(static_cast<int>(mix(a, b) % 17) - 8) * 0.25f;
   };
   for (const bool stepped : {false, true}) {
     SCOPED_TRACE(stepped ? "blocks 2^-9 apart" : "every block a copy of one");
-    BatchSpec spec;
-    spec.q_lens = {512};
-    spec.seq_lens = {16384};
-    spec.index_heads = config.num_index_heads;
-    spec.index_dtype = DType::fp8_e4m3;
-    spec.seed = test_seed();
-    SyntheticBatch sb(spec);
+    SyntheticBatch sb(fp8_chunk_spec(512, 16384, config.num_index_heads));
     M3SA_ASSERT_OK(sb.status());
     const int last = kHeadDim - 1;
     sb.fill_index(
@@ -280,15 +286,9 @@ TEST(GpuPrefillScorerSmall, CertifiedFp8SelectionsAreExactOnAdversarialData) {
 TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
   M3SA_SKIP_WITHOUT_CUDA();
   const MsaConfig config = config_of(4, 16, 1, 0);
-  const auto hash = [](uint64_t a, uint64_t b) {
-    uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
-    x ^= x >> 29;
-    x *= 0xBF58476D1CE4E5B9ull;
-    return x ^ (x >> 32);
-  };
   // +-(1 + m / 8) 2^e, e in [lo, hi]: exact in e4m3.
   const auto spread = [&](uint64_t a, uint64_t b, int lo, int hi) {
-    const uint64_t x = hash(a, b);
+    const uint64_t x = mix(a, b);
     const int e = lo + static_cast<int>(x % static_cast<uint64_t>(hi - lo + 1));
     const float v = std::ldexp(1.f + static_cast<float>((x >> 8) % 8) / 8.f, e);
     return (x >> 16) % 2 ? -v : v;
@@ -296,12 +296,7 @@ TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
   for (int kind = 0; kind < 3; ++kind) {
     const char* name = kind == 0 ? "uniform" : kind == 1 ? "wide range" : "one large product";
     SCOPED_TRACE(name);
-    BatchSpec spec;
-    spec.q_lens = {1024};
-    spec.seq_lens = {8192};
-    spec.index_heads = config.num_index_heads;
-    spec.index_dtype = DType::fp8_e4m3;
-    spec.seed = test_seed();
+    const BatchSpec spec = fp8_chunk_spec(1024, 8192, config.num_index_heads);
     SyntheticBatch sb(spec);
     M3SA_ASSERT_OK(sb.status());
     if (kind == 0) {
@@ -312,7 +307,7 @@ TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
     } else {
       // q: 16 on dim 0 of each 32, 2^-3 with a per-row sign pattern elsewhere; k: 16, and 2^-3
       // with the query's sign times a per-key sign (mostly +) so the small products mostly add.
-      const auto sign = [&](uint64_t a, int d) { return hash(a, d) % 8 == 0 ? -1.f : 1.f; };
+      const auto sign = [&](uint64_t a, int d) { return mix(a, d) % 8 == 0 ? -1.f : 1.f; };
       sb.fill_index([&](int, int64_t j, int d) { return d % 32 == 0 ? 16.f : 0.125f * sign(j, d); },
                     [&](int64_t, int, int d) { return d % 32 == 0 ? 16.f : 0.125f; });
     }
@@ -336,7 +331,7 @@ TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
     const auto info = detail::load_plan_info<cuda::ScoringPlanInfo>(topk_run.plan);
     detail::WorkspaceCarver carver(topk_run.workspace.data());
     const cuda::IndexerLayout l =
-        cuda::carve_indexer(topk_run.plan.request, info.block_splits, carver, false);
+        cuda::carve_indexer(topk_run.plan.request, info.block_splits, carver, false, true);
     const Capacities& cap = topk_run.plan.request.capacities;
     std::vector<float> approx(static_cast<size_t>(heads * cap.max_tokens * cap.max_blocks_per_request));
     std::vector<float> norms(static_cast<size_t>(cap.max_requests * cap.max_blocks_per_request));
@@ -372,6 +367,9 @@ TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
   }
 }
 
+// Prefill metadata a scorer cannot serve is flagged by every scorer and never read (the name holds
+// "Small": compute-sanitizer's memcheck runs it, so a read of the bad page would show): a page id
+// out of range (bit 1), then a seq_len beyond the block table (bit 2).
 TEST(GpuPrefillScorerSmall, BadMetadataIsFlaggedNotReadByEveryScorer) {
   M3SA_SKIP_WITHOUT_CUDA();
   for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
