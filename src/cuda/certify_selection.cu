@@ -11,8 +11,9 @@ cudaError_t launch_key_norms(const KeyNormParams& params, int request_capacity,
   // blocks each).
   const int requests = std::max(1, request_capacity - params.first_request);
   const int per_request = std::clamp(2048 / requests, 1, 1024);
-  const dim3 grid(static_cast<unsigned>(std::clamp(params.scoring.block_table_width, 1, per_request)),
-                  static_cast<unsigned>(requests));
+  const dim3 grid(
+      static_cast<unsigned>(std::clamp(params.scoring.block_table_width, 1, per_request)),
+      static_cast<unsigned>(requests));
   LaunchOptions options;
   options.overlap_prior = true;
   return launch_with_shared_memory(key_norms_kernel, grid, 128, 0, stream, params, options);

@@ -100,8 +100,7 @@ ScoreBlocksParams scoring_params(const OpPlan& plan, int splits, const TensorVie
 Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView& cache,
                       const BatchMetadata& batch, const IndexerLayout& l, float* scores,
                       const int64_t (&strides)[3], int64_t width, bool fill_tail,
-                      cudaStream_t stream, bool tensor_core_fp8 = false,
-                      bool* inexact = nullptr) {
+                      cudaStream_t stream, bool tensor_core_fp8 = false, bool* inexact = nullptr) {
   const ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(plan);
   ScoreBlocksParams p = scoring_params(plan, info.block_splits, q, cache, batch, l);
   p.scores = scores;
@@ -128,10 +127,10 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
     sm90.units = l.units;
     const bool fp8 = cache.dtype == DType::fp8_e4m3;
     if (inexact != nullptr) *inexact = fp8 && tensor_core_fp8;
-    M3SA_CUDA_RETURN_IF_ERROR(
-        !fp8 ? launch_score_blocks_sm90_bf16(sm90, info.sm_count, stream)
-        : tensor_core_fp8 ? launch_score_blocks_sm90_fp8_qgmma(sm90, info.sm_count, stream)
-                          : launch_score_blocks_sm90_fp8(sm90, info.sm_count, stream));
+    M3SA_CUDA_RETURN_IF_ERROR(!fp8 ? launch_score_blocks_sm90_bf16(sm90, info.sm_count, stream)
+                              : tensor_core_fp8
+                                  ? launch_score_blocks_sm90_fp8_qgmma(sm90, info.sm_count, stream)
+                                  : launch_score_blocks_sm90_fp8(sm90, info.sm_count, stream));
     return {};
   }
   M3SA_CUDA_RETURN_IF_ERROR(
@@ -164,9 +163,9 @@ Status launch_selection(const OpPlan& plan, const BatchMetadata& batch, const fl
                         int32_t* error_flags, cudaStream_t stream) {
   const bool after_sm90_scorer =
       detail::load_plan_info<ScoringPlanInfo>(plan).scorer == Scorer::sm90;
-  M3SA_CUDA_RETURN_IF_ERROR(launch_select_topk(
-      selection_params(plan, batch, scores, strides, width, topk, error_flags), stream,
-      after_sm90_scorer));
+  M3SA_CUDA_RETURN_IF_ERROR(
+      launch_select_topk(selection_params(plan, batch, scores, strides, width, topk, error_flags),
+                         stream, after_sm90_scorer));
   return {};
 }
 
@@ -185,8 +184,8 @@ Status launch_certified_selection(const OpPlan& plan, const IndexTopkArgs& args,
   M3SA_CUDA_RETURN_IF_ERROR(
       launch_key_norms(n, static_cast<int>(plan.request.capacities.max_requests), stream));
   CertifySelectionParams c{};
-  c.select = selection_params(plan, batch, l.scores, strides, width, args.topk,
-                              l.control.error_flags);
+  c.select =
+      selection_params(plan, batch, l.scores, strides, width, args.topk, l.control.error_flags);
   M3SA_CUDA_RETURN_IF_ERROR(launch_select_topk(c.select, stream, true));
   c.scoring = n.scoring;
   c.key_norms = l.key_norms;
@@ -201,10 +200,10 @@ Status plan_indexer_with(Scorer scorer, const PlanRequest& request, const detail
                          OpPlan* plan, bool tensor_core_fp8 = false) {
   ScoringPlanInfo info = plan_scoring(request, caps.sm_count);
   info.scorer = scorer;
-  info.tensor_core_fp8 = tensor_core_fp8 && request.op == OpKind::index_topk &&
-                                 request.cache_dtype == DType::fp8_e4m3
-                             ? 1
-                             : 0;
+  info.tensor_core_fp8 =
+      tensor_core_fp8 && request.op == OpKind::index_topk && request.cache_dtype == DType::fp8_e4m3
+          ? 1
+          : 0;
   plan->num_threads = 1;
   detail::WorkspaceCarver carver;
   carve_indexer(request, info.block_splits, carver, false, info.tensor_core_fp8 != 0);
@@ -279,11 +278,10 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
   const int64_t strides[3] = {cap.max_tokens * cap.max_blocks_per_request,
                               cap.max_blocks_per_request, 1};
   bool inexact = false;
-  M3SA_RETURN_IF_ERROR(launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l,
-                                      l.scores, strides, cap.max_blocks_per_request, false,
-                                      stream,
-                                      detail::load_plan_info<ScoringPlanInfo>(plan).tensor_core_fp8 != 0,
-                                      &inexact));
+  M3SA_RETURN_IF_ERROR(
+      launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l, l.scores, strides,
+                     cap.max_blocks_per_request, false, stream,
+                     detail::load_plan_info<ScoringPlanInfo>(plan).tensor_core_fp8 != 0, &inexact));
   if (inexact)
     return launch_certified_selection(plan, args, l, strides, cap.max_blocks_per_request, stream);
   return launch_selection(plan, args.batch, l.scores, strides, cap.max_blocks_per_request,
@@ -342,8 +340,7 @@ IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::Work
   }
   if (topk)
     l.scores = carver.take<float>(int64_t{heads} * cap.max_tokens * cap.max_blocks_per_request);
-  if (certified)
-    l.key_norms = carver.take<float>(cap.max_requests * cap.max_blocks_per_request);
+  if (certified) l.key_norms = carver.take<float>(cap.max_requests * cap.max_blocks_per_request);
   return l;
 }
 

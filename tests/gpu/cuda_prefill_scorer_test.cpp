@@ -233,10 +233,10 @@ BatchSpec fp8_chunk_spec(int32_t q_len, int32_t seq_len, int heads) {
 }
 
 // cuda.index_topk.sm90_qgmma scores e4m3 caches by QGMMA, whose sums are not exact, and certifies
-// each row's selection. Data built against it, every sum exact in fp32 (so every row must be identical
-// to the CPU backend's): every block a copy of one (exact ties everywhere: every block is in doubt
-// and rescored), and copies whose scores step by 2^-9 (one dimension, ~1e-5 of the scores: below
-// QGMMA's error, which orders them by chance, above the comparison's near-tie bound).
+// each row's selection. Data built against it, every sum exact in fp32 (so every row must be
+// identical to the CPU backend's): every block a copy of one (exact ties everywhere: every block is
+// in doubt and rescored), and copies whose scores step by 2^-9 (one dimension, ~1e-5 of the scores:
+// below QGMMA's error, which orders them by chance, above the comparison's near-tie bound).
 TEST(GpuPrefillScorerSmall, CertifiedFp8SelectionsAreExactOnAdversarialData) {
   M3SA_SKIP_WITHOUT_CUDA();
   const MsaConfig config = config_of(4, 16, 1, 0);
@@ -269,8 +269,8 @@ TEST(GpuPrefillScorerSmall, CertifiedFp8SelectionsAreExactOnAdversarialData) {
                               run.workspace.workspace()));
     M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
     EXPECT_EQ(device_flags(run), 0);
-    const TopkComparison cmp = compare_topk(want.view(), topk.download().view(),
-                                            want_scores.view(), selection_rules(config, sb));
+    const TopkComparison cmp = compare_topk(want.view(), topk.download().view(), want_scores.view(),
+                                            selection_rules(config, sb));
     std::printf("[ certified e4m3, %s ] %s\n", stepped ? "stepped" : "tied", describe(cmp).c_str());
     EXPECT_EQ(cmp.identical_rows, cmp.rows) << describe(cmp);
   }
@@ -302,8 +302,9 @@ TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
     if (kind == 0) {
       sb.fill_index_random(spec.seed);
     } else if (kind == 1) {
-      sb.fill_index([&](int, int64_t j, int d) { return spread(spec.seed + j, d, -6, 7); },
-                    [&](int64_t t, int h, int d) { return spread(~spec.seed + t * 4 + h, d, -6, 4); });
+      sb.fill_index(
+          [&](int, int64_t j, int d) { return spread(spec.seed + j, d, -6, 7); },
+          [&](int64_t t, int h, int d) { return spread(~spec.seed + t * 4 + h, d, -6, 4); });
     } else {
       // q: 16 on dim 0 of each 32, 2^-3 with a per-row sign pattern elsewhere; k: 16, and 2^-3
       // with the query's sign times a per-key sign (mostly +) so the small products mostly add.
@@ -333,10 +334,11 @@ TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
     const cuda::IndexerLayout l =
         cuda::carve_indexer(topk_run.plan.request, info.block_splits, carver, false, true);
     const Capacities& cap = topk_run.plan.request.capacities;
-    std::vector<float> approx(static_cast<size_t>(heads * cap.max_tokens * cap.max_blocks_per_request));
+    std::vector<float> approx(
+        static_cast<size_t>(heads * cap.max_tokens * cap.max_blocks_per_request));
     std::vector<float> norms(static_cast<size_t>(cap.max_requests * cap.max_blocks_per_request));
-    M3SA_CUDA_ASSERT(cudaMemcpy(approx.data(), l.scores, approx.size() * sizeof(float),
-                                cudaMemcpyDeviceToHost));
+    M3SA_CUDA_ASSERT(
+        cudaMemcpy(approx.data(), l.scores, approx.size() * sizeof(float), cudaMemcpyDeviceToHost));
     M3SA_CUDA_ASSERT(cudaMemcpy(norms.data(), l.key_norms, norms.size() * sizeof(float),
                                 cudaMemcpyDeviceToHost));
     const HostTensor want = exact.download();
@@ -353,7 +355,8 @@ TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
         }
         const int n = static_cast<int>(sb.position(t) / 128 + 1);
         for (int b = 0; b < n; ++b) {
-          const float a = approx[(int64_t{h} * cap.max_tokens + t) * cap.max_blocks_per_request + b];
+          const float a =
+              approx[(int64_t{h} * cap.max_tokens + t) * cap.max_blocks_per_request + b];
           const float e = want.data<float>()[(int64_t{h} * sb.num_tokens() + t) * sb.width() + b];
           const double bound = scale * std::sqrt(q2) * norms[b]; // one request: row 0 of norms
           if (bound > 0.0) worst = std::max(worst, std::fabs(double{a} - e) / bound);

@@ -17,9 +17,9 @@
 // A_out is rescored exactly (fp32 sums of the exact e4m3 products: as exact as the widened bf16
 // wgmma path, within the comparison's near-tie bound of the double reference); a block of A_in
 // whose lb is above every exact score of A_out keeps its slot (only |A_in| - 1 others compete for
-// A_in's slots); the rest of A_in is rescored, and the best of those and A_out take their slots. NaN scores and blocks with a NaN
-// key get an infinite bound: rescored. A row whose rescoring meets an invalid page is left as it
-// is (the scorer flagged the page and did not read it).
+// A_in's slots); the rest of A_in is rescored, and the best of those and A_out take their slots.
+// NaN scores and blocks with a NaN key get an infinite bound: rescored. A row whose rescoring meets
+// an invalid page is left as it is (the scorer flagged the page and did not read it).
 //
 // kQgmmaRelativeError (indexer_traits.h) says where the bound comes from.
 //
@@ -80,9 +80,9 @@ __global__ void __launch_bounds__(128) key_norms_kernel(const __grid_constant__ 
     if (page < 0 || page >= s.num_pages) {
       norm2 = INFINITY;
     } else if (b * 128 + key < seq_len) {
-      const uint4* k = reinterpret_cast<const uint4*>(
-          static_cast<const uint8_t*>(s.index_k_cache) + page * s.cache_stride_page +
-          key * s.cache_stride_token);
+      const uint4* k =
+          reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(s.index_k_cache) +
+                                         page * s.cache_stride_page + key * s.cache_stride_token);
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
         float f[16];
@@ -122,8 +122,8 @@ __device__ __forceinline__ bool exact_block_score(const CertifySelectionParams& 
   if (page < 0 || page >= s.num_pages) return false;
   const int visible = position - b * 128; // keys 0..visible (>= 0 for a causal block)
   const int group = lane / 8, part = lane % 8;
-  const uint8_t* keys = static_cast<const uint8_t*>(s.index_k_cache) + page * s.cache_stride_page +
-                        16 * part;
+  const uint8_t* keys =
+      static_cast<const uint8_t*>(s.index_k_cache) + page * s.cache_stride_page + 16 * part;
   float m = -INFINITY;
   // 32 keys a pass, their 8 loads issued together (one at a time, a rescore waited 32 load
   // latencies: s17 r4).
@@ -209,8 +209,8 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
       bound(a, norms[chosen], &lo, &hi);
     }
   }
-  if (!__all_sync(0xffffffffu, lane >= row.fill || (chosen >= row.init_blocks &&
-                                                    chosen < row.local_begin)))
+  if (!__all_sync(0xffffffffu,
+                  lane >= row.fill || (chosen >= row.init_blocks && chosen < row.local_begin)))
     return; // not select's output (a flagged row): nothing to certify
   float min_lo = lo;
 #pragma unroll

@@ -95,11 +95,11 @@ M3SA_HOST_DEVICE RangeChoice choose_blocks_per_range(const int* units_for, int m
           units_for[best] < unit_capacity ? units_for[best] : unit_capacity};
 }
 
-// The relative error bound of the QGMMA prefill scores (certify_selection.cuh): s11 r1 measured QGMMA block maxima (four k32 steps accumulated in the
-// tensor core) within 4.0e-4 (max; p99.99 2.5e-4) of sum_d |q_d k_d| of the exact argmax key;
-// sum_d |q_d k_d| <= |q| |k| (Cauchy-Schwarz). 2^-9 = 1.95e-3 leaves a factor 4.9 over the
-// largest error measured. It is a measured bound, not a proven one: the tensor core's
-// accumulation is not documented.
+// The relative error bound of the QGMMA prefill scores (certify_selection.cuh): s11 r1 measured
+// QGMMA block maxima (four k32 steps accumulated in the tensor core) within 4.0e-4 (max;
+// p99.99 2.5e-4) of sum_d |q_d k_d| of the exact argmax key; sum_d |q_d k_d| <= |q| |k|
+// (Cauchy-Schwarz). 2^-9 = 1.95e-3 leaves a factor 4.9 over the largest error measured. It is a
+// measured bound, not a proven one: the tensor core's accumulation is not documented.
 inline constexpr float kQgmmaRelativeError = 0x1p-9f;
 
 } // namespace m3sa::cuda

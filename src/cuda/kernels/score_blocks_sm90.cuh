@@ -17,23 +17,23 @@
 // widen them to bf16 into the first: the MMAs are bf16 for both dtypes, because Hopper's e4m3
 // wgmma does not accumulate in full fp32 (its selections differed from the exact ones in 0.5-0.9 %
 // of rows on random data, bench/NOTES.md), while every e4m3 value is a bf16 value and bf16 wgmma
-// accumulates exactly like the portable kernel. The kTensorCoreFp8 instantiation (cuda.index_topk.sm90_qgmma only) takes
-// e4m3 pages by TMA straight into an 8-stage ring of 16 KB and multiplies them by e4m3 wgmma
-// (m64n128k32, four steps a page): 1.47x faster, inexact, so its selections are certified
-// afterwards (certify_selection.cuh). Warpgroups 1 and 2 are consumers: a row tile is 256
-// query rows (256 / H tokens: the H index heads of a token are consecutive rows, so every H gets
-// the same MMA tile); consumer c owns rows [128 c, 128 c + 128) as two m64 wgmma tiles, N = 128
-// keys = one page, K = 128 dims, fp32 accumulators in registers (2 x 64 per thread). After its MMAs
-// a consumer releases the stage, then reduces each row's 128 columns to the block maximum (32
-// values per thread, then the 4 lanes of a quad) and stores it, while the other consumer's MMAs
-// run: the epilogue has to stay below one consumer's MMA time (1024 tensor clocks a page), so the
-// unmasked maximum is a bare FMNMX chain, the causal mask runs only on blocks that reach past the
-// tile's first position, and each row's output address is computed once per unit. Queries are
-// staged once per work unit by the consumers (plain loads, swizzled stores). Work units are (row
-// tile, range of blocks_per_range causal blocks), numbered range-major so that the CTAs running at
-// the same time read the same pages (L2 reuse across row tiles), strided over the persistent grid;
-// the schedule kernel lists only the units that hold blocks (and each tile's range 0) and sizes the
-// ranges so that the CTAs' shares come out even (schedule_tiles.cu).
+// accumulates exactly like the portable kernel. The kTensorCoreFp8 instantiation
+// (cuda.index_topk.sm90_qgmma only) takes e4m3 pages by TMA straight into an 8-stage ring of 16 KB
+// and multiplies them by e4m3 wgmma (m64n128k32, four steps a page): 1.47x faster, inexact, so its
+// selections are certified afterwards (certify_selection.cuh). Warpgroups 1 and 2 are consumers: a
+// row tile is 256 query rows (256 / H tokens: the H index heads of a token are consecutive rows, so
+// every H gets the same MMA tile); consumer c owns rows [128 c, 128 c + 128) as two m64 wgmma
+// tiles, N = 128 keys = one page, K = 128 dims, fp32 accumulators in registers (2 x 64 per thread).
+// After its MMAs a consumer releases the stage, then reduces each row's 128 columns to the block
+// maximum (32 values per thread, then the 4 lanes of a quad) and stores it, while the other
+// consumer's MMAs run: the epilogue has to stay below one consumer's MMA time (1024 tensor clocks a
+// page), so the unmasked maximum is a bare FMNMX chain, the causal mask runs only on blocks that
+// reach past the tile's first position, and each row's output address is computed once per unit.
+// Queries are staged once per work unit by the consumers (plain loads, swizzled stores). Work units
+// are (row tile, range of blocks_per_range causal blocks), numbered range-major so that the CTAs
+// running at the same time read the same pages (L2 reuse across row tiles), strided over the
+// persistent grid; the schedule kernel lists only the units that hold blocks (and each tile's range
+// 0) and sizes the ranges so that the CTAs' shares come out even (schedule_tiles.cu).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -279,9 +279,9 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
         last_key[t][h] = geo.first_pos + row / heads - 2 * (lane % 4);
       }
 
-    // This consumer's 128 query rows, swizzled into its half of query_s as bf16 (e4m3 widened;
-    // zeros past the tile).
-    sm90::named_barrier_sync(1 + consumer, 128);   // the previous unit's MMAs have read query_s
+    // This consumer's 128 query rows, swizzled into its half of query_s: bf16 (e4m3 widened), or
+    // e4m3 as stored for QGMMA; zeros past the tile.
+    sm90::named_barrier_sync(1 + consumer, 128); // the previous unit's MMAs have read query_s
     constexpr int kChunks = sizeof(StoredT) == 1 ? 8 : 16; // 16-byte chunks of a stored row
     const StoredT* q = static_cast<const StoredT*>(p.index_q);
     for (int i = thread; i < 128 * kChunks; i += 128) {
@@ -325,19 +325,19 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
                   sm90::operand_descriptor(key_base + k * 32), k);
         } else {
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
+          for (int t = 0; t < 2; ++t) {
 #pragma unroll
-          for (int slab = 0; slab < 2; ++slab) {
+            for (int slab = 0; slab < 2; ++slab) {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) { // 32 bytes of the 128-byte row per instruction
-              const uint64_t a = sm90::operand_descriptor(
-                  query_base + slab * (kSm90TileRows * 128) + t * 64 * 128 + k * 32);
-              const uint64_t bk =
-                  sm90::operand_descriptor(key_base + slab * Traits::kSlabBytes + k * 32);
-              sm90::wgmma_m64n128k16_bf16(acc[t], a, bk, slab + k);
+              for (int k = 0; k < 4; ++k) { // 32 bytes of the 128-byte row per instruction
+                const uint64_t a = sm90::operand_descriptor(
+                    query_base + slab * (kSm90TileRows * 128) + t * 64 * 128 + k * 32);
+                const uint64_t bk =
+                    sm90::operand_descriptor(key_base + slab * Traits::kSlabBytes + k * 32);
+                sm90::wgmma_m64n128k16_bf16(acc[t], a, bk, slab + k);
+              }
             }
           }
-        }
         }
         sm90::wgmma_commit_group();
         sm90::wgmma_wait_all();
@@ -391,10 +391,9 @@ template <typename StoredT, bool kTensorCoreFp8 = false>
 cudaError_t launch_score_blocks_sm90(const ScoreBlocksSm90Params& p, int grid, cudaStream_t s) {
   LaunchOptions options;
   options.overlap_prior = true;
-  return launch_with_shared_memory(score_blocks_sm90_kernel<StoredT, kTensorCoreFp8>, dim3(grid),
-                                   kSm90ScoreThreads,
-                                   Sm90ScoreTraits<StoredT, kTensorCoreFp8>::kSmemBytes, s, p,
-                                   options);
+  return launch_with_shared_memory(
+      score_blocks_sm90_kernel<StoredT, kTensorCoreFp8>, dim3(grid), kSm90ScoreThreads,
+      Sm90ScoreTraits<StoredT, kTensorCoreFp8>::kSmemBytes, s, p, options);
 }
 
 template <typename StoredT, bool kTensorCoreFp8 = false> bool score_blocks_sm90_has_sm90a_code() {
