@@ -94,13 +94,13 @@ ScoreBlocksParams scoring_params(const OpPlan& plan, int splits, const TensorVie
 }
 
 // Scores of the scheduled requests into `scores` with strides (head, token, block) and width;
-// fill_tail for exported scores. tensor_core_fp8: e4m3 caches on the SM90 scorer may be scored
-// by QGMMA (inexact sums: only for selections that are certified afterwards); *inexact says
-// whether they were.
+// fill_tail for exported scores. Plans with ScoringPlanInfo::tensor_core_fp8 (index_topk of
+// cuda.index_topk.sm90_qgmma) score e4m3 caches on the SM90 scorer by QGMMA (inexact sums, for
+// selections certified afterwards); *inexact says whether they were.
 Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView& cache,
                       const BatchMetadata& batch, const IndexerLayout& l, float* scores,
                       const int64_t (&strides)[3], int64_t width, bool fill_tail,
-                      cudaStream_t stream, bool tensor_core_fp8 = false, bool* inexact = nullptr) {
+                      cudaStream_t stream, bool* inexact = nullptr) {
   const ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(plan);
   ScoreBlocksParams p = scoring_params(plan, info.block_splits, q, cache, batch, l);
   p.scores = scores;
@@ -125,7 +125,7 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
     sm90.scoring = p;
     sm90.schedule = l.schedule;
     sm90.units = l.units;
-    const bool fp8 = cache.dtype == DType::fp8_e4m3;
+    const bool fp8 = cache.dtype == DType::fp8_e4m3, tensor_core_fp8 = info.tensor_core_fp8 != 0;
     if (inexact != nullptr) *inexact = fp8 && tensor_core_fp8;
     M3SA_CUDA_RETURN_IF_ERROR(!fp8 ? launch_score_blocks_sm90_bf16(sm90, info.sm_count, stream)
                               : tensor_core_fp8
@@ -278,10 +278,9 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
   const int64_t strides[3] = {cap.max_tokens * cap.max_blocks_per_request,
                               cap.max_blocks_per_request, 1};
   bool inexact = false;
-  M3SA_RETURN_IF_ERROR(
-      launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l, l.scores, strides,
-                     cap.max_blocks_per_request, false, stream,
-                     detail::load_plan_info<ScoringPlanInfo>(plan).tensor_core_fp8 != 0, &inexact));
+  M3SA_RETURN_IF_ERROR(launch_scoring(plan, args.index_q, args.index_k_cache, args.batch, l,
+                                      l.scores, strides, cap.max_blocks_per_request, false, stream,
+                                      &inexact));
   if (inexact)
     return launch_certified_selection(plan, args, l, strides, cap.max_blocks_per_request, stream);
   return launch_selection(plan, args.batch, l.scores, strides, cap.max_blocks_per_request,

@@ -217,14 +217,12 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   for (int o = 16; o > 0; o >>= 1) min_lo = fminf(min_lo, __shfl_xor_sync(0xffffffffu, min_lo, o));
   const uint64_t least_chosen = warp_min_u64(chosen_key);
 
-  // Whether candidate b is outside the selection (its key is below the least chosen key), and
-  // then its upper bound.
-  const auto outside = [&](int b, float* hi) {
-    if (b >= row.local_begin) return false;
-    const float a = scores[b * step];
-    if (selection_key(a, b) >= least_chosen) return false;
+  // Whether candidate b (approximate score a, key norm `norm`) is outside the selection (its key
+  // is below the least chosen key), and then its upper bound.
+  const auto outside = [&](int b, float a, float norm, float* hi) {
+    if (b >= row.local_begin || selection_key(a, b) >= least_chosen) return false;
     float lo_b;
-    bound(a, norms[b], &lo_b, hi);
+    bound(a, norm, &lo_b, hi);
     return true;
   };
   // U: the largest upper bound outside the selection, 8 loads of scores and of norms in flight a
@@ -240,11 +238,8 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      const int b = base + 32 * u + lane;
-      if (b >= row.local_begin || selection_key(a[u], b) >= least_chosen) continue;
-      float lo_b, hi_b;
-      bound(a[u], norm[u], &lo_b, &hi_b);
-      most_hi = fmaxf(most_hi, hi_b);
+      float hi_b;
+      if (outside(base + 32 * u + lane, a[u], norm[u], &hi_b)) most_hi = fmaxf(most_hi, hi_b);
     }
   }
 #pragma unroll
@@ -279,8 +274,11 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
     return s;
   };
   for (int base = row.init_blocks; base < row.local_begin && readable; base += 32) {
+    const int b = base + lane;
     float hi_b;
-    const unsigned near = __ballot_sync(0xffffffffu, outside(base + lane, &hi_b) && hi_b >= min_lo);
+    const bool in_doubt_outside =
+        b < row.local_begin && outside(b, scores[b * step], norms[b], &hi_b) && hi_b >= min_lo;
+    const unsigned near = __ballot_sync(0xffffffffu, in_doubt_outside);
     for (unsigned m = near; m != 0 && readable; m &= m - 1) {
       const float s = rescore(base + __ffs(m) - 1);
       if (s == s) out_most = fmaxf(out_most, s);

@@ -293,9 +293,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
                          chunk);
       if constexpr (Traits::kFp8)
         store_widened_e4m3x16(query_s, kSm90TileRows * 128, row, chunk, raw);
-      else if constexpr (Traits::kNativeFp8)
-        *reinterpret_cast<uint4*>(query_s + sm90::swizzled_offset(row, chunk)) = raw;
-      else
+      else // bf16, or e4m3 for QGMMA (8 chunks: slab 0 only)
         *reinterpret_cast<uint4*>(query_s + (chunk / 8) * (kSm90TileRows * 128) +
                                   sm90::swizzled_offset(row, chunk % 8)) = raw;
     }
