@@ -132,6 +132,23 @@ __device__ __forceinline__ void merge_row(const DecodeTile& t, int row,
                                           const ListSet<kPerSplit>& set, uint64_t* scratch,
                                           int lane) {
   const int fill = t.fill;
+  // The Hopper kernel's lists (four a range): every key at once, sorted in registers where they
+  // are at most 64 (fill <= 32). The portable kernel keeps the path below (its 168 registers
+  // would spill).
+  if constexpr (kPerSplit > 1) {
+    const int total = set.count * set.len;
+    if (total <= 64) {
+      const uint64_t low =
+          lane < total ? list_key<kShared>(set.list(lane / set.len) + lane % set.len) : 0;
+      const int l2 = lane + 32;
+      const uint64_t high =
+          l2 < total ? list_key<kShared>(set.list(l2 / set.len) + l2 % set.len) : 0;
+      const uint64_t ranked = best_of_64(low, high, lane);
+      M3SA_DECODE_FINISH_STAMP(3);
+      t.emit(row, true, lane < fill ? ranked : 0, lane);
+      return;
+    }
+  }
   uint64_t* chosen = scratch + kSurvivorCapacity;
   int32_t* live = reinterpret_cast<int32_t*>(chosen + 32);
   const uint64_t floor = lists_floor<kShared>(set, fill, lane);

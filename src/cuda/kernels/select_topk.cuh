@@ -315,6 +315,41 @@ rank_survivors(const ListSet<kPerSplit>& set, int fill, uint64_t floor, uint64_t
   return true;
 }
 
+// The largest of at most 64 keys in descending order, by one warp: lane l brings keys l (`low`)
+// and 32 + l (`high`), 0 where there is none, and gets back the key of rank l. A bitonic sort in
+// registers, 21 compare-exchange steps of shuffles and selects with no memory and no loop: where a
+// decode row's lists hold at most 64 keys (batch 1 at S = 8K, batch 32 at 8K, a range's own four
+// warp lists of 16), it replaces the floor, the live lists and the survivors' ranking, whose
+// ~750 dependent warp instructions were most of the last CTA's tail (bench/NOTES.md s16 r4).
+// Not inlined: one copy of the network for the three merge sites (inlined, s17 r1, it made the
+// kernel 6,100 instructions longer, and B=1 S=128K, which never takes it, 0.9 us slower).
+inline __device__ __noinline__ uint64_t best_of_64(uint64_t low, uint64_t high, int lane) {
+#pragma unroll
+  for (int size = 2; size <= 64; size <<= 1) {
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      if (stride == 32) { // elements lane and 32 + lane, within the lane (size 64: descending)
+        const uint64_t larger = max(low, high);
+        high = min(low, high);
+        low = larger;
+        continue;
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        uint64_t& key = r == 0 ? low : high;
+        const uint64_t other = __shfl_xor_sync(0xffffffffu, key, stride);
+        const int e = r * 32 + lane;
+        // Blocks of `size` elements alternate direction so that each pair of them is bitonic;
+        // the last block (size 64) sorts descending. The lower element of a pair keeps the larger
+        // key in a descending block.
+        const bool descending = (e & size) == 0, lower = (e & stride) == 0;
+        key = lower == descending ? max(key, other) : min(key, other);
+      }
+    }
+  }
+  return low;
+}
+
 // `fill` rounds of "the largest list head wins, its lane pops it": lane i returns round i's key.
 // The warp maximum of a 64-bit key is two 32-bit reductions (high word, then the low word among
 // the lanes holding the highest high word): two REDUX instructions instead of ten shuffles.
