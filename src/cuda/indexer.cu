@@ -17,8 +17,8 @@
 
 // Diagnostic switch (bench/micro/variant_m3sa.sh): another error bound for the QGMMA scores'
 // certification, to measure what the bound costs (a bound below QGMMA's error gives wrong rows).
-#ifndef M3SA_QGMMA_RELATIVE_ERROR
-#define M3SA_QGMMA_RELATIVE_ERROR kQgmmaRelativeError
+#ifndef M3SA_QGMMA_STEP_ERROR
+#define M3SA_QGMMA_STEP_ERROR kQgmmaStepError
 #endif
 // Diagnostic switch: cuda.index_topk.sm90 plans as cuda.index_topk.sm90_qgmma (so that m3sa bench
 // and the engines' default path measure it).
@@ -190,7 +190,7 @@ Status launch_certified_selection(const OpPlan& plan, const IndexTopkArgs& args,
   c.scoring = n.scoring;
   c.key_norms = l.key_norms;
   c.key_norm_stride = n.key_norm_stride;
-  c.error_scale = M3SA_QGMMA_RELATIVE_ERROR * std::fabs(c.scoring.scale);
+  c.error_scale = M3SA_QGMMA_STEP_ERROR * std::fabs(c.scoring.scale);
   M3SA_CUDA_RETURN_IF_ERROR(launch_certify_selection(c, stream));
   return {};
 }
@@ -339,7 +339,7 @@ IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::Work
   }
   if (topk)
     l.scores = carver.take<float>(int64_t{heads} * cap.max_tokens * cap.max_blocks_per_request);
-  if (certified) l.key_norms = carver.take<float>(cap.max_requests * cap.max_blocks_per_request);
+  if (certified) l.key_norms = carver.take<float4>(cap.max_requests * cap.max_blocks_per_request);
   return l;
 }
 

@@ -1,7 +1,10 @@
 #pragma once
-// Plain parameter structs of the CUDA indexer kernels (host- and device-includable, no CUDA
-// headers). Strides are in elements. Every length is read on the device; only capacities and the
-// live token / request counts travel as values, so a captured graph replays on new data.
+// Plain parameter structs of the CUDA indexer kernels (host- and device-includable; of CUDA's
+// headers only the vector types). Strides are in elements. Every length is read on the device; only
+// capacities and the live token / request counts travel as values, so a captured graph replays on
+// new data.
+#include <vector_types.h>
+
 #include <cstdint>
 
 namespace m3sa::cuda {
@@ -128,28 +131,28 @@ struct SelectTopkParams {
   int32_t group_candidates;
 };
 
-// The largest L2 norm of the visible keys (positions < seq_len) of every causal block of the
-// prefill requests [first_request, num_requests): +inf for a block with a NaN key or an invalid
-// page (certify_selection.cuh then rescores such blocks, or leaves the row to the flag). Of
-// `scoring` it reads the cache, seq_lens and the block table.
+// For every causal block of the prefill requests [first_request, num_requests) and every k32 step
+// j, the largest L2 norm of the visible keys' (positions < seq_len) dims [0, 32 (j + 1)): +inf for
+// a block with a NaN key or an invalid page (certify_selection.cuh then rescores such blocks, or
+// leaves the row to the flag). Of `scoring` it reads the cache, seq_lens and the block table.
 struct KeyNormParams {
   ScoreBlocksParams scoring; // e4m3 cache
   int32_t first_request, num_requests;
-  float* key_norms; // [R, key_norm_stride] out (workspace); blocks past the stride are left out
+  float4* key_norms; // [R, key_norm_stride] out (workspace); blocks past the stride are left out
   int32_t key_norm_stride;
 };
 
 // index_topk's prefill rows after QGMMA scores (inexact sums) and their selection: every row's
-// selection checked against the per-block error bound error_scale * |q| * key_norm, and the
-// blocks whose bound reaches across the row's K-th score rescored exactly (fp32 sums of the exact
-// e4m3 products) and selected among. `select` as the selection was launched with; of `scoring`
-// the query, the cache, the block table and the scale.
+// selection checked against the per-block error bound error_scale * sum_j |q_{<=j}| key_norm[j],
+// and the blocks whose bound reaches across the row's K-th score rescored exactly (fp32 sums of the
+// exact e4m3 products) and selected among. `select` as the selection was launched with; of
+// `scoring` the query, the cache, the block table and the scale.
 struct CertifySelectionParams {
   SelectTopkParams select;
   ScoreBlocksParams scoring; // e4m3 query and cache
-  const float* key_norms;    // [R, key_norm_stride] (KeyNormParams)
+  const float4* key_norms;   // [R, key_norm_stride] (KeyNormParams)
   int64_t key_norm_stride;
-  float error_scale; // kQgmmaRelativeError * |scale|
+  float error_scale; // kQgmmaStepError * |scale|
 };
 
 // Decode rows of index_topk: scoring as above (tiles, num_tiles and scores unused; tiles are

@@ -6,9 +6,11 @@
 // (contract §5 order: score descending, NaN last, lower id first).
 //
 // Contract: the approximate block score a_b of a row differs from the exact s_b by at most
-// E_b = error_scale * |q| * key_norm_b, where key_norm_b is the largest L2 norm of block b's
-// visible keys (key_norms_kernel) and error_scale = kQgmmaRelativeError * |scale|. With S the
-// row's selected candidates, lb = a - E and ub = a + E:
+// E_b = error_scale * sum over the k32 steps j of |q_{<=j}| * key_norm_b[j], where q_{<=j} is the
+// query's dims up to step j's end and key_norm_b[j] the largest L2 norm of those dims over block
+// b's visible keys (key_norms_kernel), error_scale = kQgmmaStepError * |scale| (indexer_traits.h
+// gives the error model behind it, measured on the H200). With S the row's selected candidates,
+// lb = a - E and ub = a + E:
 //   - a candidate j outside S with ub_j < min over S of lb is beaten by every block of S: out;
 //   - a block i of S with lb_i > U = max over the candidates outside S of ub beats each of them:
 //     in (only blocks of S can beat it, and there are fill - 1 of those).
@@ -20,8 +22,6 @@
 // A_in's slots); the rest of A_in is rescored, and the best of those and A_out take their slots.
 // NaN scores and blocks with a NaN key get an infinite bound: rescored. A row whose rescoring meets
 // an invalid page is left as it is (the scorer flagged the page and did not read it).
-//
-// kQgmmaRelativeError (indexer_traits.h) says where the bound comes from.
 //
 // Mapping: key_norms_kernel: a CTA of 128 threads per (block range, request), a thread per key,
 // blocks strided over gridDim.x. certify_selection_kernel: a warp per row, rows numbered as
@@ -41,6 +41,7 @@ namespace m3sa::cuda {
 
 // Rounding of the fp32 norms (128 squares summed): a factor that keeps them upper bounds.
 inline constexpr float kNormRoundingMargin = 1.0f + 0x1p-16f;
+static_assert(kQgmmaSteps == 4, "a block's prefix norms are one float4");
 
 // Four e4m3 values (one 32-bit word, element order kept) as floats: exact (e4m3 -> half -> float).
 __device__ __forceinline__ void e4m3x4_to_float(uint32_t word, float (&f)[4]) {
@@ -64,7 +65,7 @@ __device__ __forceinline__ void e4m3x16_to_float(uint4 v, float (&f)[16]) {
 }
 
 __global__ void __launch_bounds__(128) key_norms_kernel(const __grid_constant__ KeyNormParams p) {
-  __shared__ float warp_max[4];
+  __shared__ float4 warp_max[4];
   wait_for_prior_grids(); // the cache may be the previous kernel's output
   allow_next_grid();
   const ScoreBlocksParams& s = p.scoring;
@@ -76,29 +77,46 @@ __global__ void __launch_bounds__(128) key_norms_kernel(const __grid_constant__ 
   const int key = threadIdx.x, warp = threadIdx.x / 32;
   for (int b = blockIdx.x; b < blocks; b += gridDim.x) {
     const int page = s.block_table[r * s.block_table_stride + b];
-    float norm2 = 0.f;
+    // The squared norms of the key's dims up to the end of each k32 step (0 past the visible keys).
+    float prefix[kQgmmaSteps] = {};
     if (page < 0 || page >= s.num_pages) {
-      norm2 = INFINITY;
+#pragma unroll
+      for (int j = 0; j < kQgmmaSteps; ++j) prefix[j] = INFINITY;
     } else if (b * 128 + key < seq_len) {
       const uint4* k =
           reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(s.index_k_cache) +
                                          page * s.cache_stride_page + key * s.cache_stride_token);
+      uint4 raw[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) raw[c] = __ldg(k + c);
+      float norm2 = 0.f;
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
         float f[16];
-        e4m3x16_to_float(__ldg(k + c), f);
+        e4m3x16_to_float(raw[c], f);
 #pragma unroll
         for (int i = 0; i < 16; ++i) norm2 = fmaf(f[i], f[i], norm2);
+        if (c % 2 == 1) prefix[c / 2] = norm2;
       }
-      if (!(norm2 <= FLT_MAX)) norm2 = INFINITY; // a NaN key: its block is always rescored
+      if (!(norm2 <= FLT_MAX)) // a NaN key: its block is always rescored
+#pragma unroll
+        for (int j = 0; j < kQgmmaSteps; ++j) prefix[j] = INFINITY;
     }
     // Non-negative floats (and +inf) order as their bits.
-    const uint32_t m = __reduce_max_sync(0xffffffffu, __float_as_uint(norm2));
-    if (key % 32 == 0) warp_max[warp] = __uint_as_float(m);
+    float most[kQgmmaSteps];
+#pragma unroll
+    for (int j = 0; j < kQgmmaSteps; ++j)
+      most[j] = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(prefix[j])));
+    if (key % 32 == 0) warp_max[warp] = make_float4(most[0], most[1], most[2], most[3]);
     __syncthreads();
     if (key == 0) {
-      const float most = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
-      p.key_norms[r * int64_t{p.key_norm_stride} + b] = sqrtf(most) * kNormRoundingMargin;
+      const auto largest = [&](float float4::*c) {
+        const float m =
+            fmaxf(fmaxf(warp_max[0].*c, warp_max[1].*c), fmaxf(warp_max[2].*c, warp_max[3].*c));
+        return sqrtf(m) * kNormRoundingMargin;
+      };
+      p.key_norms[r * int64_t{p.key_norm_stride} + b] = make_float4(
+          largest(&float4::x), largest(&float4::y), largest(&float4::z), largest(&float4::w));
     }
     __syncthreads();
   }
@@ -171,7 +189,8 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   const int r = request_of_token(sp.rows.cu_q_lens, sp.rows.num_requests, t);
   const int position = row.n > 0 ? sp.rows.seq_lens[r] - (sp.rows.cu_q_lens[r + 1] - t) : -1;
 
-  // The query's dims [16 (lane % 8), + 16) as floats (exact), and its norm.
+  // The query's dims [16 (lane % 8), + 16) as floats (exact), and the norms of its dims up to the
+  // end of each k32 step (lanes 8 g + part hold the same dims for every g; a step is two parts).
   float query[16], q2 = 0.f;
   e4m3x16_to_float(*reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.scoring.index_q) +
                                                    t * p.scoring.q_stride_token +
@@ -179,18 +198,25 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
                    query);
 #pragma unroll
   for (int i = 0; i < 16; ++i) q2 = fmaf(query[i], query[i], q2);
-  // Lanes 8 g + part hold the same dims for every g: the norm sums the 8 parts.
-  q2 += __shfl_xor_sync(0xffffffffu, q2, 1);
-  q2 += __shfl_xor_sync(0xffffffffu, q2, 2);
-  q2 += __shfl_xor_sync(0xffffffffu, q2, 4);
-  const float radius = p.error_scale * sqrtf(q2) * kNormRoundingMargin;
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) { // inclusive prefix sum over the parts
+    const float below = __shfl_up_sync(0xffffffffu, q2, o, 8);
+    if (lane % 8 >= o) q2 += below;
+  }
+  float radius[kQgmmaSteps]; // error_scale |q_{<=j}|
+#pragma unroll
+  for (int j = 0; j < kQgmmaSteps; ++j)
+    radius[j] =
+        p.error_scale * sqrtf(__shfl_sync(0xffffffffu, q2, 2 * j + 1, 8)) * kNormRoundingMargin;
   const float* scores = row_scores(sp, h, t);
   const int64_t step = sp.score_stride_block;
-  const float* norms = p.key_norms + r * p.key_norm_stride;
-  // The bound interval of a block with approximate score a and key norm `norm`; NaN scores and
-  // infinite or NaN bounds (NaN keys, or radius 0 times an infinite norm) span everything.
-  const auto bound = [&](float a, float norm, float* lo, float* hi) {
-    const float e = radius * norm;
+  const float4* norms = p.key_norms + r * p.key_norm_stride;
+  // The bound interval of a block with approximate score a and prefix key norms `norm`; NaN scores
+  // and infinite or NaN bounds (NaN keys, or a radius of 0 times an infinite norm) span
+  // everything.
+  const auto bound = [&](float a, float4 norm, float* lo, float* hi) {
+    const float e =
+        radius[0] * norm.x + radius[1] * norm.y + radius[2] * norm.z + radius[3] * norm.w;
     const bool known = a == a && e <= FLT_MAX;
     *lo = known ? a - e : -INFINITY;
     *hi = known ? a + e : INFINITY;
@@ -219,7 +245,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
 
   // Whether candidate b (approximate score a, key norm `norm`) is outside the selection (its key
   // is below the least chosen key), and then its upper bound.
-  const auto outside = [&](int b, float a, float norm, float* hi) {
+  const auto outside = [&](int b, float a, float4 norm, float* hi) {
     if (b >= row.local_begin || selection_key(a, b) >= least_chosen) return false;
     float lo_b;
     bound(a, norm, &lo_b, hi);
@@ -229,12 +255,13 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   // lane (the row was read at the rate of its loads' latency otherwise).
   float most_hi = -INFINITY;
   for (int base = row.init_blocks; base < row.local_begin; base += 32 * 8) {
-    float a[8], norm[8];
+    float a[8];
+    float4 norm[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int b = base + 32 * u + lane;
       a[u] = b < row.local_begin ? scores[b * step] : 0.f;
-      norm[u] = b < row.local_begin ? norms[b] : 0.f;
+      norm[u] = b < row.local_begin ? norms[b] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {

@@ -95,11 +95,27 @@ M3SA_HOST_DEVICE RangeChoice choose_blocks_per_range(const int* units_for, int m
           units_for[best] < unit_capacity ? units_for[best] : unit_capacity};
 }
 
-// The relative error bound of the QGMMA prefill scores (certify_selection.cuh): s11 r1 measured
-// QGMMA block maxima (four k32 steps accumulated in the tensor core) within 4.0e-4 (max;
-// p99.99 2.5e-4) of sum_d |q_d k_d| of the exact argmax key; sum_d |q_d k_d| <= |q| |k|
-// (Cauchy-Schwarz). 2^-9 = 1.95e-3 leaves a factor 4.9 over the largest error measured. It is a
-// measured bound, not a proven one: the tensor core's accumulation is not documented.
-inline constexpr float kQgmmaRelativeError = 0x1p-9f;
+// The error model of the QGMMA prefill scores (certify_selection.cuh), measured on the H200 (s18
+// r2, GPU test QgmmaScoresStayWithinTheCertificationBound): a k32 step adds its 32 exact e4m3
+// products to the fp32 accumulator after aligning every term to the largest magnitude among them,
+// the accumulator included, and truncating each to 13 bits below that magnitude's leading bit. So
+// each term loses less than 2^-13 of the largest: one product of 256 followed by 127 products of
+// 0.94 or 0.5 of 2^-5 (the unit of the last kept bit at 256) lost every small product, an error of
+// 0.0144 or 0.0077 of |q| |k| (session 17 had assumed 2^-9 = 0.00195 of |q| |k| from random data,
+// which those rows exceed 7x). Step j's error is then below kQgmmaStepTerms 2^-13 M_j, where the
+// largest term M_j is at most sum over the dims up to step j's end of |q_d k_d|, at most
+// |q_{<=j}| |k_{<=j}| (Cauchy-Schwarz over that prefix of the dims). Summed over the 4 steps, with
+// |k_{<=j}| the largest over the block's keys, it bounds every key's error, hence the block
+// maximum's.
+inline constexpr float kQgmmaTermError = 0x1p-13f;
+inline constexpr int kQgmmaSteps = 4; // k32 steps over the 128 dims
+// 32 products and the accumulator, plus 3 in case the tensor core aligns each k8 group of a step
+// separately (each with the running sum as a term).
+inline constexpr int kQgmmaStepTerms = 36;
+// The roundings the model leaves out: the sum's conversion to fp32, the norms' and the bound's own
+// fp32 arithmetic, the rescore's fp32 sum (each a few units of 2^-24 relative).
+inline constexpr float kQgmmaBoundMargin = 1.0625f;
+// The bound's factor per step and unit of |scale| |q_{<=j}| |k_{<=j}|.
+inline constexpr float kQgmmaStepError = kQgmmaStepTerms * kQgmmaTermError * kQgmmaBoundMargin;
 
 } // namespace m3sa::cuda
