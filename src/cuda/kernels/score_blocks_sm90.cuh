@@ -280,22 +280,38 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       }
 
     // This consumer's 128 query rows, swizzled into its half of query_s: bf16 (e4m3 widened), or
-    // e4m3 as stored for QGMMA; zeros past the tile.
-    sm90::named_barrier_sync(1 + consumer, 128); // the previous unit's MMAs have read query_s
+    // e4m3 as stored for QGMMA; zeros past the tile. Thread i takes chunk i % kChunks of every
+    // kRowStep-th row from i / kChunks, its loads issued kLoadBatch at a time, the first batch
+    // before the barrier (one load at a time, each unit's staging waited 16 load latencies: ncu
+    // put a third of the S = 8K stalls on them, s18 r3).
     constexpr int kChunks = sizeof(StoredT) == 1 ? 8 : 16; // 16-byte chunks of a stored row
+    constexpr int kRowStep = 128 / kChunks, kLoadBatch = 8;
+    static_assert(kChunks % kLoadBatch == 0);
     const StoredT* q = static_cast<const StoredT*>(p.index_q);
-    for (int i = thread; i < 128 * kChunks; i += 128) {
-      const int row = row_base + i / kChunks, chunk = i % kChunks;
-      uint4 raw = make_uint4(0, 0, 0, 0);
-      if (row < geo.rows)
-        raw = load_chunk(q + (tile.token_begin + row / heads) * p.q_stride_token +
-                             (row % heads) * p.q_stride_head,
-                         chunk);
-      if constexpr (Traits::kFp8)
-        store_widened_e4m3x16(query_s, kSm90TileRows * 128, row, chunk, raw);
-      else // bf16, or e4m3 for QGMMA (8 chunks: slab 0 only)
-        *reinterpret_cast<uint4*>(query_s + (chunk / 8) * (kSm90TileRows * 128) +
-                                  sm90::swizzled_offset(row, chunk % 8)) = raw;
+    const int chunk = thread % kChunks;
+#pragma unroll
+    for (int first = 0; first < kChunks; first += kLoadBatch) {
+      uint4 raw[kLoadBatch];
+#pragma unroll
+      for (int k = 0; k < kLoadBatch; ++k) {
+        const int row = row_base + thread / kChunks + kRowStep * (first + k);
+        raw[k] = row < geo.rows
+                     ? load_chunk(q + (tile.token_begin + row / heads) * p.q_stride_token +
+                                      (row % heads) * p.q_stride_head,
+                                  chunk)
+                     : make_uint4(0, 0, 0, 0);
+      }
+      if (first == 0)
+        sm90::named_barrier_sync(1 + consumer, 128); // the previous unit's MMAs have read query_s
+#pragma unroll
+      for (int k = 0; k < kLoadBatch; ++k) {
+        const int row = row_base + thread / kChunks + kRowStep * (first + k);
+        if constexpr (Traits::kFp8)
+          store_widened_e4m3x16(query_s, kSm90TileRows * 128, row, chunk, raw[k]);
+        else // bf16, or e4m3 for QGMMA (8 chunks: slab 0 only)
+          *reinterpret_cast<uint4*>(query_s + (chunk / 8) * (kSm90TileRows * 128) +
+                                    sm90::swizzled_offset(row, chunk % 8)) = raw[k];
+      }
     }
     sm90::fence_proxy_async_shared();
     sm90::named_barrier_sync(1 + consumer, 128);
