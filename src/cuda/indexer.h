@@ -39,8 +39,7 @@ struct IndexerLayout {
   int32_t* range_starts = nullptr;     // [range_capacity] (the SM90 schedule's scratch)
   float* scores = nullptr;             // [H, max_tokens, max_blocks] (index_topk: prefill rows)
   uint64_t* partial_lists = nullptr;   // [decode tiles, splits, 64, ranked slots] (index_topk)
-  float4* key_norms =
-      nullptr; // [max_requests, max_blocks] (index_topk, e4m3 caches: certification)
+  float4* key_norms = nullptr;         // [max_requests, max_blocks] (certified index_topk)
   int64_t tile_capacity = 0;
   int64_t unit_capacity = 0, range_capacity = 0;
 };

@@ -240,8 +240,8 @@ BatchSpec fp8_chunk_spec(int32_t q_len, int32_t seq_len, int heads) {
 // blocks that QGMMA orders the wrong way round by far more than random data shows: even blocks
 // score 256 + 127 x 0.0295 = 259.75 from one large product and 127 small ones, each of which the
 // aligned sum drops (QGMMA: 256), odd blocks 256 + 2.75 = 258.75 from two products it keeps. The
-// exact selection takes the even blocks; with session 17's bound of 2^-9 |q| |k| (about 0.5 here)
-// the certification took the odd ones as sure.
+// exact selection takes the even blocks; session 17's bound of 2^-9 |q| |k| (about 0.5 here)
+// would make the odd ones sure (their lower bound, 258.0, above the even ones' upper, 256.5).
 TEST(GpuPrefillScorerSmall, CertifiedFp8SelectionsAreExactOnAdversarialData) {
   M3SA_SKIP_WITHOUT_CUDA();
   const MsaConfig config = config_of(4, 16, 1, 0);

@@ -79,10 +79,8 @@ __global__ void __launch_bounds__(128) key_norms_kernel(const __grid_constant__ 
     const int page = s.block_table[r * s.block_table_stride + b];
     // The squared norms of the key's dims up to the end of each k32 step (0 past the visible keys).
     float prefix[kQgmmaSteps] = {};
-    if (page < 0 || page >= s.num_pages) {
-#pragma unroll
-      for (int j = 0; j < kQgmmaSteps; ++j) prefix[j] = INFINITY;
-    } else if (b * 128 + key < seq_len) {
+    bool unbounded = page < 0 || page >= s.num_pages; // an invalid page, or (below) a NaN key
+    if (!unbounded && b * 128 + key < seq_len) {
       const uint4* k =
           reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(s.index_k_cache) +
                                          page * s.cache_stride_page + key * s.cache_stride_token);
@@ -98,10 +96,11 @@ __global__ void __launch_bounds__(128) key_norms_kernel(const __grid_constant__ 
         for (int i = 0; i < 16; ++i) norm2 = fmaf(f[i], f[i], norm2);
         if (c % 2 == 1) prefix[c / 2] = norm2;
       }
-      if (!(norm2 <= FLT_MAX)) // a NaN key: its block is always rescored
-#pragma unroll
-        for (int j = 0; j < kQgmmaSteps; ++j) prefix[j] = INFINITY;
+      unbounded = !(norm2 <= FLT_MAX); // a NaN key: its block is always rescored
     }
+    if (unbounded)
+#pragma unroll
+      for (int j = 0; j < kQgmmaSteps; ++j) prefix[j] = INFINITY;
     // Non-negative floats (and +inf) order as their bits.
     float most[kQgmmaSteps];
 #pragma unroll
