@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
 
     // Per row of this thread (quad leaders store): output row, and the position the causal mask
     // compares key positions with (relative to b * 128 and this lane's first column).
-    const bool tile_active[2] = {row_base < geo.rows, row_base + 64 < geo.rows};
+    const bool rows_active = row_base < geo.rows; // this consumer has rows in the tile
     float* out_row[2][2];
     int last_key[2][2];
 #pragma unroll
@@ -289,18 +289,27 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     static_assert(kChunks % kLoadBatch == 0);
     const StoredT* q = static_cast<const StoredT*>(p.index_q);
     const int chunk = thread % kChunks;
-#pragma unroll
-    for (int first = 0; first < kChunks; first += kLoadBatch) {
-      uint4 raw[kLoadBatch];
+    // Row r is token r / H, head r % H: shifts when H is a power of two (an integer division by H
+    // costs ~20 instructions, 16 of them a unit and thread), a division otherwise.
+    const int head_shift = (heads & (heads - 1)) == 0 ? __ffs(heads) - 1 : -1;
+    const auto load_batch = [&](int first, uint4(&raw)[kLoadBatch], auto token_of) {
 #pragma unroll
       for (int k = 0; k < kLoadBatch; ++k) {
         const int row = row_base + thread / kChunks + kRowStep * (first + k);
-        raw[k] = row < geo.rows
-                     ? load_chunk(q + (tile.token_begin + row / heads) * p.q_stride_token +
-                                      (row % heads) * p.q_stride_head,
-                                  chunk)
-                     : make_uint4(0, 0, 0, 0);
+        const int token = token_of(row);
+        raw[k] = row < geo.rows ? load_chunk(q + (tile.token_begin + token) * p.q_stride_token +
+                                                 (row - token * heads) * p.q_stride_head,
+                                             chunk)
+                                : make_uint4(0, 0, 0, 0);
       }
+    };
+#pragma unroll
+    for (int first = 0; first < kChunks; first += kLoadBatch) {
+      uint4 raw[kLoadBatch];
+      if (head_shift >= 0)
+        load_batch(first, raw, [&](int row) { return row >> head_shift; });
+      else
+        load_batch(first, raw, [&](int row) { return row / heads; });
       if (first == 0)
         sm90::named_barrier_sync(1 + consumer, 128); // the previous unit's MMAs have read query_s
 #pragma unroll
@@ -360,42 +369,58 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       }
       __syncwarp();
       if (lane == 0) sm90::mbarrier_arrive(&empty[stage]); // the page may be refilled now
-      if (!page_ok || !tile_active[0]) continue;
+      if (!page_ok || !rows_active) continue;
 
-      // Block maxima. Value (i, e) of a row is key column 8 i + 2 (lane % 4) + e.
-      const bool masked = b * 128 + 127 > geo.first_pos;
+#ifdef M3SA_SCORER_DIAG_NO_MAXIMA // diagnostic (s19 r3): what the pipeline costs without them
+      if (out_row[0][0] != nullptr) out_row[0][0][b * p.score_stride_block] = acc[0][0];
+      continue;
+#endif
+      // Block maxima of the thread's four rows (tile t, half h: m[2 t + h]), all four at once so
+      // that their FMNMX chains and their shuffles overlap: row by row, each row's shuffles and
+      // store waited on the one before (s19 r3 ncu: the maxima took a quarter of the consumers'
+      // samples, most of them short-scoreboard stalls on the shuffles). Value (i, e) of a row is
+      // key column 8 i + 2 (lane % 4) + e.
+      float m[4];
+      if (b * 128 + 127 <= geo.first_pos) { // every key of the block is visible to every row
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        if (!tile_active[t]) continue;
+        for (int r = 0; r < 4; ++r) {
+          const float(&d)[64] = acc[r / 2];
+          const int h = r % 2;
+          float chain[4];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float m;
-          if (!masked) {
-            float chain[4];
+          for (int c = 0; c < 4; ++c)
+            chain[c] = nan_propagating_max(d[4 * c + 2 * h], d[4 * c + 2 * h + 1]);
 #pragma unroll
-            for (int c = 0; c < 4; ++c)
-              chain[c] = nan_propagating_max(acc[t][4 * c + 2 * h], acc[t][4 * c + 2 * h + 1]);
+          for (int i = 4; i < 16; ++i)
+            chain[i % 4] = nan_propagating_max(
+                chain[i % 4], nan_propagating_max(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]));
+          m[r] = nan_propagating_max(nan_propagating_max(chain[0], chain[1]),
+                                     nan_propagating_max(chain[2], chain[3]));
+        }
+      } else {
 #pragma unroll
-            for (int i = 4; i < 16; ++i)
-              chain[i % 4] =
-                  nan_propagating_max(chain[i % 4], nan_propagating_max(acc[t][4 * i + 2 * h],
-                                                                        acc[t][4 * i + 2 * h + 1]));
-            m = nan_propagating_max(nan_propagating_max(chain[0], chain[1]),
-                                    nan_propagating_max(chain[2], chain[3]));
-          } else {
-            const int visible = last_key[t][h] - b * 128; // columns 8 i + e <= visible
-            m = -INFINITY;
+        for (int r = 0; r < 4; ++r) {
+          const float(&d)[64] = acc[r / 2];
+          const int h = r % 2;
+          const int visible = last_key[r / 2][h] - b * 128; // columns 8 i + e <= visible
+          m[r] = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < 16; ++i)
+          for (int i = 0; i < 16; ++i)
 #pragma unroll
-              for (int e = 0; e < 2; ++e)
-                if (8 * i + e <= visible) m = nan_propagating_max(m, acc[t][4 * i + 2 * h + e]);
-          }
-          m = nan_propagating_max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-          m = nan_propagating_max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-          if (out_row[t][h] != nullptr) out_row[t][h][b * p.score_stride_block] = m * p.scale;
+            for (int e = 0; e < 2; ++e)
+              if (8 * i + e <= visible) m[r] = nan_propagating_max(m[r], d[4 * i + 2 * h + e]);
         }
       }
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        m[r] = nan_propagating_max(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        m[r] = nan_propagating_max(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
+#pragma unroll
+      for (int r = 0; r < 4; ++r) // rows past the tile (an idle tile 1 among them) have none
+        if (out_row[r / 2][r % 2] != nullptr)
+          out_row[r / 2][r % 2][b * p.score_stride_block] = m[r] * p.scale;
     }
   }
 #endif
