@@ -1,6 +1,8 @@
 // The row-tile schedule of the scoring kernels (score_blocks and the prefill rows of index_topk).
 #include <cub/block/block_scan.cuh>
 
+#include <cstdio>
+
 #include "cuda/kernels/score_blocks.cuh"
 #include "cuda/launchers.h"
 
@@ -32,6 +34,19 @@ __global__ void schedule_tiles_kernel(const __grid_constant__ ScheduleParams p) 
 // (indexer_traits.h) on the batch's unit counts for every R.
 constexpr int kScheduleThreads = 512;
 
+// Diagnostic builds only (bench/NOTES.md s19 r5): thread 0 records clock64 after each phase of the
+// 20th launch and prints them.
+#ifndef M3SA_SCHEDULE_STAMPS
+#define M3SA_SCHEDULE_STAMPS 0
+#endif
+#if M3SA_SCHEDULE_STAMPS
+static __device__ unsigned g_schedule_launch;
+#define M3SA_SCHEDULE_STAMP(i)                                                                     \
+  if (threadIdx.x == 0) stamps[i] = clock64()
+#else
+#define M3SA_SCHEDULE_STAMP(i)
+#endif
+
 // A tile's causal blocks (0 for a tile whose metadata cannot be served: it is flagged, not read).
 __device__ int tile_blocks(const ScheduleParams& p, const RowTile& tile) {
   ScoreBlocksParams g{}; // what tile_geometry reads: an unsharded request's lengths and table
@@ -50,71 +65,131 @@ __device__ int tile_blocks(const ScheduleParams& p, const RowTile& tile) {
 constexpr int kScheduleSmemTiles = 4096;
 constexpr int kScheduleSmemRanges = 4096;
 
+// Every phase runs on all 512 threads: s19 r5's stamps found 23,000 cycles (11.7 us) between the
+// PDL wait and the end at C=8K S=8K H=4 (37,000 at S=128K), nearly all in serial work: one thread
+// listing the tiles (6,900), one thread trying the 29 range lengths with 64-bit divisions (8,900)
+// and, at long contexts, 4 warps walking 41 ranges each (11,900). The scorer waits for all of it.
 __global__ void __launch_bounds__(kScheduleThreads)
     schedule_scoring_units_kernel(const __grid_constant__ ScheduleParams p) {
   using Scan = cub::BlockScan<int, kScheduleThreads>;
+  constexpr int kWarps = kScheduleThreads / 32;
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int num_tiles, max_blocks, range, ranges, num_units;
+  __shared__ int max_blocks, range, ranges, num_units;
   __shared__ int units_for[kRangeChoices];
   __shared__ int cached_blocks[kScheduleSmemTiles];
   __shared__ int smem_counters[kScheduleSmemRanges];
+  __shared__ int chunk_offsets[kScheduleThreads]; // a chunk of requests' first tiles
+#if M3SA_SCHEDULE_STAMPS
+  long long stamps[10] = {};
+#endif
   wait_for_prior_grids(); // launched to overlap the previous kernel (SM90 plans)
   allow_next_grid();      // the scorer waits for this whole grid
-  if (threadIdx.x == 0) num_tiles = build_row_tiles(p), max_blocks = 0;
+  M3SA_SCHEDULE_STAMP(0);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) max_blocks = 0;
   for (int c = threadIdx.x; c < kRangeChoices; c += kScheduleThreads) units_for[c] = 0;
-  __syncthreads();
-  const auto blocks_of = [&](int t) {
-    return t < kScheduleSmemTiles ? cached_blocks[t] : tile_blocks(p, p.tiles[t]);
-  };
-  // The passes over the tiles run warp-uniform (tile = first + lane), so that each warp adds its
-  // counts to a shared counter once (32 lanes' atomics on one address serialise).
-  const int lane = threadIdx.x % 32, warp_first = threadIdx.x - lane;
+  __syncthreads(); // before the counts' atomics (no chunk below when there is no request)
+
+  // Row tiles in request order (as build_row_tiles), 512 requests at a time: a thread a request
+  // counts its tiles, a scan places them, and the chunk's tiles are written a thread each, with
+  // their causal block counts (cached for the passes below) and per-R unit counts.
   int local_max = 0;
   int local_units[kRangeChoices] = {};
-  for (int first = warp_first; first < num_tiles; first += kScheduleThreads) {
-    const int t = first + lane;
-    const int blocks = t < num_tiles ? tile_blocks(p, p.tiles[t]) : 0;
-    if (t < kScheduleSmemTiles && t < num_tiles) cached_blocks[t] = blocks;
-    local_max = max(local_max, blocks);
+  int tiles_before = 0; // every thread's copy: the scans' totals
+  for (int first = p.first_request; first < p.num_requests; first += kScheduleThreads) {
+    const int r = first + threadIdx.x;
+    int count = 0;
+    if (r < p.num_requests) {
+      const int q_len = p.cu_q_lens[r + 1] - p.cu_q_lens[r];
+      count = q_len > 0 ? (q_len + p.tile_tokens - 1) / p.tile_tokens : 0;
+    }
+    int offset, total;
+    Scan(scan_storage).ExclusiveSum(count, offset, total);
+    chunk_offsets[threadIdx.x] = offset;
+    __syncthreads();
+    const int requests = min(kScheduleThreads, p.num_requests - first);
+    for (int j = threadIdx.x; j < total && tiles_before + j < p.tile_capacity;
+         j += kScheduleThreads) {
+      // The chunk's request holding tile j: the last whose first tile is <= j (requests without
+      // tiles share the next one's offset and come before it).
+      int lo = 0, hi = requests; // chunk_offsets[lo] <= j < chunk_offsets[hi] (hi: the end)
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (chunk_offsets[mid] <= j)
+          lo = mid;
+        else
+          hi = mid;
+      }
+      const int request = first + lo, begin = p.cu_q_lens[request], end = p.cu_q_lens[request + 1];
+      const int token = begin + (j - chunk_offsets[lo]) * p.tile_tokens;
+      const RowTile tile{request, token, min(p.tile_tokens, end - token), 0};
+      const int t = tiles_before + j;
+      p.tiles[t] = tile;
+      const int blocks = tile_blocks(p, tile);
+      if (t < kScheduleSmemTiles) cached_blocks[t] = blocks;
+      local_max = max(local_max, blocks);
 #pragma unroll
-    for (int c = 0; c < kRangeChoices; ++c)
-      local_units[c] += t < num_tiles ? units_of_tile(blocks, kMinBlocksPerRange + c) : 0;
+      for (int c = 0; c < kRangeChoices; ++c)
+        local_units[c] += units_of_tile(blocks, kMinBlocksPerRange + c);
+    }
+    tiles_before += total;
+    __syncthreads(); // scan_storage and chunk_offsets are reused
   }
+  const int num_tiles = min(tiles_before, p.tile_capacity);
+  M3SA_SCHEDULE_STAMP(1);
   local_max = __reduce_max_sync(0xffffffffu, local_max);
 #pragma unroll
   for (int c = 0; c < kRangeChoices; ++c)
     local_units[c] = __reduce_add_sync(0xffffffffu, local_units[c]);
-  if (lane == 0) {
+  if (lane == 0) { // one atomic a warp (32 lanes' atomics on one address serialise)
     atomicMax(&max_blocks, local_max);
 #pragma unroll
     for (int c = 0; c < kRangeChoices; ++c)
       if (local_units[c] != 0) atomicAdd(&units_for[c], local_units[c]);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const RangeChoice choice =
-        choose_blocks_per_range(units_for, max_blocks, p.unit_capacity, p.range_capacity,
-                                p.persistent_ctas, kScheduleSmemRanges);
-    range = choice.blocks_per_range, ranges = choice.ranges, num_units = choice.units;
+  M3SA_SCHEDULE_STAMP(2);
+  if (warp == 0) { // R: the smallest key over the choices, a lane each
+    const unsigned long long key =
+        lane < kRangeChoices
+            ? range_choice_key(units_for[lane], lane, max_blocks, p.unit_capacity, p.range_capacity,
+                               p.persistent_ctas, kScheduleSmemRanges)
+            : kUnfitRangeChoice;
+    unsigned long long best_key = key;
+#pragma unroll
+    for (int step = 16; step > 0; step /= 2)
+      best_key = min(best_key, __shfl_xor_sync(0xffffffffu, best_key, step));
+    if (lane == 0) {
+      const int best = best_key == kUnfitRangeChoice
+                           ? kRangeChoices - 1
+                           : kRangeChoices - 1 - static_cast<int>(best_key & 63);
+      const RangeChoice choice =
+          range_choice(best, units_for, max_blocks, p.unit_capacity, p.range_capacity);
+      range = choice.blocks_per_range, ranges = choice.ranges, num_units = choice.units;
+    }
   }
   __syncthreads();
+  M3SA_SCHEDULE_STAMP(3);
   int* counters = ranges <= kScheduleSmemRanges ? smem_counters : p.range_starts;
   // Units a range: counts, then their exclusive prefix (each range's first list entry).
   for (int r = threadIdx.x; r < ranges; r += kScheduleThreads) counters[r] = 0;
   __syncthreads();
-  // A tile's units are its ranges 0 .. n - 1: range r counts the lanes whose n exceeds r.
+  const auto blocks_of = [&](int t) {
+    return t < kScheduleSmemTiles ? cached_blocks[t] : tile_blocks(p, p.tiles[t]);
+  };
+  // A tile's units are its ranges 0 .. n - 1. The two passes below take (group of 32 tiles, range)
+  // pairs, spread over all warps: range r of a group counts the lanes whose n exceeds r.
   const auto tile_units = [&](int t) {
     return t < num_tiles ? min(ranges, units_of_tile(blocks_of(t), range)) : 0;
   };
-  for (int first = warp_first; first < num_tiles; first += kScheduleThreads) {
-    const int n = tile_units(first + lane);
-    const int warp_n = __reduce_max_sync(0xffffffffu, n);
-    for (int r = 0; r < warp_n; ++r) {
-      const unsigned holders = __ballot_sync(0xffffffffu, r < n);
-      if (lane == 0) atomicAdd(&counters[r], __popc(holders));
-    }
+  const int pairs = (num_tiles + 31) / 32 * ranges;
+  for (int pair = warp; pair < pairs; pair += kWarps) {
+    const int r = pair % ranges;
+    const unsigned holders = __ballot_sync(0xffffffffu, r < tile_units(pair / ranges * 32 + lane));
+    if (lane == 0 && holders != 0) atomicAdd(&counters[r], __popc(holders));
   }
   __syncthreads();
+  M3SA_SCHEDULE_STAMP(4);
   int carry = 0;
   for (int first = 0; first < ranges; first += kScheduleThreads) {
     const int r = first + threadIdx.x;
@@ -125,25 +200,34 @@ __global__ void __launch_bounds__(kScheduleThreads)
     carry += total;
     __syncthreads(); // scan_storage is reused
   }
+  M3SA_SCHEDULE_STAMP(5);
   // Each unit takes the next entry of its range (the order within a range is free: every row's
-  // scores are written by whichever CTA computes them, the same values).
-  for (int first = warp_first; first < num_tiles; first += kScheduleThreads) {
-    const int t = first + lane, n = tile_units(t);
-    const int warp_n = __reduce_max_sync(0xffffffffu, n);
-    const unsigned lower_lanes = (1u << lane) - 1;
-    for (int r = 0; r < warp_n; ++r) { // one atomic a warp and range, the lanes in tile order
-      const unsigned holders = __ballot_sync(0xffffffffu, r < n);
-      int base = 0;
-      if (lane == 0) base = atomicAdd(&counters[r], __popc(holders));
-      base = __shfl_sync(0xffffffffu, base, 0);
-      const int at = base + __popc(holders & lower_lanes);
-      if (r < n && at < num_units) p.units[at] = ScoringUnit{t, r};
-    }
+  // scores are written by whichever CTA computes them, the same values): one atomic a pair, the
+  // lanes in tile order.
+  const unsigned lower_lanes = (1u << lane) - 1;
+  for (int pair = warp; pair < pairs; pair += kWarps) {
+    const int r = pair % ranges, t = pair / ranges * 32 + lane;
+    const bool holds = r < tile_units(t);
+    const unsigned holders = __ballot_sync(0xffffffffu, holds);
+    if (holders == 0) continue;
+    int base = 0;
+    if (lane == 0) base = atomicAdd(&counters[r], __popc(holders));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    const int at = base + __popc(holders & lower_lanes);
+    if (holds && at < num_units) p.units[at] = ScoringUnit{t, r};
   }
+  M3SA_SCHEDULE_STAMP(6);
   if (threadIdx.x == 0) {
     *p.num_tiles = num_tiles;
     *p.schedule = ScoringSchedule{num_tiles, range, ranges, num_units};
   }
+#if M3SA_SCHEDULE_STAMPS
+  if (threadIdx.x == 0 && atomicAdd(&g_schedule_launch, 1) == 20)
+    printf("schedule stamps (cycles from the PDL wait): tiles %lld, choice %lld, counts %lld, "
+           "scan %lld, units %lld | tiles %d R %d ranges %d units %d\n",
+           stamps[2] - stamps[0], stamps[3] - stamps[0], stamps[4] - stamps[0],
+           stamps[5] - stamps[0], stamps[6] - stamps[0], num_tiles, range, ranges, num_units);
+#endif
 }
 
 } // namespace

@@ -74,25 +74,48 @@ struct RangeChoice {
 // more ranges than `cheap_ranges` (the kernel's shared-memory counters) only when no R fits them.
 // The capacities are sized for R = kMinBlocksPerRange, so some R always fits when the tiles'
 // blocks stay within the table; otherwise the longest R, clamped to the capacities.
-M3SA_HOST_DEVICE RangeChoice choose_blocks_per_range(const int* units_for, int max_blocks,
+// What the choice minimises for choice c (R = kMinBlocksPerRange + c, units with that R): the
+// cost above, then the shorter R (ties go to the longer R) in the low bits; kUnfitRangeChoice
+// when its units or ranges exceed the capacities. The schedule kernel takes the minimum over a
+// warp, one choice a lane; choose_blocks_per_range over a loop (the CPU tests).
+inline constexpr unsigned long long kUnfitRangeChoice = ~0ull;
+M3SA_HOST_DEVICE unsigned long long range_choice_key(int units, int c, int max_blocks,
                                                      int unit_capacity, int range_capacity,
                                                      int persistent_ctas, int cheap_ranges) {
-  int best = kRangeChoices - 1;
-  long long best_cost = -1;
+  const int r = kMinBlocksPerRange + c;
+  const int n_ranges = units_of_tile(max_blocks, r);
+  if (units > unit_capacity || n_ranges > range_capacity) return kUnfitRangeChoice;
   const int ctas = persistent_ctas > 0 ? persistent_ctas : 1;
-  for (int c = kRangeChoices - 1; c >= 0; --c) {
-    const int r = kMinBlocksPerRange + c;
-    const int n_ranges = units_of_tile(max_blocks, r);
-    if (units_for[c] > unit_capacity || n_ranges > range_capacity) continue;
-    const long long share = (units_for[c] + persistent_ctas - 1) / ctas;
-    const long long cost =
-        share * (r + kUnitOverheadBlocks) + (n_ranges > cheap_ranges ? (1ll << 40) : 0);
-    if (best_cost < 0 || cost < best_cost) best = c, best_cost = cost;
-  }
+  // A 32-bit division: a 64-bit one is a ~100-instruction call (29 of them in a row took the
+  // schedule kernel 4.5 us, s19 r5).
+  const int share = (units + persistent_ctas - 1) / ctas;
+  const long long cost = static_cast<long long>(share) * (r + kUnitOverheadBlocks) +
+                         (n_ranges > cheap_ranges ? (1ll << 40) : 0);
+  return (static_cast<unsigned long long>(cost) << 6) |
+         static_cast<unsigned>(kRangeChoices - 1 - c);
+}
+static_assert(kRangeChoices <= 64);
+
+// The choice whose key is smallest (`best`: the last when none fits), clamped to the capacities.
+M3SA_HOST_DEVICE RangeChoice range_choice(int best, const int* units_for, int max_blocks,
+                                          int unit_capacity, int range_capacity) {
   const int r = kMinBlocksPerRange + best;
   const int n_ranges = units_of_tile(max_blocks, r);
   return {r, n_ranges < range_capacity ? n_ranges : range_capacity,
           units_for[best] < unit_capacity ? units_for[best] : unit_capacity};
+}
+
+M3SA_HOST_DEVICE RangeChoice choose_blocks_per_range(const int* units_for, int max_blocks,
+                                                     int unit_capacity, int range_capacity,
+                                                     int persistent_ctas, int cheap_ranges) {
+  int best = kRangeChoices - 1;
+  unsigned long long best_key = kUnfitRangeChoice;
+  for (int c = 0; c < kRangeChoices; ++c) {
+    const unsigned long long key = range_choice_key(units_for[c], c, max_blocks, unit_capacity,
+                                                    range_capacity, persistent_ctas, cheap_ranges);
+    if (key < best_key) best = c, best_key = key;
+  }
+  return range_choice(best, units_for, max_blocks, unit_capacity, range_capacity);
 }
 
 // The error model of the QGMMA prefill scores (certify_selection.cuh), measured on the H200 (s18
