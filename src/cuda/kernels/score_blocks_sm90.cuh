@@ -41,6 +41,7 @@
 
 #include "cuda/indexer_params.h"
 #include "cuda/kernels/score_blocks.cuh"
+#include "cuda/kernels/scorer_stamps.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 
 namespace m3sa::cuda {
@@ -144,6 +145,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
   uint64_t* raw_empty = raw_full + kRawStages;
 
   const int warpgroup = threadIdx.x / 128;
+  M3SA_SCORER_STAMPS_ENTRY();
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       // bf16: the TMA thread's arrive with the page's bytes; e4m3: the 4 widening warps.
@@ -161,6 +163,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
   // that kernel's output).
   wait_for_prior_grids();
   allow_next_grid();
+  M3SA_SCORER_STAMPS_START();
   const ScoringSchedule schedule = *params.schedule;
 
   if (warpgroup == 0) {
@@ -172,7 +175,9 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       int page;
       for (int i = 0; cursor.next(params, schedule, &page); ++i) {
         const int stage = i % kStages;
+        M3SA_SCORER_SPAN(stamp);
         sm90::mbarrier_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
+        M3SA_SCORER_ADD(stamp, PageWait);
         if (!sm90_page_valid(p, page)) { // consumers skip it too; the flag says why
           atomicOr(p.error_flags, kPageOutOfRange);
           sm90::mbarrier_arrive(&full[stage]);
@@ -211,7 +216,9 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       for (int i = 0; widen_cursor.next(params, schedule, &page); ++i) {
         const int slot = i % kRawStages, stage = i % kStages;
         sm90::mbarrier_wait(&raw_full[slot], (i / kRawStages) & 1);
+        M3SA_SCORER_SPAN(stamp);
         sm90::mbarrier_wait(&empty[stage], ((i / kStages) & 1) ^ 1);
+        M3SA_SCORER_ADD(stamp, PageWait);
         if (sm90_page_valid(p, page)) {
           const uint8_t* raw = raw_s + slot * Traits::kRawBytes;
           uint8_t* stage_s = key_s + stage * Traits::kStageBytes;
@@ -231,6 +238,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
         if (threadIdx.x == 0) issue_next(); // the raw slot just freed takes the next page
       }
     }
+    M3SA_SCORER_PRODUCER_DONE();
     return;
   }
 
@@ -264,6 +272,8 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       }
     }
     if (blocks.begin >= blocks.end) continue;
+    M3SA_SCORER_SPAN(stamp);
+    M3SA_SCORER_COUNT(1, blocks.end - blocks.begin);
 
     // Per row of this thread (quad leaders store): output row, and the position the causal mask
     // compares key positions with (relative to b * 128 and this lane's first column).
@@ -324,10 +334,12 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     }
     sm90::fence_proxy_async_shared();
     sm90::named_barrier_sync(1 + consumer, 128);
+    M3SA_SCORER_ADD(stamp, Staging);
 
     for (int b = blocks.begin; b < blocks.end; ++b, ++iteration) {
       const int stage = iteration % kStages;
       sm90::mbarrier_wait(&full[stage], (iteration / kStages) & 1);
+      M3SA_SCORER_ADD(stamp, PageWait);
       const bool page_ok =
           sm90_page_valid(p, p.block_table[geo.request * p.block_table_stride + b]);
       // Both m64 tiles, always: a branch around wgmma (even a uniform one) makes ptxas serialise
@@ -367,14 +379,11 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
         sm90::fence_accumulators(acc[0]);
         sm90::fence_accumulators(acc[1]);
       }
+      M3SA_SCORER_ADD(stamp, Mma);
       __syncwarp();
       if (lane == 0) sm90::mbarrier_arrive(&empty[stage]); // the page may be refilled now
       if (!page_ok || !rows_active) continue;
 
-#ifdef M3SA_SCORER_DIAG_NO_MAXIMA // diagnostic (s19 r3): what the pipeline costs without them
-      if (out_row[0][0] != nullptr) out_row[0][0][b * p.score_stride_block] = acc[0][0];
-      continue;
-#endif
       // Block maxima of the thread's four rows (tile t, half h: m[2 t + h]), all four at once so
       // that their FMNMX chains and their shuffles overlap: row by row, each row's shuffles and
       // store waited on the one before (s19 r3 ncu: the maxima took a quarter of the consumers'
@@ -421,8 +430,10 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       for (int r = 0; r < 4; ++r) // rows past the tile (an idle tile 1 among them) have none
         if (out_row[r / 2][r % 2] != nullptr)
           out_row[r / 2][r % 2][b * p.score_stride_block] = m[r] * p.scale;
+      M3SA_SCORER_ADD(stamp, Maxima);
     }
   }
+  M3SA_SCORER_STAMPS_EXIT();
 #endif
 }
 
@@ -430,9 +441,11 @@ template <typename StoredT, bool kTensorCoreFp8 = false>
 cudaError_t launch_score_blocks_sm90(const ScoreBlocksSm90Params& p, int grid, cudaStream_t s) {
   LaunchOptions options;
   options.overlap_prior = true;
-  return launch_with_shared_memory(
+  const cudaError_t status = launch_with_shared_memory(
       score_blocks_sm90_kernel<StoredT, kTensorCoreFp8>, dim3(grid), kSm90ScoreThreads,
       Sm90ScoreTraits<StoredT, kTensorCoreFp8>::kSmemBytes, s, p, options);
+  after_scorer_launch(grid, s); // diagnostic builds only (scorer_stamps.cuh)
+  return status;
 }
 
 template <typename StoredT, bool kTensorCoreFp8 = false> bool score_blocks_sm90_has_sm90a_code() {
