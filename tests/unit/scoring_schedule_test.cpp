@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <vector>
 
 #include "cuda/kernels/indexer_traits.h"
@@ -15,7 +16,9 @@ using cuda::choose_blocks_per_range;
 using cuda::kMaxBlocksPerRange;
 using cuda::kMinBlocksPerRange;
 using cuda::kRangeChoices;
+using cuda::kUnfitRangeChoice;
 using cuda::kUnitOverheadBlocks;
+using cuda::range_choice_key;
 using cuda::units_of_tile;
 
 // The unit counts of a batch of tiles for every R, and its longest tile.
@@ -117,6 +120,45 @@ TEST(ScoringSchedule, RangeRespectsTheCapacities) {
   EXPECT_EQ(choice.blocks_per_range, kMaxBlocksPerRange);
   EXPECT_EQ(choice.units, 10);
   EXPECT_EQ(choice.ranges, 1);
+}
+
+// The schedule kernel takes the smallest range_choice_key across a warp, in no particular order:
+// the keys must order like (largest share, then the longer R first) for any counts, with no two
+// choices equal, and an unfit choice above every fit one.
+TEST(ScoringSchedule, RangeChoiceKeysOrderLikeTheShareThenTheLongerRange) {
+  std::mt19937 rng(19);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int ctas = 1 + static_cast<int>(rng() % 264);
+    const int max_blocks = 1 + static_cast<int>(rng() % 8192);
+    const int cap = trial % 3 == 0 ? static_cast<int>(rng() % 100000) : (1 << 30);
+    std::vector<int> units(kRangeChoices);
+    for (int& u : units) u = static_cast<int>(rng() % (trial % 2 ? 200000 : 600));
+    for (int a = 0; a < kRangeChoices; ++a)
+      for (int b = 0; b < kRangeChoices; ++b) {
+        if (a == b) continue;
+        const unsigned long long ka =
+            range_choice_key(units[a], a, max_blocks, cap, 1 << 30, ctas, 1 << 30);
+        const unsigned long long kb =
+            range_choice_key(units[b], b, max_blocks, cap, 1 << 30, ctas, 1 << 30);
+        const bool fit_a = units[a] <= cap, fit_b = units[b] <= cap;
+        ASSERT_EQ(ka == kUnfitRangeChoice, !fit_a);
+        if (!fit_a || !fit_b) {
+          if (fit_a != fit_b) {
+            ASSERT_EQ(ka < kb, fit_a);
+          }
+          continue;
+        }
+        const long long share_a =
+            (units[a] + ctas - 1) / ctas *
+            static_cast<long long>(kMinBlocksPerRange + a + kUnitOverheadBlocks);
+        const long long share_b =
+            (units[b] + ctas - 1) / ctas *
+            static_cast<long long>(kMinBlocksPerRange + b + kUnitOverheadBlocks);
+        ASSERT_NE(ka, kb);
+        ASSERT_EQ(ka < kb, share_a < share_b || (share_a == share_b && a > b))
+            << "choices " << a << ", " << b << " of trial " << trial;
+      }
+  }
 }
 
 } // namespace
