@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -464,11 +465,12 @@ TEST(GpuPrefillScorerSmall, BadMetadataIsFlaggedNotReadByEveryScorer) {
 TEST(GpuPrefillScorerSmall, Sm90ScheduleListsEachUnitOnceRangeMajor) {
   M3SA_SKIP_WITHOUT_CUDA();
   std::vector<PrefillCase> cases = prefill_cases();
-  // More tiles than the schedule keeps in shared memory (4096): 4200 one-token requests.
+  // More tiles than the schedule keeps in shared memory (4096) and more requests than it lists at
+  // a time (512): 4200 requests of one token, every seventh empty (a prefill q_len of 0 is valid).
   PrefillCase many{"FourThousand200Requests", {},          {},   0,
                    config_of(4, 16, 1, 0),    DType::bf16, true, false};
   for (int i = 0; i < 4200; ++i) {
-    many.q_lens.push_back(1);
+    many.q_lens.push_back(i % 7 == 3 ? 0 : 1);
     many.seq_lens.push_back(1 + (i * 37) % 200);
   }
   cases.push_back(many);
@@ -516,6 +518,17 @@ TEST(GpuPrefillScorerSmall, Sm90ScheduleListsEachUnitOnceRangeMajor) {
       ASSERT_LE(range, cuda::kMaxBlocksPerRange);
       ASSERT_GT(num_tiles, 0);
       ASSERT_LE(num_units, s.unit_capacity);
+      // The tiles: each scheduled request's tokens in order, tile_tokens at a time.
+      const int tile_tokens = cuda::sm90_tile_tokens(heads);
+      std::vector<std::array<int, 3>> want_tiles; // request, first token, tokens
+      for (int r = 0, begin = 0; r < requests; begin += c.q_lens[r], ++r)
+        for (int t = 0; r >= c.num_decode && t < c.q_lens[r]; t += tile_tokens)
+          want_tiles.push_back({r, begin + t, std::min(tile_tokens, c.q_lens[r] - t)});
+      ASSERT_EQ(num_tiles, static_cast<int>(want_tiles.size()));
+      for (int t = 0; t < num_tiles; ++t) {
+        const int32_t* tile = got_tiles.data<int32_t>() + 4 * t;
+        ASSERT_EQ((std::array<int, 3>{tile[0], tile[1], tile[2]}), want_tiles[t]) << "tile " << t;
+      }
       // A tile's expected ranges, from its rows' last position (as the contract's causality).
       std::vector<int> want_ranges(num_tiles);
       int want_units = 0;
