@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Mutation check of the CPU suite (issue 16).
 
-Applies each small source mutation below to the CPU backend, the reference backend or the host
-API, one at a time; rebuilds m3sa_cpu_tests in the cpu-only preset; runs it with a fixed seed and
+Applies each small source mutation below to the CPU backend, the reference backend, the host
+API or a host-testable half of a CUDA plan, one at a time; rebuilds m3sa_cpu_tests in the cpu-only preset; runs it with a fixed seed and
 records which tests fail; restores the file with `git checkout --`. A mutation no test catches is
 a survivor. Usage, from the repository root after configuring the cpu-only preset:
 
@@ -81,6 +81,13 @@ MUTATIONS = [
      "1.f / std::sqrt(static_cast<float>(kHeadDim))", "1.f / std::sqrt(64.f)"),
     ("cpu: attention lse without the max", "src/cpu/attention.cpp",
      ": max_logit[h] + std::log(denominator[h]);", ": std::log(denominator[h]);"),
+    ("plan: SM90 range key ties to the shorter R", "src/cuda/kernels/indexer_traits.h",
+     "static_cast<unsigned>(kRangeChoices - 1 - c);", "static_cast<unsigned>(c);"),
+    ("plan: SM90 range key ignores the unit capacity", "src/cuda/kernels/indexer_traits.h",
+     "if (units > unit_capacity || n_ranges > range_capacity) return kUnfitRangeChoice;",
+     "if ((void)unit_capacity, n_ranges > range_capacity) return kUnfitRangeChoice;"),
+    ("plan: SM90 range key cost overlaps the choice bits", "src/cuda/kernels/indexer_traits.h",
+     "static_cast<unsigned long long>(cost) << 6", "static_cast<unsigned long long>(cost) << 4"),
 ]
 
 BUILD = ["cmake", "--build", "--preset", "cpu-only", "--target", "m3sa_cpu_tests", "-j2"]
