@@ -4,7 +4,8 @@
 Applies each small source mutation below to the CPU backend, the reference backend, the host
 API or a host-testable half of a CUDA plan, one at a time; rebuilds m3sa_cpu_tests in the
 cpu-only preset; runs it with a fixed seed and records which tests fail; restores the file with
-`git checkout --`. A mutation no test catches is a survivor. Usage, from the repository root after configuring the cpu-only preset:
+`git checkout --`. A mutation no test catches is a survivor. Usage, from the repository root
+after configuring the cpu-only preset:
 
     scripts/mutation_check.py [name-substring ...]
 
