@@ -1,8 +1,6 @@
 // The row-tile schedule of the scoring kernels (score_blocks and the prefill rows of index_topk).
 #include <cub/block/block_scan.cuh>
 
-#include <cstdio>
-
 #include "cuda/kernels/score_blocks.cuh"
 #include "cuda/launchers.h"
 
@@ -40,6 +38,7 @@ constexpr int kScheduleThreads = 512;
 #define M3SA_SCHEDULE_STAMPS 0
 #endif
 #if M3SA_SCHEDULE_STAMPS
+#include <cstdio>
 static __device__ unsigned g_schedule_launch;
 #define M3SA_SCHEDULE_STAMP(i)                                                                     \
   if (threadIdx.x == 0) stamps[i] = clock64()

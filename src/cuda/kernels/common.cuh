@@ -143,6 +143,14 @@ __device__ __forceinline__ void prefetch_to_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
+// The GPU's global nanosecond timer (comparable across SMs, unlike clock64): the diagnostic
+// stamps' wall times (decode_stamps.cuh, scorer_stamps.cuh).
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // ---- programmatic dependent launch (LaunchOptions::overlap_prior) ----------------------------
 // A kernel launched with overlap_prior may start while the stream's previous grid still runs: it
 // calls wait_for_prior_grids before it touches global memory (set-up of shared memory and

@@ -15,6 +15,8 @@
 #endif
 
 #if M3SA_ATTENTION_DECODE_STAMPS
+#include "cuda/kernels/common.cuh"
+
 namespace m3sa::cuda {
 
 struct DecodeStamps {
@@ -35,17 +37,11 @@ static __device__ __forceinline__ unsigned decode_stamp_cta() {
   return blockIdx.x + blockIdx.y * gridDim.x;
 }
 
-static __device__ __forceinline__ unsigned long long decode_stamp_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 // Thread 0: this CTA's stamps into the launch's table; the last CTA prints the table.
 static __device__ __noinline__ void record_decode_stamps(DecodeStamps stamp, int splits, int last) {
   if (threadIdx.x != 0) return;
   const unsigned launch = *reinterpret_cast<volatile unsigned*>(&g_decode_launch);
-  stamp.exit_ns = decode_stamp_ns();
+  stamp.exit_ns = globaltimer_ns();
   stamp.last = last;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(stamp.sm));
   const unsigned cta = decode_stamp_cta(), ctas = gridDim.x * gridDim.y;
@@ -82,7 +78,7 @@ static __device__ __noinline__ void record_decode_stamps(DecodeStamps stamp, int
 } // namespace m3sa::cuda
 #define M3SA_DECODE_STAMPS_BEGIN()                                                                 \
   DecodeStamps stamp{};                                                                            \
-  if (threadIdx.x == 0) stamp.entry_ns = decode_stamp_ns()
+  if (threadIdx.x == 0) stamp.entry_ns = globaltimer_ns()
 #define M3SA_DECODE_STAMP(i)                                                                       \
   if (threadIdx.x == 0) stamp.clock[i] = clock64()
 #define M3SA_DECODE_STAMPS_END(splits, last) record_decode_stamps(stamp, splits, last)

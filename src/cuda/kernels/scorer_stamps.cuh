@@ -7,13 +7,15 @@
 // queued after that launch prints the table (device printf, flushed at the host's next
 // synchronisation; if that launch was captured into a graph, at every replay). Built by
 // bench/micro/scorer_stamps.sh into .gpu/m3sa_scorer_stamps; read in bench/NOTES.md s19 r1 / r2.
-#include <cstdio>
-
 #ifndef M3SA_SCORER_STAMPS
 #define M3SA_SCORER_STAMPS 0
 #endif
 
 #if M3SA_SCORER_STAMPS
+#include <cstdio>
+
+#include "cuda/kernels/common.cuh"
+
 namespace m3sa::cuda {
 
 struct ScorerStamps {
@@ -23,12 +25,6 @@ struct ScorerStamps {
 };
 inline constexpr int kScorerStampedLaunch = 20, kScorerStampedCtas = 1024;
 static __device__ ScorerStamps g_scorer_stamps[kScorerStampedCtas];
-
-static __device__ __forceinline__ unsigned long long scorer_stamp_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 static __device__ __forceinline__ ScorerStamps* scorer_stamps_row() {
   return blockIdx.x < kScorerStampedCtas ? &g_scorer_stamps[blockIdx.x] : nullptr;
@@ -70,12 +66,12 @@ enum ScorerStampSlot { kStampStaging, kStampPageWait, kStampMma, kStampMaxima, k
   int stamp_units = 0, stamp_blocks = 0;                                                           \
   if (threadIdx.x == 0 && scorer_stamps_row() != nullptr) {                                        \
     *scorer_stamps_row() = ScorerStamps{};                                                         \
-    scorer_stamps_row()->entry_ns = scorer_stamp_ns();                                             \
+    scorer_stamps_row()->entry_ns = globaltimer_ns();                                              \
   }                                                                                                \
   __syncthreads()
 #define M3SA_SCORER_STAMPS_START()                                                                 \
   if (threadIdx.x == 0 && scorer_stamps_row() != nullptr) {                                        \
-    scorer_stamps_row()->start_ns = scorer_stamp_ns();                                             \
+    scorer_stamps_row()->start_ns = globaltimer_ns();                                              \
     asm volatile("mov.u32 %0, %%smid;" : "=r"(scorer_stamps_row()->sm));                           \
   }
 #define M3SA_SCORER_SPAN(var) long long var = clock64()
@@ -104,12 +100,12 @@ enum ScorerStampSlot { kStampStaging, kStampPageWait, kStampMma, kStampMaxima, k
   }                                                                                                \
   sm90::named_barrier_sync(3, 256);                                                                \
   if (threadIdx.x == 128 && scorer_stamps_row() != nullptr)                                        \
-  scorer_stamps_row()->exit_ns = scorer_stamp_ns()
+  scorer_stamps_row()->exit_ns = globaltimer_ns()
 #else
 #define M3SA_SCORER_STAMPS_ENTRY()
 #define M3SA_SCORER_STAMPS_START()
 #define M3SA_SCORER_SPAN(var)
-#define M3SA_SCORER_ADD(var, field)
+#define M3SA_SCORER_ADD(var, what)
 #define M3SA_SCORER_COUNT(units, blocks)
 #define M3SA_SCORER_PRODUCER_DONE()
 #define M3SA_SCORER_STAMPS_EXIT()
