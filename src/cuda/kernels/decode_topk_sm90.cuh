@@ -55,18 +55,6 @@ static_assert(DecodeSm90Traits<__nv_fp8_e4m3>::kSmemBytes <= 227 * 1024);
 // The staged queries ([8][256 B]) fit the list area.
 static_assert(kDecodeSm90MaxRows * 256 <= DecodeSm90Traits<__nv_bfloat16>::kListBytes);
 
-// A fragments of keys key0 .. key0 + 15 x k-step ks of a 128 B-swizzled box (16 B chunks 2 ks and
-// 2 ks + 1 of each 128 B row): lane l addresses row key0 + (l / 8 % 2) * 8 + l % 8, chunk
-// 2 ks + l / 16, so a0..a3 come out in the m16 A order (rows 0-7 / 8-15, then the k half).
-__device__ __forceinline__ void load_key_fragments(uint32_t (&a)[4], uint32_t box_address, int key0,
-                                                   int ks, int lane) {
-  const int row = key0 + ((lane >> 3) & 1) * 8 + (lane & 7);
-  const uint32_t address = box_address + sm90::swizzled_offset(row, 2 * ks + (lane >> 4));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(address));
-}
-
 // Diagnostic builds only (never in the library): 1 = no page is read (the fixed cost: launch,
 // tile set-up, publish and merge), 2 = nothing after the stream (no publish, no merge).
 #ifndef M3SA_DECODE_SM90_VARIANT
@@ -195,13 +183,14 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
         // ldmatrix -> MMA wait behind.
         uint32_t a[2][8][4];
 #pragma unroll
-        for (int mt = 0; mt < 8; ++mt) load_key_fragments(a[0][mt], box_address, mt * 16, 0, lane);
+        for (int mt = 0; mt < 8; ++mt)
+          sm90::load_a_fragment(a[0][mt], box_address, mt * 16, 0, lane);
 #pragma unroll
         for (int ks = 0; ks < Traits::kStepsPerBox; ++ks) {
           if (ks + 1 < Traits::kStepsPerBox)
 #pragma unroll
             for (int mt = 0; mt < 8; ++mt)
-              load_key_fragments(a[(ks + 1) & 1][mt], box_address, mt * 16, ks + 1, lane);
+              sm90::load_a_fragment(a[(ks + 1) & 1][mt], box_address, mt * 16, 2 * (ks + 1), lane);
 #pragma unroll
           for (int mt = 0; mt < 8; ++mt) {
             if constexpr (Traits::kFp8)

@@ -29,11 +29,14 @@
 // consumer's MMAs run: the epilogue has to stay below one consumer's MMA time (1024 tensor clocks a
 // page), so the unmasked maximum is a bare FMNMX chain, the causal mask runs only on blocks that
 // reach past the tile's first position, and each row's output address is computed once per unit.
-// Queries are staged once per work unit by the consumers (plain loads, swizzled stores). Work units
-// are (row tile, range of blocks_per_range causal blocks), numbered range-major so that the CTAs
-// running at the same time read the same pages (L2 reuse across row tiles), strided over the
-// persistent grid; the schedule kernel lists only the units that hold blocks (and each tile's range
-// 0) and sizes the ranges so that the CTAs' shares come out even (schedule_tiles.cu).
+// Queries are staged once per work unit by the consumers (plain loads, swizzled stores); for
+// widened e4m3 the consumers then hold their rows as wgmma A fragments in registers for the unit
+// (its producer's widening already loads shared memory; bf16 stays faster with A read from there,
+// bench/NOTES.md s20 r2). Work units are (row tile, range of blocks_per_range causal blocks),
+// numbered range-major so that the CTAs running at the same time read the same pages (L2 reuse
+// across row tiles), strided over the persistent grid; the schedule kernel lists only the units
+// that hold blocks (and each tile's range 0) and sizes the ranges so that the CTAs' shares come
+// out even (schedule_tiles.cu).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -126,6 +129,12 @@ __device__ __forceinline__ void store_widened_e4m3x16(uint8_t* operand, int slab
   *reinterpret_cast<uint4*>(slab + sm90::swizzled_offset(row, 2 * (c % 4) + 1)) = wide[1];
 }
 
+// Diagnostic builds only (never in the library; bench/NOTES.md s20 r3): 1 = no page is loaded or
+// waited for, the consumers multiply whatever the stages hold: the kernel without its page supply.
+#ifndef M3SA_SCORER_NO_PAGES
+#define M3SA_SCORER_NO_PAGES 0
+#endif
+
 template <typename StoredT, bool kTensorCoreFp8>
 __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     score_blocks_sm90_kernel(const __grid_constant__ ScoreBlocksSm90Params params) {
@@ -168,6 +177,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
 
   if (warpgroup == 0) {
     sm90::release_registers<kSm90ProducerRegisters>();
+    if (M3SA_SCORER_NO_PAGES) return;
     if constexpr (!Traits::kFp8) {
       if (threadIdx.x != 0) return;
       sm90::prefetch_tensor_map(params.index_k_map);
@@ -334,11 +344,25 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     }
     sm90::fence_proxy_async_shared();
     sm90::named_barrier_sync(1 + consumer, 128);
+    // Widened e4m3: the consumer's query rows as wgmma A fragments in registers for the whole
+    // unit, so that the MMAs read only the keys from shared memory, where the producer's widening
+    // already adds 48 KB of traffic a page (3.5-4.5 % faster, s20 r2). bf16 keeps A in shared
+    // memory: there registers made it 2-5 % slower (the same run).
+    uint32_t query_a[2][8][4];
+    if constexpr (Traits::kFp8) {
+      const uint32_t query_base = sm90::shared_address(query_s);
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) // k step j: chunks 2 (j % 4), + 1 of slab j / 4
+          sm90::load_a_fragment(query_a[t][j], query_base + (j / 4) * (kSm90TileRows * 128),
+                                row_base + 64 * t + 16 * warp, 2 * (j % 4), lane);
+    }
     M3SA_SCORER_ADD(stamp, Staging);
 
     for (int b = blocks.begin; b < blocks.end; ++b, ++iteration) {
       const int stage = iteration % kStages;
-      sm90::mbarrier_wait(&full[stage], (iteration / kStages) & 1);
+      if (!M3SA_SCORER_NO_PAGES) sm90::mbarrier_wait(&full[stage], (iteration / kStages) & 1);
       M3SA_SCORER_ADD(stamp, PageWait);
       const bool page_ok =
           sm90_page_valid(p, p.block_table[geo.request * p.block_table_stride + b]);
@@ -359,17 +383,26 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
                   acc[t], sm90::operand_descriptor(query_base + t * 64 * 128 + k * 32),
                   sm90::operand_descriptor(key_base + k * 32), k);
         } else {
+          if constexpr (Traits::kFp8) {
+            sm90::fence_fragments<8>(query_a[0]);
+            sm90::fence_fragments<8>(query_a[1]);
+          }
 #pragma unroll
           for (int t = 0; t < 2; ++t) {
 #pragma unroll
             for (int slab = 0; slab < 2; ++slab) {
 #pragma unroll
               for (int k = 0; k < 4; ++k) { // 32 bytes of the 128-byte row per instruction
-                const uint64_t a = sm90::operand_descriptor(
-                    query_base + slab * (kSm90TileRows * 128) + t * 64 * 128 + k * 32);
                 const uint64_t bk =
                     sm90::operand_descriptor(key_base + slab * Traits::kSlabBytes + k * 32);
-                sm90::wgmma_m64n128k16_bf16(acc[t], a, bk, slab + k);
+                if constexpr (Traits::kFp8)
+                  sm90::wgmma_m64n128k16_bf16_rs(acc[t], query_a[t][slab * 4 + k], bk, slab + k);
+                else
+                  sm90::wgmma_m64n128k16_bf16(
+                      acc[t],
+                      sm90::operand_descriptor(query_base + slab * (kSm90TileRows * 128) +
+                                               t * 64 * 128 + k * 32),
+                      bk, slab + k);
               }
             }
           }
@@ -381,7 +414,8 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       }
       M3SA_SCORER_ADD(stamp, Mma);
       __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&empty[stage]); // the page may be refilled now
+      if (lane == 0 && !M3SA_SCORER_NO_PAGES)
+        sm90::mbarrier_arrive(&empty[stage]); // the page may be refilled now
       if (!page_ok || !rows_active) continue;
 
       // Block maxima of the thread's four rows (tile t, half h: m[2 t + h]), all four at once so

@@ -248,6 +248,30 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16_rs_mn_major_b(float (&d)[6
                : M3SA_WGMMA_D64_OUTPUTS(d)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
+// D (64 x 128) (+)= A (64 x 16, bf16 in registers: the m64k16 fragment, per warp mma.sync's m16k16
+// A layout) . B (128 x 16)^T, B K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                         uint64_t desc_b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " M3SA_WGMMA_D64_LIST
+               ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+               : M3SA_WGMMA_D64_OUTPUTS(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+// The m16k16 A fragment of rows row0 .. row0 + 15, 16-byte chunks `chunk` and `chunk` + 1 of a
+// 128 B-swizzled operand at shared address `operand`: lane l addresses row row0 + (l / 8 % 2) * 8
+// + l % 8, chunk `chunk` + l / 16, so a[0..3] come out in the m16 A order (rows 0-7 / 8-15, then
+// the k half).
+__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], uint32_t operand, int row0,
+                                                int chunk, int lane) {
+  const int row = row0 + ((lane >> 3) & 1) * 8 + (lane & 7);
+  const uint32_t address = operand + swizzled_offset(row, chunk + (lane >> 4));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(address));
+}
+
 // Keeps the compiler from moving writes of wgmma's register A fragments past the fence before
 // the wgmmas that read them, or reuse of those registers before the wait after them.
 template <int kSteps> __device__ __forceinline__ void fence_fragments(uint32_t (&a)[kSteps][4]) {
