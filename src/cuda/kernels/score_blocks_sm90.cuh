@@ -129,7 +129,7 @@ __device__ __forceinline__ void store_widened_e4m3x16(uint8_t* operand, int slab
   *reinterpret_cast<uint4*>(slab + sm90::swizzled_offset(row, 2 * (c % 4) + 1)) = wide[1];
 }
 
-// Diagnostic builds only (never in the library; bench/NOTES.md s20 r3): 1 = no page is loaded or
+// Diagnostic builds only (never in the library; bench/NOTES.md s20 r4): 1 = no page is loaded or
 // waited for, the consumers multiply whatever the stages hold: the kernel without its page supply.
 #ifndef M3SA_SCORER_NO_PAGES
 #define M3SA_SCORER_NO_PAGES 0
@@ -364,8 +364,8 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     sm90::named_barrier_sync(1 + consumer, 128);
     // Widened e4m3: the consumer's query rows as wgmma A fragments in registers for the whole
     // unit, so that the MMAs read only the keys from shared memory, where the producer's widening
-    // already adds 48 KB of traffic a page (3.5-4.5 % faster, s20 r2). bf16 keeps A in shared
-    // memory: there registers made it 2-5 % slower (the same run).
+    // already adds 48 KB of traffic a page (index_topk 3-4 % faster at S >= 32K, s20 r2). bf16
+    // keeps A in shared memory: there registers made it 2-5 % slower (the same run).
     uint32_t query_a[2][8][4];
     if constexpr (Traits::kFp8) {
       const uint32_t query_base = sm90::shared_address(query_s);
