@@ -273,6 +273,8 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
   int iteration = 0;
 #if M3SA_SCORER_SKIP
   float skip_sink = 0.f; // keeps the folds alive
+#endif
+#if M3SA_SCORER_SKIP & 4
   bool staged_once = false;
 #endif
   for (int unit = blockIdx.x; unit < schedule.num_units; unit += gridDim.x) {
