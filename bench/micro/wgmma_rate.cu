@@ -12,8 +12,10 @@
 //   form rs128: the same with A (the queries, fixed for a work unit) held in registers;
 //   form ss256: one m64n256k16 tile over two pages (a consumer's 64 rows x 256 keys).
 //   epilogue none: one value of each tile folded (keeps ptxas from dropping the MMAs);
-//   epilogue maxima: the scorer's block maxima (4 rows x 32 values a thread, 16 FMNMX chains,
-//     two shuffle rounds) and a strided store a row and block, as score_blocks_sm90;
+//   epilogue maxima: the scorer's own block maxima (unmasked_block_maxima and
+//     combine_quad_maxima of score_blocks_sm90.cuh: 4 rows x 32 values a thread, 16 FMNMX chains,
+//     two shuffle rounds; s20 r2 ran a copy of the same chains) and a strided store a row and
+//     block, as the scorer;
 //   epilogue maxima_nostore: the maxima folded into a register instead of stored.
 // Printed per variant: time, TFLOP/s (2 x 128 x 128 x 128 a consumer step), the median consumer's
 // cycles a step (clock64; 1,024 x consumers when the tensor pipes never idle) and the SM clock
@@ -30,7 +32,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/score_blocks_sm90.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 
 #include "micro_check.h"
@@ -79,26 +81,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
         "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
         "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// The block maximum of `d`'s two rows (half h) over 32 values a thread, then across the quad:
-// the scorer's unmasked epilogue.
-template <int kValues>
-__device__ __forceinline__ void row_maxima(const float* d, int first, float (&m)[2]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float chain[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-      chain[c] = nan_propagating_max(d[first + 4 * c + 2 * h], d[first + 4 * c + 2 * h + 1]);
-#pragma unroll
-    for (int i = 4; i < kValues / 4; ++i)
-      chain[i % 4] =
-          nan_propagating_max(chain[i % 4], nan_propagating_max(d[first + 4 * i + 2 * h],
-                                                                d[first + 4 * i + 2 * h + 1]));
-    m[h] = nan_propagating_max(nan_propagating_max(chain[0], chain[1]),
-                               nan_propagating_max(chain[2], chain[3]));
-  }
 }
 
 template <Form kForm, Epilogue kEpilogue, int kConsumers>
@@ -187,22 +169,11 @@ __global__ void __launch_bounds__(384, 1)
       sink +=
           acc[0][0] + acc[1][63]; // both tiles live (a dynamic index would put acc in local memory)
     } else {
+      // The scorer's own epilogue (score_blocks_sm90.cuh). ss256: acc[0] holds the rows' columns
+      // 0-127 (block 0), acc[1] columns 128-255 (block 1), in the same per-row layout.
       float m[4];
-      if constexpr (kForm == kSs256) { // rows h of blocks 0 / 1 (columns 0-127 / 128-255)
-        float m0[2], m1[2];
-        row_maxima<64>(&acc[0][0], 0, m0);
-        row_maxima<64>(&acc[0][0], 64, m1);
-        m[0] = m0[0], m[1] = m0[1], m[2] = m1[0], m[3] = m1[1];
-      } else {
-        float m0[2], m1[2];
-        row_maxima<64>(acc[0], 0, m0);
-        row_maxima<64>(acc[1], 0, m1);
-        m[0] = m0[0], m[1] = m0[1], m[2] = m1[0], m[3] = m1[1];
-      }
-#pragma unroll
-      for (int r = 0; r < 4; ++r) m[r] = nan_propagating_max(m[r], __shfl_xor_sync(~0u, m[r], 1));
-#pragma unroll
-      for (int r = 0; r < 4; ++r) m[r] = nan_propagating_max(m[r], __shfl_xor_sync(~0u, m[r], 2));
+      unmasked_block_maxima(acc, m);
+      combine_quad_maxima(m);
       if constexpr (kEpilogue == kMaxima) {
         if (lane % 4 == 0) // four rows a quad leader, 512 floats apart (the scorer's token stride)
 #pragma unroll

@@ -129,6 +129,41 @@ __device__ __forceinline__ void store_widened_e4m3x16(uint8_t* operand, int slab
   *reinterpret_cast<uint4*>(slab + sm90::swizzled_offset(row, 2 * (c % 4) + 1)) = wide[1];
 }
 
+// A consumer thread's block maxima of its four rows (tile t, half h: m[2 t + h]) when every key
+// of the block is visible to them: value (i, e) of a row is key column 8 i + 2 (lane % 4) + e of
+// acc[t][4 i + 2 h + e]. All four rows at once, so that their FMNMX chains overlap: row by row,
+// each row's shuffles and store waited on the one before (s19 r3 ncu: the maxima took a quarter
+// of the consumers' samples, most of them short-scoreboard stalls on the shuffles).
+// bench/micro/wgmma_rate.cu times this same code.
+__device__ __forceinline__ void unmasked_block_maxima(const float (&acc)[2][64], float (&m)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const float(&d)[64] = acc[r / 2];
+    const int h = r % 2;
+    float chain[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      chain[c] = nan_propagating_max(d[4 * c + 2 * h], d[4 * c + 2 * h + 1]);
+#pragma unroll
+    for (int i = 4; i < 16; ++i)
+      chain[i % 4] = nan_propagating_max(
+          chain[i % 4], nan_propagating_max(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]));
+    m[r] = nan_propagating_max(nan_propagating_max(chain[0], chain[1]),
+                               nan_propagating_max(chain[2], chain[3]));
+  }
+}
+
+// The four rows' maxima across the quad of lanes that holds each row, the four rows' shuffles
+// issued together.
+__device__ __forceinline__ void combine_quad_maxima(float (&m)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+    m[r] = nan_propagating_max(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+    m[r] = nan_propagating_max(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
+}
+
 // Diagnostic builds only (never in the library; bench/NOTES.md s20 r4): 1 = no page is loaded or
 // waited for, the consumers multiply whatever the stages hold: the kernel without its page supply.
 #ifndef M3SA_SCORER_NO_PAGES
@@ -447,28 +482,11 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       continue;
 #endif
 
-      // Block maxima of the thread's four rows (tile t, half h: m[2 t + h]), all four at once so
-      // that their FMNMX chains and their shuffles overlap: row by row, each row's shuffles and
-      // store waited on the one before (s19 r3 ncu: the maxima took a quarter of the consumers'
-      // samples, most of them short-scoreboard stalls on the shuffles). Value (i, e) of a row is
-      // key column 8 i + 2 (lane % 4) + e.
+      // Block maxima of the thread's four rows (tile t, half h: m[2 t + h]). Value (i, e) of a
+      // row is key column 8 i + 2 (lane % 4) + e.
       float m[4];
       if (b * 128 + 127 <= geo.first_pos) { // every key of the block is visible to every row
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float(&d)[64] = acc[r / 2];
-          const int h = r % 2;
-          float chain[4];
-#pragma unroll
-          for (int c = 0; c < 4; ++c)
-            chain[c] = nan_propagating_max(d[4 * c + 2 * h], d[4 * c + 2 * h + 1]);
-#pragma unroll
-          for (int i = 4; i < 16; ++i)
-            chain[i % 4] = nan_propagating_max(
-                chain[i % 4], nan_propagating_max(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]));
-          m[r] = nan_propagating_max(nan_propagating_max(chain[0], chain[1]),
-                                     nan_propagating_max(chain[2], chain[3]));
-        }
+        unmasked_block_maxima(acc, m);
       } else {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -483,12 +501,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
               if (8 * i + e <= visible) m[r] = nan_propagating_max(m[r], d[4 * i + 2 * h + e]);
         }
       }
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        m[r] = nan_propagating_max(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        m[r] = nan_propagating_max(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
+      combine_quad_maxima(m);
 #pragma unroll
       for (int r = 0; r < 4; ++r) // rows past the tile (an idle tile 1 among them) have none
 #if M3SA_SCORER_SKIP & 1
