@@ -28,7 +28,8 @@
 // maximum (32 values per thread, then the 4 lanes of a quad) and stores it, while the other
 // consumer's MMAs run: the epilogue has to stay below one consumer's MMA time (1024 tensor clocks a
 // page), so the unmasked maximum is a bare FMNMX chain, the causal mask runs only on blocks that
-// reach past the tile's first position, and each row's output address is computed once per unit.
+// reach past the tile's first position, and a warp gathers its rows' maxima of 8 blocks in shared
+// memory and writes them as 32-byte runs a row while its next MMAs run.
 // Queries are staged once per work unit by the consumers (plain loads, swizzled stores); for
 // widened e4m3 the consumers then hold their rows as wgmma A fragments in registers for the unit
 // (its producer's widening already loads shared memory; bf16 stays faster with A read from there,
@@ -75,13 +76,29 @@ template <typename StoredT, bool kTensorCoreFp8 = false> struct Sm90ScoreTraits 
   static constexpr int kRawBytes = 128 * 128;
   static constexpr int kQueryBytes = kSlabs * kSm90TileRows * 128;
   static constexpr int kBarriers = 2 * kStages + 2 * kRawStages;
+  // bf16: the two m64 tiles are two commit groups, and tile 0's maxima run while tile 1
+  // multiplies. Widened e4m3 (A from registers) waits for both: there the split made its MMAs
+  // slower and the kernel no faster (s21 r3).
+  static constexpr bool kTileOverlap = !kFp8 && !kNativeFp8;
+  // A consumer warp gathers its 32 rows' maxima of kScoreColumns blocks in shared memory and
+  // writes them as runs of kScoreColumns consecutive blocks a row: one 4-byte store a row and
+  // block scattered over 32 rows cost the consumers ~300 cycles a block (s21 r1, M3SA_SCORER_SKIP
+  // 1). Per warp: the rows' output pointers, then [32 rows][kScoreColumns + 1] values (+ 1: a
+  // column's 32 rows in 32 banks). Widened e4m3 keeps them in the warp's own query rows (its A
+  // fragments are in registers after the staging), the others in a region of their own.
+  static constexpr int kScoreColumns = 8;
+  static constexpr int kScoreRowWords = kScoreColumns + 1;
+  static constexpr int kWarpScoreBytes = 32 * 8 + 32 * kScoreRowWords * 4;
+  static constexpr int kScoreBytes = kFp8 ? 0 : 8 * kWarpScoreBytes;
   // + 1 KB to align the operands to 1024 B, + the barriers.
-  static constexpr int kSmemBytes =
-      kQueryBytes + kStages * kStageBytes + kRawStages * kRawBytes + 1024 + kBarriers * 8;
+  static constexpr int kSmemBytes = kQueryBytes + kStages * kStageBytes + kRawStages * kRawBytes +
+                                    kScoreBytes + 1024 + kBarriers * 8;
 };
 static_assert(Sm90ScoreTraits<__nv_bfloat16>::kSmemBytes <= 227 * 1024);
 static_assert(Sm90ScoreTraits<__nv_fp8_e4m3>::kSmemBytes <= 227 * 1024);
 static_assert(Sm90ScoreTraits<__nv_fp8_e4m3, true>::kSmemBytes <= 227 * 1024);
+// Widened e4m3 gathers a warp's scores in its 16 query rows of slab 0.
+static_assert(Sm90ScoreTraits<__nv_fp8_e4m3>::kWarpScoreBytes <= 16 * 128);
 
 // A unit's blocks [begin, end), or an empty range (bad tiles: nothing is read).
 __device__ __forceinline__ BlockRange sm90_unit_blocks(const ScoringSchedule& s,
@@ -135,9 +152,10 @@ __device__ __forceinline__ void store_widened_e4m3x16(uint8_t* operand, int slab
 // each row's shuffles and store waited on the one before (s19 r3 ncu: the maxima took a quarter
 // of the consumers' samples, most of them short-scoreboard stalls on the shuffles).
 // bench/micro/wgmma_rate.cu times this same code.
+template <int kFirst = 0, int kEnd = 4>
 __device__ __forceinline__ void unmasked_block_maxima(const float (&acc)[2][64], float (&m)[4]) {
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
+  for (int r = kFirst; r < kEnd; ++r) {
     const float(&d)[64] = acc[r / 2];
     const int h = r % 2;
     float chain[4];
@@ -150,6 +168,24 @@ __device__ __forceinline__ void unmasked_block_maxima(const float (&acc)[2][64],
           chain[i % 4], nan_propagating_max(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]));
     m[r] = nan_propagating_max(nan_propagating_max(chain[0], chain[1]),
                                nan_propagating_max(chain[2], chain[3]));
+  }
+}
+
+// The same for a block that reaches past the tile's first position: row r sees the columns
+// 8 i + e <= visible[r] (key column 8 i + 2 (lane % 4) + e relative to the block's first key).
+template <int kFirst = 0, int kEnd = 4>
+__device__ __forceinline__ void masked_block_maxima(const float (&acc)[2][64],
+                                                    const int (&visible)[4], float (&m)[4]) {
+#pragma unroll
+  for (int r = kFirst; r < kEnd; ++r) {
+    const float(&d)[64] = acc[r / 2];
+    const int h = r % 2;
+    m[r] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (8 * i + e <= visible[r]) m[r] = nan_propagating_max(m[r], d[4 * i + 2 * h + e]);
   }
 }
 
@@ -188,10 +224,11 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   // Operands at a 1024-byte boundary (the swizzle atom); barriers after them.
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
-  uint8_t* query_s = smem;                                // [slab][256 rows][128 B] bf16
-  uint8_t* key_s = smem + Traits::kQueryBytes;            // [stage][slab][128 keys][128 B] bf16
-  uint8_t* raw_s = key_s + kStages * Traits::kStageBytes; // [raw stage][128 keys][128 B] e4m3
-  uint64_t* full = reinterpret_cast<uint64_t*>(raw_s + kRawStages * Traits::kRawBytes);
+  uint8_t* query_s = smem;                                   // [slab][256 rows][128 B] bf16
+  uint8_t* key_s = smem + Traits::kQueryBytes;               // [stage][slab][128 keys][128 B] bf16
+  uint8_t* raw_s = key_s + kStages * Traits::kStageBytes;    // [raw stage][128 keys][128 B] e4m3
+  uint8_t* score_s = raw_s + kRawStages * Traits::kRawBytes; // [warp][Traits::kWarpScoreBytes]
+  uint64_t* full = reinterpret_cast<uint64_t*>(score_s + Traits::kScoreBytes);
   uint64_t* empty = full + kStages;
   uint64_t* raw_full = empty + kStages;
   uint64_t* raw_empty = raw_full + kRawStages;
@@ -334,19 +371,13 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     M3SA_SCORER_SPAN(stamp);
     M3SA_SCORER_COUNT(1, blocks.end - blocks.begin);
 
-    // Per row of this thread (quad leaders store): output row, and the position the causal mask
-    // compares key positions with (relative to b * 128 and this lane's first column).
+    // Per row of this thread: the position the causal mask compares key positions with (relative
+    // to b * 128 and this lane's first column).
     const bool rows_active = row_base < geo.rows; // this consumer has rows in the tile
-    float* out_row[2][2];
-    int last_key[2][2];
+    int last_key[4];                              // row r = 2 t + h
 #pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = thread_row(t, h);
-        out_row[t][h] = row < geo.rows && lane % 4 == 0 ? score_row(row) : nullptr;
-        last_key[t][h] = geo.first_pos + row / heads - 2 * (lane % 4);
-      }
+    for (int r = 0; r < 4; ++r)
+      last_key[r] = geo.first_pos + thread_row(r / 2, r % 2) / heads - 2 * (lane % 4);
 
     // This consumer's 128 query rows, swizzled into its half of query_s: bf16 (e4m3 widened), or
     // e4m3 as stored for QGMMA; zeros past the tile. Thread i takes chunk i % kChunks of every
@@ -413,10 +444,65 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
           sm90::load_a_fragment(query_a[t][j], query_base + (j / 4) * (kSm90TileRows * 128),
                                 row_base + 64 * t + 16 * warp, 2 * (j % 4), lane);
     }
+    // The warp's gathered scores (Traits::kScoreColumns): its 32 rows' outputs (local row l =
+    // 16 t + 8 h + lane / 4 of thread_row(t, h); nullptr past the tile), then their values.
+    uint8_t* const warp_scores = Traits::kFp8
+                                     ? query_s + (row_base + 16 * warp) * 128
+                                     : score_s + (4 * consumer + warp) * Traits::kWarpScoreBytes;
+    float** const score_rows = reinterpret_cast<float**>(warp_scores);
+    float* const score_values = reinterpret_cast<float*>(warp_scores + 32 * 8);
+    __syncwarp(); // widened e4m3: the warp's fragment loads read these bytes before
+    {
+      const int row = row_base + 64 * (lane / 16) + 16 * warp + lane % 16;
+      score_rows[lane] = row < geo.rows ? score_row(row) : nullptr;
+    }
+    int group_begin = blocks.begin; // column j holds block group_begin + j
+    unsigned group_columns = 0;     // bit j: column j holds maxima to write
+    // Entry e of the warp's 32 x kScoreColumns is row e / kScoreColumns, column e % kScoreColumns:
+    // each store instruction writes kScoreColumns consecutive blocks of 32 / kScoreColumns rows.
+    // The shared-memory reads go first, kWriteBatch entries at a time, and the stores are
+    // st.global (__stcg): with generic stores each read waited for the store before it (8
+    // shared-memory round trips a flush under the MMAs' operand traffic, s21 r2).
+    const auto write_gathered_scores = [&] {
+      if (group_columns == 0) return; // warp-uniform: pages and rows_active are
+      __syncwarp();
+      constexpr int kWriteBatch = Traits::kFp8 ? 2 : 4;
+#pragma unroll
+      for (int first = 0; first < Traits::kScoreColumns; first += kWriteBatch) {
+        float* out[kWriteBatch];
+        float value[kWriteBatch];
+#pragma unroll
+        for (int i = 0; i < kWriteBatch; ++i) {
+          const int e = lane + 32 * (first + i), r = e / Traits::kScoreColumns;
+          out[i] = score_rows[r];
+          value[i] = score_values[r * Traits::kScoreRowWords + e % Traits::kScoreColumns];
+        }
+#pragma unroll
+        for (int i = 0; i < kWriteBatch; ++i) {
+          const int j = (lane + 32 * (first + i)) % Traits::kScoreColumns;
+          if ((group_columns >> j & 1) != 0 && out[i] != nullptr)
+            __stcg(out[i] + (group_begin + j) * p.score_stride_block, value[i]);
+        }
+      }
+      __syncwarp(); // the columns are free again
+    };
     M3SA_SCORER_ADD(stamp, Staging);
 
     for (int b = blocks.begin; b < blocks.end; ++b, ++iteration) {
       const int stage = iteration % kStages;
+      // Block maxima of the thread's rows kFirst .. kEnd - 1 (tile t, half h: m[2 t + h]): all
+      // four after the MMAs, or with kTileOverlap tile 0's rows between the two groups' waits.
+      float m[4];
+      const auto block_maxima = [&]<int kFirst, int kEnd>(float(&out)[4]) {
+        if (b * 128 + 127 <= geo.first_pos) { // every key of the block is visible to every row
+          unmasked_block_maxima<kFirst, kEnd>(acc, out);
+        } else {
+          int visible[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) visible[r] = last_key[r] - b * 128;
+          masked_block_maxima<kFirst, kEnd>(acc, visible, out);
+        }
+      };
       if (!M3SA_SCORER_NO_PAGES) sm90::mbarrier_wait(&full[stage], (iteration / kStages) & 1);
       M3SA_SCORER_ADD(stamp, PageWait);
 #if M3SA_SCORER_SKIP & 8
@@ -464,9 +550,19 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
                       bk, slab + k);
               }
             }
+            if constexpr (Traits::kTileOverlap) sm90::wgmma_commit_group(); // tile t's group
           }
         }
-        sm90::wgmma_commit_group();
+        if constexpr (!Traits::kTileOverlap) sm90::wgmma_commit_group();
+        if (b - group_begin == Traits::kScoreColumns) { // full: out while the tensor cores work
+          write_gathered_scores();
+          group_begin = b, group_columns = 0;
+        }
+        if constexpr (Traits::kTileOverlap) { // tile 0's maxima while tile 1 multiplies
+          sm90::wgmma_wait<1>();
+          sm90::fence_accumulators(acc[0]);
+          if (page_ok && rows_active) block_maxima.template operator()<0, 2>(m);
+        }
         sm90::wgmma_wait_all();
         sm90::fence_accumulators(acc[0]);
         sm90::fence_accumulators(acc[1]);
@@ -482,36 +578,26 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       continue;
 #endif
 
-      // Block maxima of the thread's four rows (tile t, half h: m[2 t + h]). Value (i, e) of a
-      // row is key column 8 i + 2 (lane % 4) + e.
-      float m[4];
-      if (b * 128 + 127 <= geo.first_pos) { // every key of the block is visible to every row
-        unmasked_block_maxima(acc, m);
-      } else {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float(&d)[64] = acc[r / 2];
-          const int h = r % 2;
-          const int visible = last_key[r / 2][h] - b * 128; // columns 8 i + e <= visible
-          m[r] = -INFINITY;
-#pragma unroll
-          for (int i = 0; i < 16; ++i)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (8 * i + e <= visible) m[r] = nan_propagating_max(m[r], d[4 * i + 2 * h + e]);
-        }
-      }
+      if constexpr (Traits::kTileOverlap)
+        block_maxima.template operator()<2, 4>(m);
+      else
+        block_maxima.template operator()<0, 4>(m);
       combine_quad_maxima(m);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) // rows past the tile (an idle tile 1 among them) have none
+      {
+        // The quad's lanes all hold its four rows' maxima: lane takes row r = lane % 4's, local
+        // row 8 r + lane / 4.
+        const int r = lane % 4;
+        const float v = (r == 0 ? m[0] : r == 1 ? m[1] : r == 2 ? m[2] : m[3]) * p.scale;
 #if M3SA_SCORER_SKIP & 1
-        skip_sink += m[r];
+        skip_sink += v;
 #else
-        if (out_row[r / 2][r % 2] != nullptr)
-          out_row[r / 2][r % 2][b * p.score_stride_block] = m[r] * p.scale;
+        score_values[(8 * r + lane / 4) * Traits::kScoreRowWords + (b - group_begin)] = v;
+        group_columns |= 1u << (b - group_begin);
 #endif
+      }
       M3SA_SCORER_ADD(stamp, Maxima);
     }
+    write_gathered_scores(); // the unit's last columns
   }
 #if M3SA_SCORER_SKIP
   if (skip_sink == 1234.5f) atomicOr(p.error_flags, 0u); // never true: keeps the folds alive
