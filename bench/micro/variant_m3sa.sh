@@ -12,6 +12,8 @@ name="$1" defines="$2"
 shift 2
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$root/build"
+# The sources and headers compiled (patch_variant.sh points this at a patched copy of the tree).
+src_root="${M3SA_VARIANT_SOURCE_ROOT:-$root}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 NVCC="${NVCC:-nvcc}"
@@ -19,9 +21,9 @@ cp "$build/src/libm3sa.a" "$tmp/libm3sa_variant.a"
 for source in "$@"; do
   object="$tmp/$(basename "$source").o" # the archive member's name, which `ar r` replaces
   # shellcheck disable=SC2086 # the defines are words
-  "$NVCC" -DM3SA_HAVE_CUDA=1 $defines -I"$root/include" -I"$root/src" -I"$build/generated" -O3 \
-    -DNDEBUG --generate-code=arch=compute_90a,code=[sm_90a] -Xcompiler=-fPIC -lineinfo \
-    -std=c++20 -x cu -c "$root/$source" -o "$object"
+  "$NVCC" -DM3SA_HAVE_CUDA=1 $defines -I"$src_root/include" -I"$src_root/src" \
+    -I"$build/generated" -O3 -DNDEBUG --generate-code=arch=compute_90a,code=[sm_90a] \
+    -Xcompiler=-fPIC -lineinfo -std=c++20 -x cu -c "$src_root/$source" -o "$object"
   (cd "$tmp" && ar r libm3sa_variant.a "$(basename "$object")")
 done
 CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v "$NVCC")")")}"
