@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     const auto write_gathered_scores = [&] {
       if (group_columns == 0) return; // warp-uniform: pages and rows_active are
       __syncwarp();
-      constexpr int kWriteBatch = Traits::kFp8 ? 2 : 4;
+      constexpr int kWriteBatch = Traits::kFp8 ? 2 : 4; // e4m3 spilled with 4 (its A fragments)
 #pragma unroll
       for (int first = 0; first < Traits::kScoreColumns; first += kWriteBatch) {
         float* out[kWriteBatch];
@@ -561,7 +561,8 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
         if constexpr (Traits::kTileOverlap) { // tile 0's maxima while tile 1 multiplies
           sm90::wgmma_wait<1>();
           sm90::fence_accumulators(acc[0]);
-          if (page_ok && rows_active) block_maxima.template operator()<0, 2>(m);
+          if (page_ok && rows_active && !(M3SA_SCORER_SKIP & 2))
+            block_maxima.template operator()<0, 2>(m);
         }
         sm90::wgmma_wait_all();
         sm90::fence_accumulators(acc[0]);
