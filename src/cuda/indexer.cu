@@ -122,6 +122,8 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
     s.persistent_ctas = info.sm_count;
     M3SA_CUDA_RETURN_IF_ERROR(launch_schedule_tiles(s, stream));
     p.tile_tokens = sm90_tile_tokens(heads);
+    sm90.query_by_tma =
+        cache.dtype == DType::bf16 && encode_index_q_map(q, heads, sm90.index_q_map);
     sm90.scoring = p;
     sm90.schedule = l.schedule;
     sm90.units = l.units;

@@ -97,6 +97,10 @@ struct ScoreBlocksSm90Params {
   // CUtensorMap (opaque, 128 B, 64-aligned) of index_k_cache: 3D (128 dims, 128 tokens, pages),
   // boxes of 128 B x 128 tokens x 1 page, 128 B swizzle. Encoded by the host per run.
   alignas(64) uint64_t index_k_map[16];
+  // CUtensorMap of index_q (bf16, H a power of two: tensor_maps.h encode_index_q_map), when
+  // query_by_tma: the consumers' query rows arrive by TMA, the next unit's during the last block.
+  alignas(64) uint64_t index_q_map[16];
+  int32_t query_by_tma;
   ScoreBlocksParams scoring;
   const ScoringSchedule* schedule; // [1] from the schedule kernel
   const ScoringUnit* units;        // [schedule->num_units] from the schedule kernel

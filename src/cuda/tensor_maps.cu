@@ -91,6 +91,18 @@ bool encode_query_map(const TensorView& q, int rows, uint64_t (&map)[16]) {
   return encode_tiled(q, 3, dims, strides, box, map);
 }
 
+bool encode_index_q_map(const TensorView& q, int heads, uint64_t (&map)[16]) {
+  if (q.rank != 3 || q.dtype != DType::bf16 || q.strides[2] != 1 || q.shape[2] != 128 ||
+      heads < 1 || heads > 64 || (heads & (heads - 1)) != 0 || q.shape[1] != heads)
+    return false;
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(q.shape[0])};
+  const int64_t strides[2] = {q.strides[1] * 2, q.strides[0] * 2};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(heads),
+                             static_cast<cuuint32_t>(64 / heads)};
+  return encode_tiled(q, 3, dims, strides, box, map);
+}
+
 bool encode_compact_partials_map(void* partials, int64_t count, uint64_t (&map)[16]) {
   if (count < 1) return false;
   // O of each partial: kAttentionRows rows x 128 16-bit values after the header (m, l, a).

@@ -24,6 +24,11 @@ bool encode_kv_cache_map(const TensorView& cache, int rows, uint64_t (&map)[16])
 // one token x 64 dims (coordinates: dim, head, token), 128 B swizzle.
 bool encode_query_map(const TensorView& q, int rows, uint64_t (&map)[16]);
 
+// Index-Q [T, H, 128] bf16 (any token and head strides) for the SM90 scorer's row tiles (row =
+// token x H + head): boxes of 64 rows (64 / H tokens x H heads) x 64 dims (coordinates: dim,
+// head, token), 128 B swizzle. H a power of two up to 64; false otherwise.
+bool encode_index_q_map(const TensorView& q, int heads, uint64_t (&map)[16]);
+
 // The prefill's compact partials (attention_params.h kCompactPartialBytes each, `count` of them
 // from `partials`): boxes of 16 rows x 64 16-bit values of one partial's O (coordinates: value,
 // row, partial), 128 B swizzle, for TMA stores.

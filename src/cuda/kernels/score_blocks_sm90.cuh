@@ -30,14 +30,15 @@
 // page), so the unmasked maximum is a bare FMNMX chain, the causal mask runs only on blocks that
 // reach past the tile's first position, and a warp gathers its rows' maxima of 8 blocks in shared
 // memory and writes them as 32-byte runs a row while its next MMAs run.
-// Queries are staged once per work unit by the consumers (plain loads, swizzled stores); for
-// widened e4m3 the consumers then hold their rows as wgmma A fragments in registers for the unit
-// (its producer's widening already loads shared memory; bf16 stays faster with A read from there,
-// bench/NOTES.md s20 r2). Work units are (row tile, range of blocks_per_range causal blocks),
-// numbered range-major so that the CTAs running at the same time read the same pages (L2 reuse
-// across row tiles), strided over the persistent grid; the schedule kernel lists only the units
-// that hold blocks (and each tile's range 0) and sizes the ranges so that the CTAs' shares come
-// out even (schedule_tiles.cu).
+// bf16 queries (H a power of two) arrive by TMA, a unit's during the CTA's previous unit's last
+// block; otherwise they are staged once per work unit by the consumers (plain loads, swizzled
+// stores); for widened e4m3 the consumers then hold their rows as wgmma A fragments in registers
+// for the unit (its producer's widening already loads shared memory; bf16 stays faster with A
+// read from there, bench/NOTES.md s20 r2). Work units are (row tile, range of blocks_per_range
+// causal blocks), numbered range-major so that the CTAs running at the same time read the same
+// pages (L2 reuse across row tiles), strided over the persistent grid; the schedule kernel lists
+// only the units that hold blocks (and each tile's range 0) and sizes the ranges so that the CTAs'
+// shares come out even (schedule_tiles.cu).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -75,7 +76,8 @@ template <typename StoredT, bool kTensorCoreFp8 = false> struct Sm90ScoreTraits 
   static constexpr int kRawStages = kFp8 ? 4 : 0;
   static constexpr int kRawBytes = 128 * 128;
   static constexpr int kQueryBytes = kSlabs * kSm90TileRows * 128;
-  static constexpr int kBarriers = 2 * kStages + 2 * kRawStages;
+  // + one query barrier a consumer (bf16 queries by TMA)
+  static constexpr int kBarriers = 2 * kStages + 2 * kRawStages + 2;
   // bf16: the two m64 tiles are two commit groups, and tile 0's maxima run while tile 1
   // multiplies. Widened e4m3 (A from registers) waits for both: there the split made its MMAs
   // slower and the kernel no faster (s21 r3).
@@ -232,6 +234,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
   uint64_t* empty = full + kStages;
   uint64_t* raw_full = empty + kStages;
   uint64_t* raw_empty = raw_full + kRawStages;
+  uint64_t* query_full = raw_empty + kRawStages; // [consumer]
 
   const int warpgroup = threadIdx.x / 128;
   M3SA_SCORER_STAMPS_ENTRY();
@@ -245,6 +248,7 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       sm90::mbarrier_init(&raw_full[s], 1);  // the TMA thread's arrive with the bytes
       sm90::mbarrier_init(&raw_empty[s], 4); // the 4 widening warps
     }
+    for (int c = 0; c < 2; ++c) sm90::mbarrier_init(&query_full[c], 1); // the TMA thread's arrive
     sm90::fence_barrier_init();
   }
   __syncthreads();
@@ -343,6 +347,26 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
   };
   float acc[2][64];
   int iteration = 0;
+  // bf16 queries by TMA (params.query_by_tma): a consumer's 128 rows as 4 boxes (2 m64 tiles x 2
+  // slabs of 64 dims, 8 KB each), issued by its thread 0 once all its warps' MMAs have read
+  // query_s: during the last block of the previous unit when that unit is the CTA's previous one
+  // and the next unit holds blocks, else at the unit's start. The consumer then waits on
+  // query_full[consumer] instead of loading and storing the rows itself.
+  const bool query_by_tma = !Traits::kFp8 && !Traits::kNativeFp8 && params.query_by_tma != 0;
+  uint32_t query_phase = 0;
+  int prefetched_unit = -1; // the unit whose queries are in flight or landed
+  const auto issue_query_boxes = [&](int token_begin) {
+    if (thread != 0) return;
+    constexpr int kBoxBytes = 64 * 128;
+    sm90::mbarrier_arrive_expect_tx(&query_full[consumer], 4 * kBoxBytes);
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int slab = 0; slab < 2; ++slab)
+        sm90::tma_load_3d(query_s + slab * (kSm90TileRows * 128) + (row_base + 64 * t) * 128,
+                          params.index_q_map, &query_full[consumer], slab * 64, 0,
+                          token_begin + (row_base + 64 * t) / heads);
+  };
 #if M3SA_SCORER_SKIP
   float skip_sink = 0.f; // keeps the folds alive
 #endif
@@ -368,6 +392,14 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
       }
     }
     if (blocks.begin >= blocks.end) continue;
+    // The CTA's next unit, when its queries can come during this unit's last block.
+    int next_token_begin = -1;
+    if (query_by_tma && unit + static_cast<int>(gridDim.x) < schedule.num_units) {
+      const ScoringUnit nu = params.units[unit + gridDim.x];
+      const RowTile next_tile = p.tiles[nu.tile];
+      const BlockRange nb = sm90_unit_blocks(schedule, tile_geometry(p, next_tile), nu.range);
+      if (nb.begin < nb.end) next_token_begin = next_tile.token_begin;
+    }
     M3SA_SCORER_SPAN(stamp);
     M3SA_SCORER_COUNT(1, blocks.end - blocks.begin);
 
@@ -409,8 +441,16 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
 #else
     constexpr bool stage_queries = true;
 #endif
+    if (query_by_tma) {
+      if (prefetched_unit != unit) {
+        sm90::named_barrier_sync(1 + consumer, 128); // the previous unit's MMAs have read query_s
+        issue_query_boxes(tile.token_begin);
+      }
+      sm90::mbarrier_wait(&query_full[consumer], query_phase);
+      query_phase ^= 1;
+    }
 #pragma unroll
-    for (int first = 0; first < kChunks && stage_queries; first += kLoadBatch) {
+    for (int first = 0; first < kChunks && stage_queries && !query_by_tma; first += kLoadBatch) {
       uint4 raw[kLoadBatch];
       if (head_shift >= 0)
         load_batch(first, raw, [&](int row) { return row >> head_shift; });
@@ -428,8 +468,10 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
                                     sm90::swizzled_offset(row, chunk % 8)) = raw[k];
       }
     }
-    sm90::fence_proxy_async_shared();
-    sm90::named_barrier_sync(1 + consumer, 128);
+    if (!query_by_tma) {
+      sm90::fence_proxy_async_shared();
+      sm90::named_barrier_sync(1 + consumer, 128);
+    }
     // Widened e4m3: the consumer's query rows as wgmma A fragments in registers for the whole
     // unit, so that the MMAs read only the keys from shared memory, where the producer's widening
     // already adds 48 KB of traffic a page (index_topk 3-4 % faster at S >= 32K, s20 r2). bf16
@@ -567,6 +609,11 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
         sm90::wgmma_wait_all();
         sm90::fence_accumulators(acc[0]);
         sm90::fence_accumulators(acc[1]);
+        if (b + 1 == blocks.end && next_token_begin >= 0) { // the next unit's queries, now
+          sm90::named_barrier_sync(1 + consumer, 128);      // every warp's MMAs have read query_s
+          issue_query_boxes(next_token_begin);
+          prefetched_unit = unit + gridDim.x;
+        }
       }
       M3SA_SCORER_ADD(stamp, Mma);
       __syncwarp();
