@@ -517,5 +517,69 @@ TEST(GpuIndexerRuns, CapturedDecodeReplaysOnRewrittenInputs) {
   cudaStreamDestroy(stream);
 }
 
+// Back-to-back index_topk calls in one graph on one workspace, alternating two data sets of one
+// shape, each into its own output: every output must equal the eager run of its set, for both
+// cache dtypes (the widened e4m3 scorer too). The workspace's scores hold the other set's when a
+// call begins, so a selection that read a row before the scorer stored it (programmatic
+// dependent launch lets the selection start early; bench/patches/s22-select-overlap-red.patch
+// starts each row as soon as its tile is scored) would select from the wrong data.
+TEST(GpuIndexerRuns, GraphOfAlternatingPrefillBatchesEqualsEagerRuns) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
+    SCOPED_TRACE(dtype == DType::bf16 ? "bf16" : "e4m3");
+    BatchSpec spec;
+    spec.q_lens = {1, 3000, 700, 1500};
+    spec.seq_lens = {9000, 3000, 20000, 1500 + 128 * 40};
+    spec.num_decode = 1;
+    spec.decode_q_len = 1;
+    spec.index_heads = 4;
+    spec.index_dtype = dtype;
+    SyntheticBatch sa(spec), sb(spec);
+    sa.fill_index_random(seed);
+    sb.fill_index_random(seed + 1);
+    const DeviceBatch da(sa), db(sb);
+    const MsaConfig config = cfg(4);
+    CudaRun run = cuda_plan(OpKind::index_topk, config, sa);
+    const HostTensor want_a = cuda_index_topk(config, sa, da, &run);
+    const HostTensor want_b = cuda_index_topk(config, sb, db, &run);
+    ASSERT_FALSE(same_bytes(want_a, want_b)) << "the data sets must select differently";
+
+    constexpr int kCalls = 12;
+    std::vector<DeviceBuffer> outputs;
+    for (int i = 0; i < kCalls; ++i)
+      outputs.emplace_back(DType::i32, std::initializer_list<int64_t>{4, sa.num_tokens(), 16},
+                           0x5a);
+    cudaStream_t stream;
+    M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    Status captured;
+    for (int i = 0; i < kCalls && captured.ok(); ++i) {
+      const DeviceBatch& d = i % 2 == 0 ? da : db;
+      captured = index_topk(
+          run.plan, {d.index_q.view(), d.index_k_cache.view(), d.batch(), outputs[i].view()},
+          run.workspace.workspace(), {0, stream});
+    }
+    M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+    M3SA_ASSERT_OK(captured);
+    M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 5; ++replay) {
+      for (DeviceBuffer& out : outputs) M3SA_ASSERT_OK(out.fill(0x5a));
+      M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+      M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+      for (int i = 0; i < kCalls; ++i)
+        ASSERT_TRUE(same_bytes(i % 2 == 0 ? want_a : want_b, outputs[i].download()))
+            << "replay " << replay << ", call " << i;
+    }
+    EXPECT_EQ(device_flags(run), 0);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
 } // namespace
 } // namespace m3sa::testing
