@@ -265,6 +265,133 @@ TEST(GpuPrefillScorerSmall, StridedIndexQSelectsAsContiguous) {
     }
 }
 
+// scores and topk are any non-overlapping [H, T, N] / [H, T, K] views: the exported scores (the
+// SM90 scorer's gathered 32-byte runs, the -inf tail), the selection read from them and the
+// fused selection land at the view's strides and nowhere else. Block-major views (the block
+// stride the largest) must equal the contiguous results element for element, and padded views
+// too, with their padding (poisoned) untouched.
+TEST(GpuPrefillScorerSmall, StridedScoresAndTopkViews) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  constexpr int kHeads = 4, kTopK = 16;
+  const MsaConfig config = config_of(kHeads, kTopK, 1, 0);
+  // Strided views of a [H, T, W] tensor over a buffer of `elements` (0xff bytes: a NaN float,
+  // an id of -1), and the offset of (h, t, w) in it.
+  struct Layout {
+    const char* name;
+    int64_t strides[3];
+    int64_t elements;
+    int64_t at(int64_t h, int64_t t, int64_t w) const {
+      return h * strides[0] + t * strides[1] + w * strides[2];
+    }
+  };
+  const auto layouts = [](int64_t tokens, int64_t width) {
+    return std::vector<Layout>{
+        {"block-major", {tokens, 1, kHeads * tokens}, kHeads * tokens * width},
+        {"padded", {tokens * (width + 3) + 5, width + 3, 1}, kHeads * (tokens * (width + 3) + 5)}};
+  };
+  const auto view_of = [](void* data, DType dtype, int64_t tokens, int64_t width,
+                          const Layout& layout) {
+    TensorView v =
+        TensorView::contiguous(data, dtype, {kHeads, tokens, width}, {DeviceKind::cuda, 0});
+    for (int d = 0; d < 3; ++d) v.strides[d] = layout.strides[d];
+    return v;
+  };
+  // Every element of the view equals the contiguous tensor's, every other byte is still 0xff.
+  const auto expect_view = [](const HostTensor& contiguous, const HostTensor& raw,
+                              const Layout& layout, int64_t tokens, int64_t width,
+                              const std::string& what) {
+    std::vector<bool> in_view(layout.elements, false);
+    const uint32_t* want = contiguous.data<uint32_t>();
+    const uint32_t* got = raw.data<uint32_t>();
+    int64_t wrong = 0, stray = 0;
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t w = 0; w < width; ++w) {
+          const int64_t at = layout.at(h, t, w);
+          in_view[at] = true;
+          wrong += got[at] != want[(h * tokens + t) * width + w];
+        }
+    for (int64_t i = 0; i < layout.elements; ++i) stray += !in_view[i] && got[i] != 0xffffffffu;
+    EXPECT_EQ(wrong, 0) << what << " " << layout.name << ": elements unlike the contiguous run";
+    EXPECT_EQ(stray, 0) << what << " " << layout.name << ": writes outside the view";
+  };
+
+  for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
+    SCOPED_TRACE(to_string(dtype));
+    PrefillCase c{"", {1, 700, 300}, {5000, 3000, 9000}, 1, config, dtype, true, false};
+    SyntheticBatch sb(spec_of(c, seed));
+    M3SA_ASSERT_OK(sb.status());
+    sb.fill_index_integers(seed, -3, 3);
+    const DeviceBatch db(sb);
+    const int64_t tokens = sb.num_tokens(), width = sb.width();
+    for (const char* arch : {"sm80", "sm90"}) {
+      CudaRun score_run, select_run, topk_run;
+      if (!plan_named((std::string("cuda.score_blocks.") + arch).c_str(), OpKind::score_blocks,
+                      config, sb, &score_run) ||
+          !plan_named("cuda.select_topk_blocks", OpKind::select_topk_blocks, config, sb,
+                      &select_run) ||
+          !plan_named((std::string("cuda.index_topk.") + arch).c_str(), OpKind::index_topk, config,
+                      sb, &topk_run))
+        continue;
+      DeviceBuffer scores(DType::f32, {kHeads, tokens, width}, 0xff),
+          selected(DType::i32, {kHeads, tokens, kTopK}, 0xff),
+          fused(DType::i32, {kHeads, tokens, kTopK}, 0xff);
+      M3SA_ASSERT_OK(score_blocks(
+          score_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), scores.view()},
+          score_run.workspace.workspace()));
+      M3SA_ASSERT_OK(select_topk_blocks(select_run.plan,
+                                        {scores.view(), db.batch(), selected.view()},
+                                        select_run.workspace.workspace()));
+      M3SA_ASSERT_OK(index_topk(
+          topk_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), fused.view()},
+          topk_run.workspace.workspace()));
+      M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+      const HostTensor want_scores = scores.download(), want_selected = selected.download(),
+                       want_fused = fused.download();
+      ASSERT_TRUE(same_bytes(want_selected, want_fused)) << arch;
+
+      const std::vector<Layout> score_layouts = layouts(tokens, width),
+                                topk_layouts = layouts(tokens, kTopK);
+      for (size_t l = 0; l < score_layouts.size(); ++l) {
+        const Layout &sl = score_layouts[l], &tl = topk_layouts[l];
+        DeviceBuffer s_buf(static_cast<size_t>(sl.elements) * 4),
+            sel_buf(static_cast<size_t>(tl.elements) * 4),
+            fused_buf(static_cast<size_t>(tl.elements) * 4);
+        for (const DeviceBuffer* b : {&s_buf, &sel_buf, &fused_buf}) M3SA_ASSERT_OK(b->fill(0xff));
+        const TensorView s_view = view_of(s_buf.data(), DType::f32, tokens, width, sl);
+        const TensorView sel_view = view_of(sel_buf.data(), DType::i32, tokens, kTopK, tl);
+        const TensorView fused_view = view_of(fused_buf.data(), DType::i32, tokens, kTopK, tl);
+        M3SA_ASSERT_OK(score_blocks(
+            score_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), s_view},
+            score_run.workspace.workspace()));
+        M3SA_ASSERT_OK(select_topk_blocks(select_run.plan, {s_view, db.batch(), sel_view},
+                                          select_run.workspace.workspace()));
+        M3SA_ASSERT_OK(index_topk(
+            topk_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), fused_view},
+            topk_run.workspace.workspace()));
+        M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+        const auto raw = [](const DeviceBuffer& b, int64_t elements) {
+          HostTensor h(DType::i32, {elements});
+          EXPECT_EQ(cudaMemcpy(h.view().data, b.data(), elements * 4, cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          return h;
+        };
+        expect_view(want_scores, raw(s_buf, sl.elements), sl, tokens, width,
+                    std::string(arch) + " score_blocks");
+        expect_view(want_selected, raw(sel_buf, tl.elements), tl, tokens, kTopK,
+                    std::string(arch) + " select_topk_blocks");
+        expect_view(want_fused, raw(fused_buf, tl.elements), tl, tokens, kTopK,
+                    std::string(arch) + " index_topk");
+        EXPECT_EQ(device_flags(score_run), 0) << arch;
+        EXPECT_EQ(device_flags(select_run), 0) << arch;
+        EXPECT_EQ(device_flags(topk_run), 0) << arch;
+      }
+    }
+  }
+}
+
 // A well-mixed 64-bit hash of (a, b): the adversarial tests' data.
 uint64_t mix(uint64_t a, uint64_t b) {
   uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
