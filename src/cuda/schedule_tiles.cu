@@ -46,16 +46,20 @@ static __device__ unsigned g_schedule_launch;
 #define M3SA_SCHEDULE_STAMP(i)
 #endif
 
-// A tile's causal blocks (0 for a tile whose metadata cannot be served: it is flagged, not read).
-__device__ int tile_blocks(const ScheduleParams& p, const RowTile& tile) {
-  ScoreBlocksParams g{}; // what tile_geometry reads: an unsharded request's lengths and table
-  g.cu_q_lens = p.cu_q_lens;
-  g.seq_lens = p.seq_lens;
+// A tile's causal blocks (0 for a tile whose metadata cannot be served: it is flagged, not read),
+// from its request's bounds [q_begin, q_end) and length.
+__device__ int tile_blocks(const ScheduleParams& p, const RowTile& tile, int q_begin, int q_end,
+                           int seq_len) {
+  ScoreBlocksParams g{}; // what tile_geometry reads: an unsharded request's table width
   g.block_table_width = p.table_width;
   g.shard_count = 1;
   g.heads = 1;
-  const TileGeometry geo = tile_geometry(g, tile);
+  const TileGeometry geo = tile_geometry(g, tile, q_begin, q_end, seq_len);
   return geo.bad ? 0 : max(0, geo.n_max);
+}
+__device__ int tile_blocks(const ScheduleParams& p, const RowTile& tile) {
+  return tile_blocks(p, tile, p.cu_q_lens[tile.request], p.cu_q_lens[tile.request + 1],
+                     p.seq_lens[tile.request]);
 }
 
 // Shared-memory room of the schedule: the tiles' block counts and the per-range counters. Larger
@@ -77,7 +81,8 @@ __global__ void __launch_bounds__(kScheduleThreads)
   __shared__ int units_for[kRangeChoices];
   __shared__ int cached_blocks[kScheduleSmemTiles];
   __shared__ int smem_counters[kScheduleSmemRanges];
-  __shared__ int chunk_offsets[kScheduleThreads]; // a chunk of requests' first tiles
+  __shared__ int chunk_offsets[kScheduleThreads];   // a chunk of requests' first tiles
+  __shared__ int3 chunk_requests[kScheduleThreads]; // their q_begin, q_end and seq_len
 #if M3SA_SCHEDULE_STAMPS
   long long stamps[10] = {};
 #endif
@@ -98,13 +103,19 @@ __global__ void __launch_bounds__(kScheduleThreads)
   for (int first = p.first_request; first < p.num_requests; first += kScheduleThreads) {
     const int r = first + threadIdx.x;
     int count = 0;
+    // The request's length is loaded with its bounds, in one round trip, not behind them by
+    // the tiles' geometry below (cold caches: each dependent round trip is an HBM latency on
+    // the scorer's path).
+    int3 bounds = make_int3(0, 0, 0);
     if (r < p.num_requests) {
-      const int q_len = p.cu_q_lens[r + 1] - p.cu_q_lens[r];
+      bounds = make_int3(p.cu_q_lens[r], p.cu_q_lens[r + 1], p.seq_lens[r]);
+      const int q_len = bounds.y - bounds.x;
       count = q_len > 0 ? (q_len + p.tile_tokens - 1) / p.tile_tokens : 0;
     }
     int offset, total;
     Scan(scan_storage).ExclusiveSum(count, offset, total);
     chunk_offsets[threadIdx.x] = offset;
+    chunk_requests[threadIdx.x] = bounds;
     __syncthreads();
     const int requests = min(kScheduleThreads, p.num_requests - first);
     for (int j = threadIdx.x; j < total && tiles_before + j < p.tile_capacity;
@@ -119,12 +130,13 @@ __global__ void __launch_bounds__(kScheduleThreads)
         else
           hi = mid;
       }
-      const int request = first + lo, begin = p.cu_q_lens[request], end = p.cu_q_lens[request + 1];
-      const int token = begin + (j - chunk_offsets[lo]) * p.tile_tokens;
-      const RowTile tile{request, token, min(p.tile_tokens, end - token), 0};
+      const int3 bounds = chunk_requests[lo]; // q_begin, q_end, seq_len
+      const int request = first + lo;
+      const int token = bounds.x + (j - chunk_offsets[lo]) * p.tile_tokens;
+      const RowTile tile{request, token, min(p.tile_tokens, bounds.y - token), 0};
       const int t = tiles_before + j;
       p.tiles[t] = tile;
-      const int blocks = tile_blocks(p, tile);
+      const int blocks = tile_blocks(p, tile, bounds.x, bounds.y, bounds.z);
       if (t < kScheduleSmemTiles) cached_blocks[t] = blocks;
       local_max = max(local_max, blocks);
 #pragma unroll

@@ -143,6 +143,15 @@ __device__ __forceinline__ void prefetch_to_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
+// A load issued here, not where its value is first used: the compiler sinks a plain load past a
+// branch whose other side does not need it, which serialises it behind the loads the branch
+// waits for (one more dependent round trip).
+__device__ __forceinline__ int32_t load_before_branch(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+
 // The GPU's global nanosecond timer (comparable across SMs, unlike clock64): the diagnostic
 // stamps' wall times (decode_stamps.cuh, scorer_stamps.cuh).
 __device__ __forceinline__ unsigned long long globaltimer_ns() {

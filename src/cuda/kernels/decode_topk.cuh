@@ -80,7 +80,17 @@ __device__ __forceinline__ bool begin_decode_tile(const DecodeTopkParams& p, Dec
   const int x = blockIdx.x;
   if (x >= p.num_decode_requests * p.tiles_per_request) return false;
   const int r = x / p.tiles_per_request, part = x % p.tiles_per_request;
-  const int q_begin = s.cu_q_lens[r], q_len = s.cu_q_lens[r + 1] - q_begin;
+  // Every load that does not depend on another goes out at once: the request's bounds and length
+  // (then its block-table entries and queries, then the pages) - with cold caches each dependent
+  // round trip is an HBM latency, and batch 1 is little else. The request's block-table row,
+  // whose entries the ranges need once seq_len is known, is brought into L2 meanwhile: a 128-byte
+  // line a thread, the tile's ranges interleaved.
+  for (int entry = (threadIdx.x * s.splits + blockIdx.y) * 32; entry < s.block_table_width;
+       entry += blockDim.x * s.splits * 32)
+    prefetch_to_l2(s.block_table + int64_t{r} * s.block_table_stride + entry);
+  const int q_begin = s.cu_q_lens[r], q_end = s.cu_q_lens[r + 1];
+  const int seq_len = load_before_branch(s.seq_lens + r);
+  const int q_len = q_end - q_begin;
   if (q_len != p.decode_q_len) {
     if (threadIdx.x == 0 && blockIdx.y == 0) atomicOr(s.error_flags, kDecodeQLenMismatch);
     return false;
@@ -88,7 +98,7 @@ __device__ __forceinline__ bool begin_decode_tile(const DecodeTopkParams& p, Dec
   t->p = &p;
   t->tile = RowTile{r, q_begin + part * s.tile_tokens,
                     min(s.tile_tokens, q_len - part * s.tile_tokens), 0};
-  t->geo = tile_geometry(s, t->tile);
+  t->geo = tile_geometry(s, t->tile, q_begin, q_end, seq_len);
   t->fill = p.top_k - p.init_blocks - p.local_blocks;
   if (!t->geo.bad) return true;
   if (blockIdx.y != 0) return false;

@@ -122,13 +122,14 @@ struct TileGeometry {
   bool bad;
 };
 
+// From the request's bounds [q_begin, q_end) and length, loaded by the caller.
 __device__ __forceinline__ TileGeometry tile_geometry(const ScoreBlocksParams& p,
-                                                      const RowTile& tile) {
+                                                      const RowTile& tile, int q_begin, int q_end,
+                                                      int seq_len) {
   TileGeometry geo;
   geo.request = tile.request;
-  const int q_begin = p.cu_q_lens[tile.request];
-  const int q_len = p.cu_q_lens[tile.request + 1] - q_begin;
-  geo.seq_len = p.seq_lens[tile.request];
+  const int q_len = q_end - q_begin;
+  geo.seq_len = seq_len;
   geo.bad = shard_local_count(p, (geo.seq_len + 127) / 128) > p.block_table_width ||
             (geo.seq_len > 0 && q_len > geo.seq_len);
   geo.first_pos = geo.seq_len - q_len + (tile.token_begin - q_begin);
@@ -136,6 +137,11 @@ __device__ __forceinline__ TileGeometry tile_geometry(const ScoreBlocksParams& p
   geo.rows = tile.token_count * p.heads;
   geo.n_max = geo.seq_len == 0 ? 0 : geo.last_pos / 128 + 1; // padding rows: no blocks
   return geo;
+}
+__device__ __forceinline__ TileGeometry tile_geometry(const ScoreBlocksParams& p,
+                                                      const RowTile& tile) {
+  return tile_geometry(p, tile, p.cu_q_lens[tile.request], p.cu_q_lens[tile.request + 1],
+                       p.seq_lens[tile.request]);
 }
 
 // The blocks [begin, end) this CTA scores: split blockIdx.y of the tile's causal blocks, at least
