@@ -72,6 +72,21 @@ struct DecodeTile {
   }
 };
 
+// The lines of the tile's metadata into L2: its request's bounds and length, and its block-table
+// row, whose entries the ranges need once seq_len is known (a 128-byte line a thread, the tile's
+// ranges interleaved). Prefetches only, so the Hopper kernel issues them before its PDL wait: the
+// first loads after it then find L2 instead of HBM (L2 is where the previous grid's writes land,
+// so a line prefetched early is never stale).
+__device__ __forceinline__ void prefetch_decode_tile_metadata(const DecodeTopkParams& p) {
+  const ScoreBlocksParams& s = p.scoring;
+  if (static_cast<int>(blockIdx.x) >= p.num_decode_requests * p.tiles_per_request) return;
+  const int r = static_cast<int>(blockIdx.x) / p.tiles_per_request;
+  if (threadIdx.x == 0) prefetch_to_l2(s.cu_q_lens + r), prefetch_to_l2(s.seq_lens + r);
+  for (int entry = (threadIdx.x * s.splits + blockIdx.y) * 32; entry < s.block_table_width;
+       entry += blockDim.x * s.splits * 32)
+    prefetch_to_l2(s.block_table + int64_t{r} * s.block_table_stride + entry);
+}
+
 // The CTA's row tile, or false when it has nothing to score: past the batch, a q_len other than
 // the one the grid was sized from (rows would be lost: flagged), or metadata that cannot be
 // served (flagged; warps < kDecodeMergeWarps write -1 rows or empty candidates). Uniform per CTA.
@@ -82,12 +97,7 @@ __device__ __forceinline__ bool begin_decode_tile(const DecodeTopkParams& p, Dec
   const int r = x / p.tiles_per_request, part = x % p.tiles_per_request;
   // Every load that does not depend on another goes out at once: the request's bounds and length
   // (then its block-table entries and queries, then the pages) - with cold caches each dependent
-  // round trip is an HBM latency, and batch 1 is little else. The request's block-table row,
-  // whose entries the ranges need once seq_len is known, is brought into L2 meanwhile: a 128-byte
-  // line a thread, the tile's ranges interleaved.
-  for (int entry = (threadIdx.x * s.splits + blockIdx.y) * 32; entry < s.block_table_width;
-       entry += blockDim.x * s.splits * 32)
-    prefetch_to_l2(s.block_table + int64_t{r} * s.block_table_stride + entry);
+  // round trip is an HBM latency, and batch 1 is little else.
   const int q_begin = s.cu_q_lens[r], q_end = s.cu_q_lens[r + 1];
   const int seq_len = load_before_branch(s.seq_lens + r);
   const int q_len = q_end - q_begin;
@@ -271,6 +281,7 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
 template <typename StoredT, int MaxK>
 __global__ void __launch_bounds__(kScoreThreads)
     decode_topk_kernel(const __grid_constant__ DecodeTopkParams p) {
+  prefetch_decode_tile_metadata(p);
   DecodeTile t;
   if (!begin_decode_tile(p, &t)) return;
   extern __shared__ uint32_t smem[];

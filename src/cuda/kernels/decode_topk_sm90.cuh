@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
     sm90::fence_barrier_init();
     if (warp == 0) sm90::prefetch_tensor_map(params.index_k_map);
   }
-  // Launched to overlap the previous kernel (PDL): wait for it before touching memory.
+  prefetch_decode_tile_metadata(p);
+  // Launched to overlap the previous kernel (PDL): wait for it before reading memory.
   wait_for_prior_grids();
   allow_next_grid();
   DecodeTile t;

@@ -126,16 +126,34 @@ inline constexpr bool kDecodePrefetchTableRow = M3SA_ATTENTION_DECODE_PREFETCH_T
 // load, so warps 1-3 of the pair's CTAs bring it into L2 (a 128-byte line a thread, the CTAs
 // interleaved) while warp 0 loads the slots: the pages' loads then hit L2. The whole allocated
 // row (3072 x splits blocks at most), since the positions are not known yet.
-__device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, int t, int g,
-                                              int split, DecodeSelection& sel) {
-  const int lane = threadIdx.x & 31;
-  if (kDecodePrefetchTableRow && threadIdx.x >= 32 && p.splits > 1 && p.num_requests > 0) {
+// Before the PDL wait (prefetches only: L2 is where the previous grid's writes land, so a line
+// prefetched early is never stale): the lines select_blocks reads first - the token's selection
+// slots, its request's bounds and length under the decode layout's guess - so that its loads after
+// the wait find L2 instead of HBM (batch 1: the selection took ~4.5K cycles, two dependent round
+// trips, s23 r3 stamps).
+__device__ __forceinline__ void prefetch_selection_metadata(const SparseAttentionParams& p, int t,
+                                                            int g, int split) {
+  if (p.num_requests <= 0) return;
+  if (kDecodePrefetchTableRow && threadIdx.x >= 32 && p.splits > 1) {
     constexpr int kEntriesPerLine = 128 / sizeof(int32_t);
     const int request = min(t / max(1, p.decode_q_len), p.num_requests - 1);
     const int entry = ((threadIdx.x - 32) * p.splits + split) * kEntriesPerLine;
     if (entry < p.block_table_width)
       prefetch_to_l2(p.block_table + int64_t{request} * p.block_table_stride + entry);
   }
+  if (threadIdx.x < p.top_k)
+    prefetch_to_l2(p.topk + g * p.topk_stride_head + int64_t{t} * p.topk_stride_token +
+                   threadIdx.x * p.topk_stride_k);
+  if (threadIdx.x == 0) {
+    const int request = min(t / max(1, p.decode_q_len), p.num_requests - 1);
+    prefetch_to_l2(p.cu_q_lens + request);
+    prefetch_to_l2(p.seq_lens + request);
+  }
+}
+
+__device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, int t, int g,
+                                              int split, DecodeSelection& sel) {
+  const int lane = threadIdx.x & 31;
   if (threadIdx.x < 32) { // one warp: ballot-compact the slots that hold a visible block
     // Every load that does not depend on another is issued at once: the selection slot, and the
     // request's bounds and length under the decode layout's guess (request t / decode_q_len),
@@ -327,6 +345,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   M3SA_DECODE_STAMPS_BEGIN();
   M3SA_DECODE_STAMP(0);
   touch_parameters(p); // into the constant cache while the previous grid runs
+  if (blockIdx.x < int64_t{p.token_end - p.token_begin} * p.kv_heads * p.splits) {
+    const int64_t pair = blockIdx.x / p.splits; // the first item's
+    prefetch_selection_metadata(p, p.token_begin + static_cast<int>(pair / p.kv_heads),
+                                static_cast<int>(pair % p.kv_heads),
+                                static_cast<int>(blockIdx.x % p.splits));
+  }
   // Launched to overlap the previous kernel (PDL) by SM90 plans.
   wait_for_prior_grids();
   allow_next_grid();
@@ -345,6 +369,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
                                                         p.splits * kClusterSlotBytesPushed);
 #endif
     uint32_t q[8][4];
+    if (item != blockIdx.x) prefetch_selection_metadata(p, t, g, split); // the first: above
     load_query(p, t, g, true, q); // in flight during the selection's loads (unused without keys)
     select_blocks(p, t, g, split, sel);
     M3SA_DECODE_STAMP(2);

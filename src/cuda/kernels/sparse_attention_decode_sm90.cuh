@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     if (warp == 0) sm90::prefetch_tensor_map(params.k_map);
     if (warp == 1) sm90::prefetch_tensor_map(params.v_map);
   }
-  // Launched to overlap the previous kernel (PDL): nothing above touched global memory.
+  prefetch_selection_metadata(p, t, g, split);
+  // Launched to overlap the previous kernel (PDL): nothing above read global memory.
   wait_for_prior_grids();
   allow_next_grid();
   M3SA_DECODE_STAMP(1);
