@@ -173,6 +173,14 @@ std::vector<DecodeCase> decode_cases() {
                   2),
       decode_case("B3Mtp4PlannedForOneSplit", {40000, 129, 0}, 4, cfg(2, 16, 1, 0), bf, true, false,
                   1),
+      // Two ranges whose four warp lists hold 4 x 16 = 64 keys a row (fill 32: more than the row
+      // ranks, as many as the bitonic network holds), then 4 x 17 = 68 (more than it holds): the
+      // two sides of the bound under which a range may rank its lists into one before publishing
+      // (bench/patches/s23-decode-ranked-ranges.patch).
+      decode_case("B3TwoRangesOf64BlocksK32", {128 * kBlockTokens, 0, 129}, 1, cfg(2, 32, 0, 0), bf,
+                  true, false, 2),
+      decode_case("B3TwoRangesOf68BlocksK32Fp8", {136 * kBlockTokens, 129, 0}, 1, cfg(2, 32, 0, 0),
+                  f8, true, false, 2),
       // Many requests: few splits a request, the regimes among random lengths.
       decode_case("B64H4VariedLengths", varied(64, 20000, 11, split_regimes()), 1, cfg(4, 16, 1, 0),
                   bf),
