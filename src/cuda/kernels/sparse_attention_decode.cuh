@@ -120,23 +120,21 @@ struct DecodeSelection {
 #define M3SA_ATTENTION_DECODE_PREFETCH_TABLE 1
 #endif
 inline constexpr bool kDecodePrefetchTableRow = M3SA_ATTENTION_DECODE_PREFETCH_TABLE != 0;
-// With splits (the small batches, where the selection's two dependent round trips - the slot,
-// then its page in the block table - are a quarter of the time: s12 r1 stamps, 2.1 us of batch
-// 1's 8.8), the request's block-table row is known under the decode layout's guess before any
-// load, so warps 1-3 of the pair's CTAs bring it into L2 (a 128-byte line a thread, the CTAs
-// interleaved) while warp 0 loads the slots: the pages' loads then hit L2. The whole allocated
-// row (3072 x splits blocks at most), since the positions are not known yet.
-// Before the PDL wait (prefetches only: L2 is where the previous grid's writes land, so a line
-// prefetched early is never stale): the lines select_blocks reads first - the token's selection
-// slots, its request's bounds and length under the decode layout's guess - so that its loads after
-// the wait find L2 instead of HBM (batch 1: the selection took ~4.5K cycles, two dependent round
-// trips, s23 r3 stamps).
+// The lines select_blocks reads, brought into L2 before the PDL wait (prefetches only: L2 is
+// where the previous grid's writes land, so a line prefetched early is never stale): the token's
+// selection slots and its request's bounds and length under the decode layout's guess (request t
+// / decode_q_len), and, with splits (the small batches, where the selection's dependent round
+// trips - the slot, then its page in the block table - are a quarter of the time: s12 r1 stamps,
+// 2.1 us of batch 1's 8.8), the request's block-table row, known under the same guess: warps 1-3
+// of the pair's CTAs take a 128-byte line a thread, the CTAs interleaved, the whole allocated row
+// (3072 x splits blocks at most), since the positions are not known yet. s23 r4: -0.02-0.13 us at
+// batch 1 over the prefetch after the wait.
 __device__ __forceinline__ void prefetch_selection_metadata(const SparseAttentionParams& p, int t,
                                                             int g, int split) {
   if (p.num_requests <= 0) return;
+  const int request = min(t / max(1, p.decode_q_len), p.num_requests - 1);
   if (kDecodePrefetchTableRow && threadIdx.x >= 32 && p.splits > 1) {
     constexpr int kEntriesPerLine = 128 / sizeof(int32_t);
-    const int request = min(t / max(1, p.decode_q_len), p.num_requests - 1);
     const int entry = ((threadIdx.x - 32) * p.splits + split) * kEntriesPerLine;
     if (entry < p.block_table_width)
       prefetch_to_l2(p.block_table + int64_t{request} * p.block_table_stride + entry);
@@ -144,20 +142,17 @@ __device__ __forceinline__ void prefetch_selection_metadata(const SparseAttentio
   if (threadIdx.x < p.top_k)
     prefetch_to_l2(p.topk + g * p.topk_stride_head + int64_t{t} * p.topk_stride_token +
                    threadIdx.x * p.topk_stride_k);
-  if (threadIdx.x == 0) {
-    const int request = min(t / max(1, p.decode_q_len), p.num_requests - 1);
-    prefetch_to_l2(p.cu_q_lens + request);
-    prefetch_to_l2(p.seq_lens + request);
-  }
+  if (threadIdx.x == 0) prefetch_to_l2(p.cu_q_lens + request), prefetch_to_l2(p.seq_lens + request);
 }
 
 __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, int t, int g,
                                               int split, DecodeSelection& sel) {
   const int lane = threadIdx.x & 31;
   if (threadIdx.x < 32) { // one warp: ballot-compact the slots that hold a visible block
-    // Every load that does not depend on another is issued at once: the selection slot, and the
-    // request's bounds and length under the decode layout's guess (request t / decode_q_len),
-    // which a binary search replaces only where the metadata does not follow that layout.
+    // The selection slot and the request's bounds and length under the decode layout's guess
+    // (request t / decode_q_len), which a binary search replaces only where the metadata does not
+    // follow that layout. (The compiler issues seq_lens after the guess's check, one L2 round trip
+    // later; issued with the bounds it measured level, s23 r3.)
     const int32_t block = lane < p.top_k
                               ? p.topk[g * p.topk_stride_head + int64_t{t} * p.topk_stride_token +
                                        lane * p.topk_stride_k]
