@@ -340,24 +340,24 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   M3SA_DECODE_STAMPS_BEGIN();
   M3SA_DECODE_STAMP(0);
   touch_parameters(p); // into the constant cache while the previous grid runs
-  if (blockIdx.x < int64_t{p.token_end - p.token_begin} * p.kv_heads * p.splits) {
-    const int64_t pair = blockIdx.x / p.splits; // the first item's
-    prefetch_selection_metadata(p, p.token_begin + static_cast<int>(pair / p.kv_heads),
-                                static_cast<int>(pair % p.kv_heads),
-                                static_cast<int>(blockIdx.x % p.splits));
-  }
+  const int64_t items = int64_t{p.token_end - p.token_begin} * p.kv_heads * p.splits;
+  // Item `item`: token t, KV head g (the pair), split of the pair's selection.
+  const auto pair_of = [&](int64_t item) { return item / p.splits; };
+  const auto token_of = [&](int64_t item) {
+    return p.token_begin + static_cast<int>(pair_of(item) / p.kv_heads);
+  };
+  const auto head_of = [&](int64_t item) { return static_cast<int>(pair_of(item) % p.kv_heads); };
+  const auto split_of = [&](int64_t item) { return static_cast<int>(item % p.splits); };
+  if (blockIdx.x < items) // the first item's
+    prefetch_selection_metadata(p, token_of(blockIdx.x), head_of(blockIdx.x), split_of(blockIdx.x));
   // Launched to overlap the previous kernel (PDL) by SM90 plans.
   wait_for_prior_grids();
   allow_next_grid();
   M3SA_DECODE_STAMP(1);
-  const int tokens = p.token_end - p.token_begin;
-  const int64_t items = int64_t{tokens} * p.kv_heads * p.splits;
   uint32_t parity = 0; // of cluster_bar's phase for this item
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int split = static_cast<int>(item % p.splits);
-    const int64_t pair = item / p.splits; // (token, KV head)
-    const int g = static_cast<int>(pair % p.kv_heads);
-    const int t = p.token_begin + static_cast<int>(pair / p.kv_heads);
+    const int split = split_of(item), g = head_of(item), t = token_of(item);
+    const int64_t pair = pair_of(item); // (token, KV head)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (clustered && threadIdx.x == 0) // this item's rows: a (O, m, l) slot from every split
       sm90::mbarrier_arrive_expect_tx(&cluster_bar, cluster_rows_owned(p.group, p.splits, split) *
