@@ -290,6 +290,18 @@ TEST(CudaAttentionSmall, DecodeSplitMergesMatchTheReference) {
                                 1.f, true});
 }
 
+// More decode items than resident CTAs (320 pairs, one range each, on an H200's 264 TMA-kernel
+// CTAs): a second wave of the grid, sanitizer-sized - 80 short contexts x 4 KV heads, one-token,
+// empty and padding rows among them, e4m3 with scales.
+TEST(CudaAttentionSmall, DecodeSecondWaveMatchesTheReference) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  std::vector<int32_t> lengths(80);
+  for (int i = 0; i < 80; ++i) lengths[i] = i % 9 == 0 ? 0 : i % 7 == 0 ? 1 : 60 + 53 * i;
+  expect_matches_host_backends(
+      {"SecondWaveFp8", spec(std::vector<int32_t>(80, 1), lengths, 80, 1, 64, 4, DType::fp8_e4m3),
+       16, 0.5f, 2.f, true});
+}
+
 // The prefill gather's page-union lists (gather_selection_entries_kernel, launched directly):
 // per tile of 8 tokens and KV head, the distinct pages (ascending) with each token's visible keys
 // where they are at most min(32, 2 top_k) and no token names a page twice, -1 (and (KV head,
