@@ -25,6 +25,12 @@
 #ifndef M3SA_INDEX_TOPK_SM90_QGMMA
 #define M3SA_INDEX_TOPK_SM90_QGMMA 0
 #endif
+// Diagnostic switch: the Hopper decode kernel's ranges a tile divided by this (fewer SMs stream
+// the cache; to measure what the merge's ranges cost against what the SMs' share of the stream
+// buys).
+#ifndef M3SA_DECODE_SM90_SPLIT_DIVISOR
+#define M3SA_DECODE_SM90_SPLIT_DIVISOR 1
+#endif
 
 namespace m3sa::cuda {
 namespace {
@@ -402,8 +408,9 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
     // One CTA per SM's worth of ranges (never more than the workspace's p.scoring.splits).
     sm90.decode = p;
     sm90.decode.scoring.splits = static_cast<int32_t>(std::clamp<int64_t>(
-        int64_t{info.sm_count} * kDecodeSm90CtasPerSm / plan.request.capacities.max_requests, 1,
-        p.scoring.splits));
+        int64_t{info.sm_count} * kDecodeSm90CtasPerSm /
+            (int64_t{plan.request.capacities.max_requests} * M3SA_DECODE_SM90_SPLIT_DIVISOR),
+        1, p.scoring.splits));
     const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
                     static_cast<unsigned>(sm90.decode.scoring.splits));
     const auto launch =
