@@ -1,5 +1,5 @@
 // `m3sa bench`: the driver. Measures the ceilings, runs every case of the set (or those whose name
-// contains the filter), then prints the table and writes the JSON records.
+// contains the filter), then prints the table; the JSON records are rewritten after every case.
 #include "bench.h"
 
 #include <cstdio>
@@ -55,6 +55,13 @@ int run_bench(const BenchOptions& options) {
   print_header(run, ceilings, have_bf16_gemm, have_fp8_gemm);
   std::vector<Record> records;
   int failures = 0;
+  // A case's status counted, and the records so far saved (marked complete after the last case;
+  // only that final write's failure fails the run).
+  const auto finish_case = [&](const std::string& what, const Status& s) {
+    if (!succeeded(what, s)) ++failures;
+    if (!options.json_path.empty()) write_json(options.json_path, run, ceilings, records, false);
+    return s.ok();
+  };
   // "^text": names that start with it ("^decode " is the decode indexer, not attention decode).
   const auto selected = [&](const std::string& name) {
     if (!options.filter.empty() && options.filter[0] == '^')
@@ -62,16 +69,14 @@ int run_bench(const BenchOptions& options) {
     return name.find(options.filter) != std::string::npos;
   };
   for (const Case& c : cases(options.set))
-    if (selected(c.name) && !succeeded(c.name, run_case(c, stream, ceilings, &records))) ++failures;
+    if (selected(c.name)) finish_case(c.name, run_case(c, stream, ceilings, &records));
   for (const AttentionCase& c : attention_cases(options.set))
-    if (selected(c.name) && !succeeded(c.name, run_attention_case(c, stream, ceilings, &records)))
-      ++failures;
+    if (selected(c.name)) finish_case(c.name, run_attention_case(c, stream, ceilings, &records));
   for (DType kv : {DType::bf16, DType::fp8_e4m3})
     for (DType index : {DType::bf16, DType::fp8_e4m3}) {
       const std::string name = norm_rope_case_name(16384, kv, index);
       if ((options.set != "full" && kv != index) || !selected(name)) continue;
-      if (!succeeded(name, run_norm_rope_case(16384, kv, index, stream, ceilings, &records)))
-        ++failures;
+      finish_case(name, run_norm_rope_case(16384, kv, index, stream, ceilings, &records));
     }
   int devices = 0;
   cudaGetDeviceCount(&devices);
@@ -81,22 +86,26 @@ int run_bench(const BenchOptions& options) {
     // (a bare "context parallel" check dropped every filter longer than that).
     if (!selected("context parallel B=" + std::to_string(batch) + " S=1M")) continue;
     double single_gpu_us = 0;
-    if (!succeeded("context parallel",
-                   run_context_parallel_cases(batch, stream, ceilings, &records, &single_gpu_us)))
-      ++failures;
+    const bool single_gpu_ran =
+        finish_case("context parallel",
+                    run_context_parallel_cases(batch, stream, ceilings, &records, &single_gpu_us));
 #ifdef M3SA_HAVE_NCCL
-    else
+    if (single_gpu_ran)
       for (int ranks = 2; ranks <= devices; ranks *= 2)
-        if (!succeeded("context parallel NCCL",
-                       run_context_parallel_nccl(batch, ranks, single_gpu_us, ceilings, &records)))
-          ++failures;
+        finish_case("context parallel NCCL",
+                    run_context_parallel_nccl(batch, ranks, single_gpu_us, ceilings, &records));
+#else
+    (void)single_gpu_ran;
 #endif
   }
   print_table(records);
-  if (!options.json_path.empty() && !write_json(options.json_path, run, ceilings, records))
-    return 1;
+  bool json_written = true;
+  if (!options.json_path.empty())
+    json_written = write_json(options.json_path, run, ceilings, records, true);
   cudaStreamDestroy(stream);
-  return failures ? 1 : 0;
+  if (!json_written)
+    std::fprintf(stderr, "m3sa bench: could not write %s\n", options.json_path.c_str());
+  return failures || !json_written ? 1 : 0;
 }
 
 } // namespace m3sa::cli

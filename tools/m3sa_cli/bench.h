@@ -60,13 +60,16 @@ void print_table(const std::vector<Record>& records);
 // A progress line on stderr as each record is measured (`with_op`: the op column too).
 void print_progress(const Record& record, bool with_op);
 // The JSON document (schema of bench/results/h200/*.json: top-level device, sm_count, commit,
-// date, ceilings, records[] with device, commit, case, op, median_us, cv, bytes, flops, gbps,
-// tflops, fraction_of_ceiling, ceiling, note), numbers rounded as the tables print them.
+// date, complete, ceilings, records[] with device, commit, case, op, median_us, cv, bytes, flops,
+// gbps, tflops, fraction_of_ceiling, ceiling, implementation, note), numbers rounded as the tables
+// print them. `complete`: false while the run still has cases to measure.
 std::string json_report(const RunInfo& run, const Ceilings& ceilings,
-                        const std::vector<Record>& records);
-// json_report into `path`; false where the file cannot be written.
+                        const std::vector<Record>& records, bool complete);
+// json_report into `path`, written beside it and renamed over it, so that `path` always holds a
+// whole document: the bench rewrites it after every case, and a run cut short (a device call's
+// time limit) leaves the cases measured so far. False where the file cannot be written.
 bool write_json(const std::string& path, const RunInfo& run, const Ceilings& ceilings,
-                const std::vector<Record>& records);
+                const std::vector<Record>& records, bool complete);
 
 } // namespace bench
 } // namespace m3sa::cli

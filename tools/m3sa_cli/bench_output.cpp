@@ -57,13 +57,14 @@ void print_progress(const Record& r, bool with_op) {
 }
 
 std::string json_report(const RunInfo& run, const Ceilings& ceilings,
-                        const std::vector<Record>& records) {
+                        const std::vector<Record>& records, bool complete) {
   using Json = nlohmann::ordered_json; // keys in the order the schema lists them
   Json doc;
   doc["device"] = run.device;
   doc["sm_count"] = run.sm_count;
   doc["commit"] = run.commit;
   doc["date"] = run.date;
+  doc["complete"] = complete;
   doc["ceilings"] = {{"copy_gbps", fixed(ceilings.copy_gbps, 1)},
                      {"bf16_gemm_tflops", fixed(ceilings.bf16_gemm_tflops, 1)},
                      {"fp8_gemm_tflops", fixed(ceilings.fp8_gemm_tflops, 1)}};
@@ -88,11 +89,15 @@ std::string json_report(const RunInfo& run, const Ceilings& ceilings,
 }
 
 bool write_json(const std::string& path, const RunInfo& run, const Ceilings& ceilings,
-                const std::vector<Record>& records) {
-  std::ofstream out(path);
-  if (!out) return false;
-  out << json_report(run, ceilings, records);
-  return static_cast<bool>(out);
+                const std::vector<Record>& records, bool complete) {
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial);
+    if (!out) return false;
+    out << json_report(run, ceilings, records, complete);
+    if (!out.flush()) return false;
+  }
+  return std::rename(partial.c_str(), path.c_str()) == 0;
 }
 
 } // namespace m3sa::cli::bench

@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
       "bench", "Time the CUDA indexer ops against ceilings measured in the same run");
   bench_cmd->add_option("--set", bench.set, "full or quick")
       ->check(CLI::IsMember({"full", "quick"}));
-  bench_cmd->add_option("--json", bench.json_path, "also write the records as JSON to this file");
+  bench_cmd->add_option("--json", bench.json_path,
+                        "also write the records as JSON to this file (rewritten after every case)");
   bench_cmd->add_option("--filter", bench.filter,
                         "only cases whose name contains this text (\"^text\": starts with it)");
 
