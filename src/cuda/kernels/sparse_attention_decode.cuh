@@ -120,6 +120,15 @@ struct DecodeSelection {
 #define M3SA_ATTENTION_DECODE_PREFETCH_TABLE 1
 #endif
 inline constexpr bool kDecodePrefetchTableRow = M3SA_ATTENTION_DECODE_PREFETCH_TABLE != 0;
+// Token t's request under the decode layout's guess (t / decode_q_len, within the batch), which
+// select_blocks checks against the request's bounds; and the address of its KV head g's slot k.
+__device__ __forceinline__ int guessed_request(const SparseAttentionParams& p, int t) {
+  return min(t / max(1, p.decode_q_len), p.num_requests - 1);
+}
+__device__ __forceinline__ const int32_t* selection_slot(const SparseAttentionParams& p, int t,
+                                                         int g, int k) {
+  return p.topk + g * p.topk_stride_head + int64_t{t} * p.topk_stride_token + k * p.topk_stride_k;
+}
 // The lines select_blocks reads, brought into L2 before the PDL wait (prefetches only: L2 is
 // where the previous grid's writes land, so a line prefetched early is never stale): the token's
 // selection slots and its request's bounds and length under the decode layout's guess (request t
@@ -132,16 +141,14 @@ inline constexpr bool kDecodePrefetchTableRow = M3SA_ATTENTION_DECODE_PREFETCH_T
 __device__ __forceinline__ void prefetch_selection_metadata(const SparseAttentionParams& p, int t,
                                                             int g, int split) {
   if (p.num_requests <= 0) return;
-  const int request = min(t / max(1, p.decode_q_len), p.num_requests - 1);
+  const int request = guessed_request(p, t);
   if (kDecodePrefetchTableRow && threadIdx.x >= 32 && p.splits > 1) {
     constexpr int kEntriesPerLine = 128 / sizeof(int32_t);
     const int entry = ((threadIdx.x - 32) * p.splits + split) * kEntriesPerLine;
     if (entry < p.block_table_width)
       prefetch_to_l2(p.block_table + int64_t{request} * p.block_table_stride + entry);
   }
-  if (threadIdx.x < p.top_k)
-    prefetch_to_l2(p.topk + g * p.topk_stride_head + int64_t{t} * p.topk_stride_token +
-                   threadIdx.x * p.topk_stride_k);
+  if (threadIdx.x < p.top_k) prefetch_to_l2(selection_slot(p, t, g, threadIdx.x));
   if (threadIdx.x == 0) prefetch_to_l2(p.cu_q_lens + request), prefetch_to_l2(p.seq_lens + request);
 }
 
@@ -153,11 +160,8 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
     // (request t / decode_q_len), which a binary search replaces only where the metadata does not
     // follow that layout. (The compiler issues seq_lens after the guess's check, one L2 round trip
     // later; issued with the bounds it measured level, s23 r3.)
-    const int32_t block = lane < p.top_k
-                              ? p.topk[g * p.topk_stride_head + int64_t{t} * p.topk_stride_token +
-                                       lane * p.topk_stride_k]
-                              : -1;
-    int request = min(t / max(1, p.decode_q_len), p.num_requests - 1);
+    const int32_t block = lane < p.top_k ? *selection_slot(p, t, g, lane) : -1;
+    int request = guessed_request(p, t);
     int q_begin = p.cu_q_lens[request], q_end = p.cu_q_lens[request + 1];
     int seq_len = p.seq_lens[request]; // with the guess's bounds: one round of loads
     if (!(q_begin <= t && t < q_end)) {
