@@ -197,6 +197,16 @@ std::vector<DecodeCase> decode_cases() {
           decode_case("DecodeRowsBeforePrefillH4Fp8", {9000, 0, 257}, 1, cfg(4, 16, 1, 0), f8),
           {{700, 5000}, {33, 33}}),
       decode_case("MillionTokensH1", {1 << 20}, 1, cfg(1, 16, 1, 0), bf),
+      // Ranges of at least 4 x fill blocks, where every warp's list of the Hopper kernel is
+      // published whole (several CTAs a tile, then one CTA a tile; fill 30 at 31-256 blocks a
+      // warp), next to shorter requests: the regime in which bench/patches/
+      // s25-decode-block-claims.patch let warps claim blocks from a tile counter.
+      decode_case("B8LongRangesFp8RandomData",
+                  {split_len(64, -5), split_len(61, 3), 0, split_len(60, 0), split_len(59, 0),
+                   split_len(64, 0), 2049, split_len(200, 77)},
+                  1, cfg(4, 16, 1, 0), f8, false),
+      decode_case("B4OneRangeEachK32Local2", {split_len(256, -1), 0, 131072, split_len(124, 0)}, 1,
+                  cfg(1, 32, 2, 0), bf, true, false, 1),
   };
 }
 
@@ -578,6 +588,9 @@ TEST(GpuDecodeIndexerRuns, DecodeTwentyRunsAreBitwiseIdentical) {
   const DecodeCase cases[] = {
       decode_case("B1S131072H4", {131072}, 1, cfg(4, 16, 1, 0), DType::bf16, false),
       decode_case("B128S9000H4Fp8", around_9000, 1, cfg(4, 16, 1, 0), DType::fp8_e4m3, false),
+      // Eight requests of 16 ranges, each warp's list published whole.
+      decode_case("B8S131072H1Fp8", std::vector<Len>(8, split_len(64, -7)), 1, cfg(1, 16, 1, 0),
+                  DType::fp8_e4m3, false),
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -598,6 +611,77 @@ TEST(GpuDecodeIndexerRuns, DecodeTwentyRunsAreBitwiseIdentical) {
       ASSERT_TRUE(same_bytes(first, run_topk(run, c.config, db, db.index_k_cache.view())))
           << "run " << i;
     EXPECT_EQ(device_flags(run), 0);
+  }
+}
+
+// Back-to-back decode calls in one graph on one workspace, alternating two data sets (each into
+// its own output): every output equals the eager run of its set, which equals the CPU backend's.
+// Tiles of many ranges: a tile counter in the workspace (the ranges' arrivals) that a call left
+// non-zero, or that the next call (launched early by programmatic dependent launch) read before
+// the reset, merges too early or never; the workspace's published lists hold the other set's.
+TEST(GpuDecodeIndexerRuns, DecodeGraphOfAlternatingBatchesEqualsEagerRuns) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
+    SCOPED_TRACE(dtype == DType::bf16 ? "bf16" : "e4m3");
+    const DecodeCase c = decode_case(
+        "B6LongRanges", {split_len(64, -3), split_len(70, 9), 0, split_len(64, 0), 3000, 131072}, 1,
+        cfg(4, 16, 1, 0), dtype, false);
+    const int64_t splits = sm90_splits(plan_requests_of(c));
+    SyntheticBatch sa(spec_of(c, splits, seed)), sb(spec_of(c, splits, seed));
+    M3SA_ASSERT_OK(sa.status());
+    M3SA_ASSERT_OK(sb.status());
+    const IndexerOracle oracle_a = indexer_oracle(c.config, sa, seed, false, false);
+    const IndexerOracle oracle_b = indexer_oracle(c.config, sb, seed + 1, false, false);
+    CudaRun run;
+    if (!plan_named("sm90", c.config, sa, 0, &run))
+      GTEST_SKIP() << "cuda.index_topk.sm90 cannot run here";
+    const DeviceBatch da(sa), db(sb);
+    const HostTensor want_a = run_topk(run, c.config, da, da.index_k_cache.view());
+    const HostTensor want_b = run_topk(run, c.config, db, db.index_k_cache.view());
+    ASSERT_FALSE(same_bytes(want_a, want_b)) << "the data sets must select differently";
+    const auto expect_oracle = [&](const IndexerOracle& oracle, const HostTensor& got,
+                                   const SyntheticBatch& batch) {
+      const TopkComparison cmp = compare_topk(oracle.topk.view(), got.view(), oracle.scores.view(),
+                                              selection_rules(c.config, batch));
+      EXPECT_TRUE(cmp.ok()) << describe(cmp);
+    };
+    expect_oracle(oracle_a, want_a, sa);
+    expect_oracle(oracle_b, want_b, sb);
+
+    constexpr int kCalls = 8;
+    std::vector<DeviceBuffer> outputs;
+    for (int i = 0; i < kCalls; ++i)
+      outputs.emplace_back(DType::i32, std::initializer_list<int64_t>{4, sa.num_tokens(), 16},
+                           0x5a);
+    cudaStream_t stream;
+    M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    Status captured;
+    for (int i = 0; i < kCalls && captured.ok(); ++i) {
+      const DeviceBatch& d = i % 2 == 0 ? da : db;
+      captured = index_topk(
+          run.plan, {d.index_q.view(), d.index_k_cache.view(), d.batch(), outputs[i].view()},
+          run.workspace.workspace(), {0, stream});
+    }
+    M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+    M3SA_ASSERT_OK(captured);
+    M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 5; ++replay) {
+      for (DeviceBuffer& out : outputs) M3SA_ASSERT_OK(out.fill(0x5a));
+      M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+      M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+      for (int i = 0; i < kCalls; ++i)
+        ASSERT_TRUE(same_bytes(i % 2 == 0 ? want_a : want_b, outputs[i].download()))
+            << "replay " << replay << ", call " << i;
+    }
+    EXPECT_EQ(device_flags(run), 0);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
   }
 }
 
