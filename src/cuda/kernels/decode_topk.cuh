@@ -72,6 +72,12 @@ struct DecodeTile {
   }
 };
 
+// The request of the CTA's row tile (blockIdx.x), or -1 past the batch's decode tiles.
+__device__ __forceinline__ int decode_tile_request(const DecodeTopkParams& p) {
+  const int x = blockIdx.x;
+  return x < p.num_decode_requests * p.tiles_per_request ? x / p.tiles_per_request : -1;
+}
+
 // The lines of the tile's metadata into L2: its request's bounds and length, and its block-table
 // row, whose entries the ranges need once seq_len is known (a 128-byte line a thread, the tile's
 // ranges interleaved). Prefetches only, so the Hopper kernel issues them before its PDL wait: the
@@ -79,8 +85,8 @@ struct DecodeTile {
 // so a line prefetched early is never stale).
 __device__ __forceinline__ void prefetch_decode_tile_metadata(const DecodeTopkParams& p) {
   const ScoreBlocksParams& s = p.scoring;
-  if (static_cast<int>(blockIdx.x) >= p.num_decode_requests * p.tiles_per_request) return;
-  const int r = static_cast<int>(blockIdx.x) / p.tiles_per_request;
+  const int r = decode_tile_request(p);
+  if (r < 0) return;
   if (threadIdx.x == 0) prefetch_to_l2(s.cu_q_lens + r), prefetch_to_l2(s.seq_lens + r);
   for (int entry = (threadIdx.x * s.splits + blockIdx.y) * 32; entry < s.block_table_width;
        entry += blockDim.x * s.splits * 32)
@@ -92,9 +98,9 @@ __device__ __forceinline__ void prefetch_decode_tile_metadata(const DecodeTopkPa
 // served (flagged; warps < kDecodeMergeWarps write -1 rows or empty candidates). Uniform per CTA.
 __device__ __forceinline__ bool begin_decode_tile(const DecodeTopkParams& p, DecodeTile* t) {
   const ScoreBlocksParams& s = p.scoring;
-  const int x = blockIdx.x;
-  if (x >= p.num_decode_requests * p.tiles_per_request) return false;
-  const int r = x / p.tiles_per_request, part = x % p.tiles_per_request;
+  const int r = decode_tile_request(p);
+  if (r < 0) return false;
+  const int part = static_cast<int>(blockIdx.x) % p.tiles_per_request;
   // Every load that does not depend on another goes out at once: the request's bounds and length
   // (then its block-table entries and queries, then the pages) - with cold caches each dependent
   // round trip is an HBM latency, and batch 1 is little else.
