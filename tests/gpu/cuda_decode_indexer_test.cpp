@@ -650,38 +650,7 @@ TEST(GpuDecodeIndexerRuns, DecodeGraphOfAlternatingBatchesEqualsEagerRuns) {
     expect_oracle(oracle_a, want_a, sa);
     expect_oracle(oracle_b, want_b, sb);
 
-    constexpr int kCalls = 8;
-    std::vector<DeviceBuffer> outputs;
-    for (int i = 0; i < kCalls; ++i)
-      outputs.emplace_back(DType::i32, std::initializer_list<int64_t>{4, sa.num_tokens(), 16},
-                           0x5a);
-    cudaStream_t stream;
-    M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    Status captured;
-    for (int i = 0; i < kCalls && captured.ok(); ++i) {
-      const DeviceBatch& d = i % 2 == 0 ? da : db;
-      captured = index_topk(
-          run.plan, {d.index_q.view(), d.index_k_cache.view(), d.batch(), outputs[i].view()},
-          run.workspace.workspace(), {0, stream});
-    }
-    M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-    M3SA_ASSERT_OK(captured);
-    M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 5; ++replay) {
-      for (DeviceBuffer& out : outputs) M3SA_ASSERT_OK(out.fill(0x5a));
-      M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-      M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
-      for (int i = 0; i < kCalls; ++i)
-        ASSERT_TRUE(same_bytes(i % 2 == 0 ? want_a : want_b, outputs[i].download()))
-            << "replay " << replay << ", call " << i;
-    }
-    EXPECT_EQ(device_flags(run), 0);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    expect_graph_of_alternating_calls(run, da, db, want_a, want_b, {4, sa.num_tokens(), 16}, 8);
   }
 }
 

@@ -1,5 +1,11 @@
 #pragma once
 // The index branch of a SyntheticBatch on the device.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
 #include "gpu/cuda_test_util.h"
 #include "testing/synthetic_batch.h"
 
@@ -18,5 +24,46 @@ struct DeviceBatch {
             num_decode,       decode_q_len,    num_tokens};
   }
 };
+
+// `calls` back-to-back index_topk calls on run's one workspace, captured in one CUDA graph,
+// alternating the data sets `a` (even calls) and `b` (odd), each into its own [H, T, K] output;
+// after each of five replays every output must equal its set's `want_a` / `want_b`. A call that
+// reads what the previous call left in the workspace (scores, published lists, counters) before
+// rewriting it - programmatic dependent launch starts each early - writes the other set's result.
+inline void expect_graph_of_alternating_calls(const CudaRun& run, const DeviceBatch& a,
+                                              const DeviceBatch& b, const HostTensor& want_a,
+                                              const HostTensor& want_b,
+                                              std::initializer_list<int64_t> topk_shape,
+                                              int calls) {
+  std::vector<DeviceBuffer> outputs;
+  for (int i = 0; i < calls; ++i) outputs.emplace_back(DType::i32, topk_shape, 0x5a);
+  cudaStream_t stream;
+  M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  Status captured;
+  for (int i = 0; i < calls && captured.ok(); ++i) {
+    const DeviceBatch& d = i % 2 == 0 ? a : b;
+    captured = index_topk(run.plan,
+                          {d.index_q.view(), d.index_k_cache.view(), d.batch(), outputs[i].view()},
+                          run.workspace.workspace(), {0, stream});
+  }
+  M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  M3SA_ASSERT_OK(captured);
+  M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 5; ++replay) {
+    for (DeviceBuffer& out : outputs) M3SA_ASSERT_OK(out.fill(0x5a));
+    M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    for (int i = 0; i < calls; ++i)
+      ASSERT_TRUE(same_bytes(i % 2 == 0 ? want_a : want_b, outputs[i].download()))
+          << "replay " << replay << ", call " << i;
+  }
+  EXPECT_EQ(device_flags(run), 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
 
 } // namespace m3sa::testing
