@@ -89,12 +89,17 @@ AttentionLayout run_layout(const OpPlan& plan, Workspace workspace) {
   return carve_attention(plan.request, detail::load_plan_info<AttentionPlanInfo>(plan), carver);
 }
 
+#ifndef M3SA_ATTENTION_DECODE_MAX_CLUSTER // diagnostic builds only: 8 = no 16-CTA cluster
+// (synccheck ended inside the 16-CTA cluster merges, bench/NOTES.md s25 r4-r5)
+#define M3SA_ATTENTION_DECODE_MAX_CLUSTER 16
+#endif
 Status plan_attention_with(bool sm90, const PlanRequest& request, const detail::DeviceCaps& caps,
                            OpPlan* plan) {
   AttentionPlanInfo info{caps.sm_count, 0, 0, {}, sm90 ? 1 : 0};
   info.pass_tokens = prefill_pass_capacity(request.config.num_index_heads, request.config.top_k,
                                            request.capacities.max_tokens);
-  for (int i = 0; i < 4 && caps.compute_capability >= 90; ++i)
+  for (int i = 0;
+       i < 4 && caps.compute_capability >= 90 && (2 << i) <= M3SA_ATTENTION_DECODE_MAX_CLUSTER; ++i)
     info.active_clusters[i] = std::min(sparse_attention_decode_bf16_active_clusters(2 << i),
                                        sparse_attention_decode_fp8_active_clusters(2 << i));
   size_t sort_bytes = 0;
