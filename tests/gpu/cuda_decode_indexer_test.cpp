@@ -198,7 +198,7 @@ std::vector<DecodeCase> decode_cases() {
           {{700, 5000}, {33, 33}}),
       decode_case("MillionTokensH1", {1 << 20}, 1, cfg(1, 16, 1, 0), bf),
       // Ranges of at least 4 x fill blocks, where every warp's list of the Hopper kernel is
-      // published whole, next to shorter requests: 16 ranges a tile, fill 15 at 15-56 blocks a
+      // published whole, next to shorter requests: 16 ranges a tile, fill 15 at 15-51 blocks a
       // warp; then one range a tile, fill 30 at 31-256 blocks a warp. The regime in which
       // bench/patches/s25-decode-block-claims.patch let warps claim blocks from a tile counter.
       decode_case("B8LongRangesFp8RandomData",
