@@ -8,6 +8,7 @@
 // bookkeeping and publish / merge tail it shares with the Hopper kernel (decode_topk_sm90.cuh).
 #include <cuda/atomic>
 
+#include "cuda/candidate_lists.h"
 #include "cuda/kernels/decode_stamps.cuh"
 #include "cuda/kernels/score_blocks.cuh"
 #include "cuda/kernels/select_topk.cuh"
@@ -26,17 +27,6 @@ inline constexpr int kDecodeMergeWarps = kScoreThreads / 32;
 inline constexpr int kLiveListCapacity = kSurvivorCapacity;
 inline constexpr int kMergeScratchKeys = kSurvivorCapacity + 32 + kLiveListCapacity / 2;
 static_assert(kDecodeMergeWarps * kMergeScratchKeys * sizeof(uint64_t) <= kReusableSmemBytes);
-
-// Inserts `key` into a row's descending list of `len` keys (one thread per row).
-__device__ __forceinline__ void insert_sorted(uint64_t* list, int len, uint64_t key) {
-  if (key <= list[len - 1]) return;
-  int i = len - 1;
-  while (i > 0 && list[i - 1] < key) {
-    list[i] = list[i - 1];
-    --i;
-  }
-  list[i] = key;
-}
 
 // One decode CTA's row tile (blockIdx.x) and how its rows are written.
 struct DecodeTile {

@@ -28,7 +28,8 @@
 // by ldmatrix from the swizzled box (conflict-free) and the queries' B fragments held in registers.
 // A query row's block max is a max over the 8 m-tiles' accumulators, then over the 8 lanes of its
 // column; the causal mask runs only on a block that reaches past the tile's first position. Lane i
-// keeps row i's candidate list ([warp][8 rows][fill] in shared memory); at the end the shared tail
+// keeps row i's candidate list ([warp][8 rows][fill] in shared memory, a key taken by one read of
+// the list: insert_descending, candidate_lists.h); at the end the shared tail
 // publishes the four warps' lists as they are (with one split, ranks them in place).
 #include "cuda/kernels/decode_topk.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
@@ -56,7 +57,10 @@ static_assert(DecodeSm90Traits<__nv_fp8_e4m3>::kSmemBytes <= 227 * 1024);
 static_assert(kDecodeSm90MaxRows * 256 <= DecodeSm90Traits<__nv_bfloat16>::kListBytes);
 
 // Diagnostic builds only (never in the library): 1 = no page is read (the fixed cost: launch,
-// tile set-up, publish and merge), 2 = nothing after the stream (no publish, no merge).
+// tile set-up, publish and merge), 2 = nothing after the stream (no publish, no merge), 3 = pages
+// streamed through the rings but not scored (no MMA, maximum or list: the rings' own rate), 4 =
+// every box's MMAs run twice (the slope of the time in the MMAs' share), 5 = scored but no key
+// enters a list (the lists' insertions and the merge's work on full lists left out).
 #ifndef M3SA_DECODE_SM90_VARIANT
 #define M3SA_DECODE_SM90_VARIANT 0
 #endif
@@ -177,7 +181,7 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
       const int u = k * kBoxesPerPage + box, slot = u % kSlots;
       sm90::mbarrier_wait(&my_full[slot], (u / kSlots) & 1);
       if (u == 0) M3SA_DECODE_STAMP(2);
-      if (valid) {
+      if (valid && M3SA_DECODE_SM90_VARIANT != 3) {
         const uint32_t box_address = ring_address + slot * Traits::kBoxBytes;
         // A k-step's eight ldmatrix are issued while the previous step's MMAs run: the asm
         // statements keep their order, and one warp per scheduler has nothing else to hide an
@@ -193,12 +197,14 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
             for (int mt = 0; mt < 8; ++mt)
               sm90::load_a_fragment(a[(ks + 1) & 1][mt], box_address, mt * 16, 2 * (ks + 1), lane);
 #pragma unroll
-          for (int mt = 0; mt < 8; ++mt) {
-            if constexpr (Traits::kFp8)
-              mma_e4m3_16832(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
-            else
-              mma_bf16_16816(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
-          }
+          for (int rep = 0; rep < (M3SA_DECODE_SM90_VARIANT == 4 ? 2 : 1); ++rep)
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt) {
+              if constexpr (Traits::kFp8)
+                mma_e4m3_16832(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
+              else
+                mma_bf16_16816(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
+            }
         }
       }
       __syncwarp(); // every lane's ldmatrix of the slot has returned: it may be refilled
@@ -208,6 +214,7 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
       if (lane == 0) atomicOr(s.error_flags, kPageOutOfRange);
       continue;
     }
+    if (M3SA_DECODE_SM90_VARIANT == 3) continue;
     // acc[mt]: keys mt * 16 + g ([0], [1]) and + 8 ([2], [3]) x columns 2c ([0], [2]), 2c + 1.
     float m0 = -INFINITY, m1 = -INFINITY;
     if (block * 128 + 127 <= t.geo.first_pos) { // every key visible to every row
@@ -234,12 +241,10 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
     // Row r's max sits in lane r / 2 (c = r / 2, g = 0), column parity r % 2.
     const float even = __shfl_sync(0xffffffffu, m0, (lane >> 1) & 3);
     const float odd = __shfl_sync(0xffffffffu, m1, (lane >> 1) & 3);
-    if (owns_row && fill > 0) {
+    if (owns_row && fill > 0 && M3SA_DECODE_SM90_VARIANT != 5) {
       const uint64_t key = selection_key((lane & 1 ? odd : even) * s.scale, block);
-      if (key > entry_bar && own.is_candidate(block)) {
-        insert_sorted(own_list, fill, key);
-        entry_bar = own_list[fill - 1];
-      }
+      if (key > entry_bar && own.is_candidate(block))
+        entry_bar = insert_descending<MaxK>(own_list, fill, key);
     }
   }
   M3SA_DECODE_STAMP(3);
