@@ -18,8 +18,16 @@ bin="${BIN:-.gpu}"
 grep -E '^\[ [A-Z]|FAILED|PASSED|Failure' "$out/gpu_tests.log" | grep -v '^\[ RUN\|^\[       OK' | tail -30
 if [ -z "${QUICK:-}" ]; then
 small="${SANITIZER_FILTER:-*Small*}" # default: the ctest label `small` (tests/CMakeLists.txt)
+# synccheck (compute-sanitizer 2025.3.1) fails any kernel that runs many 16-CTA clusters at once -
+# bench/micro/cluster_push.cu shows it on the bare protocol, correct plain and under the other
+# tools (bench/NOTES.md s26 r1-r3) - so the two small cases whose portable plan merges in
+# clusters of 16 run under the other three tools only.
+cluster16="Implementations/OpImplementation.MatchesTheReference/cuda_sparse_attention_sm80__SmallMixedBf16H4K16"
+cluster16="$cluster16:Implementations/OpImplementation.MatchesTheReference/cuda_sparse_attention_sm80__SmallDecodeFp8H4K32"
 for tool in memcheck racecheck synccheck initcheck; do
-  compute-sanitizer --tool $tool --error-exitcode 1 "$bin/m3sa_gpu_tests" --gtest_filter="$small" > "$out/sanitizer_$tool.log" 2>&1
+  filter="$small"
+  [ $tool = synccheck ] && [ -z "${SANITIZER_FILTER:-}" ] && filter="$small-$cluster16"
+  compute-sanitizer --tool $tool --error-exitcode 1 "$bin/m3sa_gpu_tests" --gtest_filter="$filter" > "$out/sanitizer_$tool.log" 2>&1
   echo "compute-sanitizer --tool $tool rc=$? :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_$tool.log" | tail -1)"
 done
 "$bin/m3sa" demo > "$out/demo_bf16.txt" 2>&1; echo "demo bf16 rc=$?"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds everything (every .cu included where nvcc exists), checks that a consumer project builds
-# against the installed package and that the CUDA-free configuration builds, then runs all tests
+# Builds everything (every .cu included where nvcc exists, bench/micro's standalone programs too),
+# checks that a consumer project builds against the installed package and that the CUDA-free
+# configuration builds, then runs all tests
 # (the Python package's through scripts/run_python_tests.sh), and the CPU suite again under
 # AddressSanitizer + UBSan (the asan preset; any report is fatal) and under ThreadSanitizer (the
 # tsan preset), then every libFuzzer harness for M3SA_FUZZ_SECONDS (default 20) seconds.
@@ -23,6 +24,12 @@ if command -v nvcc >/dev/null 2>&1; then
   echo "[m3sa] CUDA-free configuration (-DM3SA_ENABLE_CUDA=OFF)" >&2
   { cmake --preset cpu-only -DM3SA_WERROR=ON && cmake --build --preset cpu-only --target m3sa m3sa_cli -j "$M3SA_JOBS"; } \
       > build/cpu-only.log 2>&1 || { cat build/cpu-only.log; exit 1; }
+  # The standalone GPU programs of bench/micro (sm_90a, into the git-ignored .gpu/) compile too.
+  echo "[m3sa] bench/micro programs (bench/micro/build.sh)" >&2
+  for program in bench/micro/*.cu; do
+    bash bench/micro/build.sh "$(basename "$program" .cu)" > build/micro.log 2>&1 ||
+      { cat build/micro.log; exit 1; }
+  done
 fi
 
 echo "[m3sa] Python package: CPU-only wheel, installed into virtual environments, pytest" >&2
