@@ -90,7 +90,8 @@ AttentionLayout run_layout(const OpPlan& plan, Workspace workspace) {
 }
 
 #ifndef M3SA_ATTENTION_DECODE_MAX_CLUSTER // diagnostic builds only: 8 = no 16-CTA cluster
-// (synccheck ended inside the 16-CTA cluster merges, bench/NOTES.md s25 r4-r5)
+// (compute-sanitizer's synccheck cannot run many 16-CTA clusters; capped at 8 the attention cases
+// pass it, bench/NOTES.md s26 r1-r3)
 #define M3SA_ATTENTION_DECODE_MAX_CLUSTER 16
 #endif
 Status plan_attention_with(bool sm90, const PlanRequest& request, const detail::DeviceCaps& caps,

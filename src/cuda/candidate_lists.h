@@ -37,14 +37,13 @@ M3SA_HOST_DEVICE uint64_t insert_descending(uint64_t* list, int len, uint64_t ke
   M3SA_UNROLL
   for (int i = 0; i < kMaxLen; ++i) d[i] = i < len ? list[i] : 0;
   uint64_t last = larger(d[0], key);
+  list[0] = last;
   M3SA_UNROLL
   for (int i = 1; i < kMaxLen; ++i)
     if (i < len) {
-      const uint64_t slot = larger(d[i], smaller(d[i - 1], key));
-      list[i] = slot;
-      last = slot;
+      last = larger(d[i], smaller(d[i - 1], key));
+      list[i] = last;
     }
-  list[0] = larger(d[0], key);
   return last;
 }
 

@@ -58,9 +58,10 @@ static_assert(kDecodeSm90MaxRows * 256 <= DecodeSm90Traits<__nv_bfloat16>::kList
 
 // Diagnostic builds only (never in the library): 1 = no page is read (the fixed cost: launch,
 // tile set-up, publish and merge), 2 = nothing after the stream (no publish, no merge), 3 = pages
-// streamed through the rings but not scored (no MMA, maximum or list: the rings' own rate), 4 =
-// every box's MMAs run twice (the slope of the time in the MMAs' share), 5 = scored but no key
-// enters a list (the lists' insertions and the merge's work on full lists left out).
+// streamed through the rings but not scored (no MMA, maximum or list: the rings' own rate), 5 =
+// scored but no key enters a list (the lists' insertions and the merge's work on full lists left
+// out). (4, every MMA issued twice, answered its question in s26 r3 - the MMAs cost 0-0.5 % - and
+// was removed.)
 #ifndef M3SA_DECODE_SM90_VARIANT
 #define M3SA_DECODE_SM90_VARIANT 0
 #endif
@@ -197,14 +198,12 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
             for (int mt = 0; mt < 8; ++mt)
               sm90::load_a_fragment(a[(ks + 1) & 1][mt], box_address, mt * 16, 2 * (ks + 1), lane);
 #pragma unroll
-          for (int rep = 0; rep < (M3SA_DECODE_SM90_VARIANT == 4 ? 2 : 1); ++rep)
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt) {
-              if constexpr (Traits::kFp8)
-                mma_e4m3_16832(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
-              else
-                mma_bf16_16816(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
-            }
+          for (int mt = 0; mt < 8; ++mt) {
+            if constexpr (Traits::kFp8)
+              mma_e4m3_16832(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
+            else
+              mma_bf16_16816(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
+          }
         }
       }
       __syncwarp(); // every lane's ldmatrix of the slot has returned: it may be refilled
