@@ -31,6 +31,14 @@
 #ifndef M3SA_DECODE_SM90_SPLIT_DIVISOR
 #define M3SA_DECODE_SM90_SPLIT_DIVISOR 1
 #endif
+// Diagnostic switch: the Hopper decode kernel's ranges a tile multiplied by this (more ranges than
+// SMs, in waves of one CTA an SM), to measure whether the SMs that finish first taking the next
+// ranges balances the stream better than one static range an SM. s27 r3: 2x and 3x were slower
+// in every decode case (fp8 B=32 S=32K 45.0 -> 48.3 / 51.5 us): each wave's restart costs more
+// than the balance gains.
+#ifndef M3SA_DECODE_SM90_SPLIT_MULTIPLIER
+#define M3SA_DECODE_SM90_SPLIT_MULTIPLIER 1
+#endif
 
 namespace m3sa::cuda {
 namespace {
@@ -408,7 +416,7 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
     // One CTA per SM's worth of ranges (never more than the workspace's p.scoring.splits).
     sm90.decode = p;
     sm90.decode.scoring.splits = static_cast<int32_t>(std::clamp<int64_t>(
-        int64_t{info.sm_count} * kDecodeSm90CtasPerSm /
+        int64_t{info.sm_count} * kDecodeSm90CtasPerSm * M3SA_DECODE_SM90_SPLIT_MULTIPLIER /
             (int64_t{plan.request.capacities.max_requests} * M3SA_DECODE_SM90_SPLIT_DIVISOR),
         1, p.scoring.splits));
     const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),

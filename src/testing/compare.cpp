@@ -74,7 +74,8 @@ namespace {
 // (of the row's blocks), or "" (then *gap is the largest relative gap of an exchange).
 std::string unexplained_exchange(const std::vector<int32_t>& want, const std::vector<int32_t>& have,
                                  const std::function<float(int32_t)>& score, int64_t position,
-                                 const SelectionRules& rules, double tolerance, double* gap) {
+                                 const SelectionRules& rules, ExactTies ties, double tolerance,
+                                 double* gap) {
   const auto ids = [](const std::vector<int32_t>& row) {
     std::vector<int32_t> out;
     for (int32_t b : row)
@@ -104,15 +105,17 @@ std::string unexplained_exchange(const std::vector<int32_t>& want, const std::ve
       const bool x_ranks_first =
           (std::isnan(sa) && !std::isnan(sx)) || sx > sa || (exact_tie && x < a);
       if (!reference_chose_x && !x_ranks_first) continue; // leaving x out is right
-      if (exact_tie)
-        return detail::concat("tie of blocks ", std::min(a, x), " and ", std::max(a, x),
-                              " (score ", sa, ") broken to the higher id by the ",
-                              x < a ? "got" : "expected", " row");
+      const bool binding_tie =
+          exact_tie && (ties == ExactTies::bind || !std::isfinite(sa) || !std::isfinite(sx));
+      if (binding_tie)
+        return detail::concat("tie of blocks ", std::min(a, x), " and ", std::max(a, x), " (score ",
+                              sa, ") broken to the higher id by the ", x < a ? "got" : "expected",
+                              " row");
       if (std::isnan(sa) || std::isnan(sx))
         return detail::concat("block ", a, " (score ", sa, ") taken instead of block ", x,
                               " (score ", sx, "): NaN is never near a number");
-      const double relative = std::abs(double{sa} - sx) /
-                              std::max({1.0, std::abs(double{sa}), std::abs(double{sx})});
+      const double relative =
+          std::abs(double{sa} - sx) / std::max({1.0, std::abs(double{sa}), std::abs(double{sx})});
       if (relative > tolerance)
         return detail::concat("block ", a, " (score ", sa, ") taken instead of block ", x,
                               " (score ", sx, "): relative gap ", relative, " > ", tolerance);
@@ -124,7 +127,7 @@ std::string unexplained_exchange(const std::vector<int32_t>& want, const std::ve
 } // namespace
 
 TopkComparison compare_topk(const TensorView& expected, const TensorView& got,
-                            const TensorView& scores, const SelectionRules& rules,
+                            const TensorView& scores, const SelectionRules& rules, ExactTies ties,
                             double near_tie_relative) {
   TopkComparison c;
   for (int64_t h = 0; h < expected.shape[0]; ++h)
@@ -151,7 +154,8 @@ TopkComparison compare_topk(const TensorView& expected, const TensorView& got,
         const auto score = [&](int32_t b) {
           return scores.ptr<const float>()[scores.offset({h, t, b})];
         };
-        why = unexplained_exchange(want, have, score, position, rules, near_tie_relative, &gap);
+        why =
+            unexplained_exchange(want, have, score, position, rules, ties, near_tie_relative, &gap);
       }
       if (why.empty()) {
         ++c.near_tie_rows;
@@ -165,8 +169,8 @@ TopkComparison compare_topk(const TensorView& expected, const TensorView& got,
 }
 
 TopkComparison compare_topk(const TensorView& expected, const TensorView& got,
-                            const TensorView& scores, double near_tie_relative) {
-  return compare_topk(expected, got, scores, SelectionRules{}, near_tie_relative);
+                            const TensorView& scores, ExactTies ties, double near_tie_relative) {
+  return compare_topk(expected, got, scores, SelectionRules{}, ties, near_tie_relative);
 }
 
 AttentionComparison compare_attention(const TensorView& expected_out, const TensorView& got_out,

@@ -26,7 +26,10 @@ struct RowCase {
   int64_t position = kPosition; // -1: padding row
 };
 
-TopkComparison compare_one(const RowCase& c, bool with_scores = true) {
+// The hand-made scores stand for the compared backend's own (ExactTies::bind), unless a test says
+// they are another backend's.
+TopkComparison compare_one(const RowCase& c, bool with_scores = true,
+                           ExactTies ties = ExactTies::bind) {
   HostTensor want(DType::i32, {1, 1, kK}), have(DType::i32, {1, 1, kK}),
       scores(DType::f32, {1, 1, 12});
   for (int i = 0; i < kK; ++i) {
@@ -37,7 +40,8 @@ TopkComparison compare_one(const RowCase& c, bool with_scores = true) {
   SelectionRules rules;
   rules.positions = {c.position};
   rules.local_blocks = 1;
-  return compare_topk(want.view(), have.view(), with_scores ? scores.view() : TensorView{}, rules);
+  return compare_topk(want.view(), have.view(), with_scores ? scores.view() : TensorView{}, rules,
+                      ties);
 }
 
 // Blocks 2, 3, 4 are the best three (9, 8, 7); block 8 (6.99999) is a near-tie of block 4.
@@ -80,6 +84,30 @@ TEST(CompareTopk, TieBrokenToTheHigherIdIsRejected) {
   std::vector<float> s = kScores;
   s[5] = 7; // blocks 4 and 5 tie exactly: block 4 wins
   expect_rejected({s, kWant, {2, 3, 5, 9}}, "tie of blocks 4 and 5");
+}
+
+TEST(CompareTopk, ExactTieOfAnotherBackendsScoresIsANearTieOfGapZero) {
+  // Another backend's fp32 sums of blocks 4 and 5 rounded to the same float; the compared
+  // backend's may round them apart, so taking block 5 is a near-tie either way.
+  std::vector<float> s = kScores;
+  s[5] = 7;
+  const TopkComparison cmp = compare_one({s, kWant, {2, 3, 5, 9}}, true, ExactTies::are_near_ties);
+  EXPECT_EQ(cmp.near_tie_rows, 1) << describe(cmp);
+  EXPECT_EQ(cmp.largest_near_tie_gap, 0);
+  EXPECT_TRUE(cmp.ok());
+  // A wrong block is still wrong, and a tie of values no summation order changes still binds.
+  EXPECT_EQ(compare_one({s, kWant, {2, 3, 6, 9}}, true, ExactTies::are_near_ties).mismatched_rows,
+            1);
+  std::vector<float> nan(12, kNan);
+  nan[2] = 9, nan[3] = 8, nan[9] = 0;
+  EXPECT_EQ(compare_one({nan, {0, 2, 3, 9}, {1, 2, 3, 9}}, true, ExactTies::are_near_ties)
+                .mismatched_rows,
+            1);
+  std::vector<float> empty(12, -kInf);
+  empty[2] = 9, empty[3] = 8, empty[9] = 0;
+  EXPECT_EQ(compare_one({empty, {0, 2, 3, 9}, {1, 2, 3, 9}}, true, ExactTies::are_near_ties)
+                .mismatched_rows,
+            1);
 }
 
 TEST(CompareTopk, MinusZeroTiesPlusZero) {

@@ -9,8 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <ostream>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -263,7 +263,8 @@ void OpImplementation::check_indexer(const SyntheticBatch& sb) {
   EXPECT_EQ(run->device_errors(), 0);
   if (info.op == OpKind::score_blocks) return;
   m.fetch(got_topk);
-  const TopkComparison c = compare_topk(want_topk.view(), got_topk.view(), scores.view(), 0);
+  const TopkComparison c =
+      compare_topk(want_topk.view(), got_topk.view(), scores.view(), ExactTies::bind, 0);
   EXPECT_EQ(c.rows, int64_t{config.num_index_heads} * sb.num_tokens());
   EXPECT_TRUE(c.ok()) << describe(c);
 }
