@@ -5,9 +5,9 @@
 namespace m3sa::cuda {
 cudaError_t launch_decode_topk_sm90_bf16_k16(const DecodeTopkSm90Params& p, dim3 grid,
                                              cudaStream_t s) {
-  return launch_decode_topk_sm90<__nv_bfloat16, 16>(p, grid, s);
+  return launch_decode_topk_sm90<__nv_bfloat16, 16, kDecodeSm90NarrowWarps>(p, grid, s);
 }
 bool decode_topk_sm90_bf16_k16_has_sm90a_code() {
-  return decode_topk_sm90_has_sm90a_code<__nv_bfloat16, 16>();
+  return decode_topk_sm90_has_sm90a_code<__nv_bfloat16, 16, kDecodeSm90NarrowWarps>();
 }
 } // namespace m3sa::cuda

@@ -5,9 +5,9 @@
 namespace m3sa::cuda {
 cudaError_t launch_decode_topk_sm90_fp8_k32(const DecodeTopkSm90Params& p, dim3 grid,
                                             cudaStream_t s) {
-  return launch_decode_topk_sm90<__nv_fp8_e4m3, 32>(p, grid, s);
+  return launch_decode_topk_sm90<__nv_fp8_e4m3, 32, kDecodeSm90NarrowWarps>(p, grid, s);
 }
 bool decode_topk_sm90_fp8_k32_has_sm90a_code() {
-  return decode_topk_sm90_has_sm90a_code<__nv_fp8_e4m3, 32>();
+  return decode_topk_sm90_has_sm90a_code<__nv_fp8_e4m3, 32, kDecodeSm90NarrowWarps>();
 }
 } // namespace m3sa::cuda

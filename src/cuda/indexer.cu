@@ -125,7 +125,7 @@ Status launch_scoring(const OpPlan& plan, const TensorView& q, const TensorView&
   p.fill_tail = fill_tail ? 1 : 0;
   const int heads = plan.request.config.num_index_heads;
   ScoreBlocksSm90Params sm90{};
-  if (info.scorer == Scorer::sm90 && encode_index_k_map(cache, sm90.index_k_map)) {
+  if (info.scorer == Scorer::sm90 && encode_index_k_map(cache, 128, sm90.index_k_map)) {
     ScheduleParams s = schedule_params(plan, batch, l, sm90_tile_tokens(heads));
     s.schedule = l.schedule;
     s.units = l.units;
@@ -246,7 +246,11 @@ Status can_run_sm90(const PlanRequest& request, const detail::DeviceCaps& caps) 
       score_blocks_sm90_bf16_has_sm90a_code() && score_blocks_sm90_fp8_has_sm90a_code() &&
           decode_topk_sm90_bf16_k16_has_sm90a_code() &&
           decode_topk_sm90_bf16_k32_has_sm90a_code() && decode_topk_sm90_fp8_k16_has_sm90a_code() &&
-          decode_topk_sm90_fp8_k32_has_sm90a_code(),
+          decode_topk_sm90_fp8_k32_has_sm90a_code() &&
+          decode_topk_sm90_bf16_k16_w8_has_sm90a_code() &&
+          decode_topk_sm90_bf16_k32_w8_has_sm90a_code() &&
+          decode_topk_sm90_fp8_k16_w8_has_sm90a_code() &&
+          decode_topk_sm90_fp8_k32_w8_has_sm90a_code(),
       "the wgmma / TMA scorer and the TMA decode kernels");
 }
 
@@ -410,21 +414,29 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
   const bool short_lists = ranked_slots(plan.request.config) <= 16;
   const ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(plan);
   const int64_t rows = int64_t{p.decode_q_len} * plan.request.config.num_index_heads;
+  // One CTA per SM's worth of ranges (never more than the workspace's p.scoring.splits), of the
+  // warps decode_sm90_warps picks for that many ranges a request.
+  const int sm90_splits = static_cast<int>(std::clamp<int64_t>(
+      int64_t{info.sm_count} * kDecodeSm90CtasPerSm * M3SA_DECODE_SM90_SPLIT_MULTIPLIER /
+          (int64_t{plan.request.capacities.max_requests} * M3SA_DECODE_SM90_SPLIT_DIVISOR),
+      1, p.scoring.splits));
+  const int warps = decode_sm90_warps(sm90_splits);
   DecodeTopkSm90Params sm90{};
   if (info.scorer == Scorer::sm90 && rows <= kDecodeSm90MaxRows &&
-      encode_index_k_map(cache, sm90.index_k_map)) {
-    // One CTA per SM's worth of ranges (never more than the workspace's p.scoring.splits).
+      encode_index_k_map(cache, decode_sm90_box_tokens(warps), sm90.index_k_map)) {
     sm90.decode = p;
-    sm90.decode.scoring.splits = static_cast<int32_t>(std::clamp<int64_t>(
-        int64_t{info.sm_count} * kDecodeSm90CtasPerSm * M3SA_DECODE_SM90_SPLIT_MULTIPLIER /
-            (int64_t{plan.request.capacities.max_requests} * M3SA_DECODE_SM90_SPLIT_DIVISOR),
-        1, p.scoring.splits));
+    sm90.decode.scoring.splits = sm90_splits;
     const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
-                    static_cast<unsigned>(sm90.decode.scoring.splits));
-    const auto launch =
-        fp8 ? (short_lists ? launch_decode_topk_sm90_fp8_k16 : launch_decode_topk_sm90_fp8_k32)
-            : (short_lists ? launch_decode_topk_sm90_bf16_k16 : launch_decode_topk_sm90_bf16_k32);
-    M3SA_CUDA_RETURN_IF_ERROR(launch(sm90, grid, stream));
+                    static_cast<unsigned>(sm90_splits));
+    using Launch = cudaError_t (*)(const DecodeTopkSm90Params&, dim3, cudaStream_t);
+    constexpr Launch kLaunchers[2][2][2] = {
+        // [e4m3][k32][8 warps]
+        {{launch_decode_topk_sm90_bf16_k16, launch_decode_topk_sm90_bf16_k16_w8},
+         {launch_decode_topk_sm90_bf16_k32, launch_decode_topk_sm90_bf16_k32_w8}},
+        {{launch_decode_topk_sm90_fp8_k16, launch_decode_topk_sm90_fp8_k16_w8},
+         {launch_decode_topk_sm90_fp8_k32, launch_decode_topk_sm90_fp8_k32_w8}}};
+    M3SA_CUDA_RETURN_IF_ERROR(
+        kLaunchers[fp8][!short_lists][warps == kDecodeSm90WideWarps](sm90, grid, stream));
     return {};
   }
   const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),

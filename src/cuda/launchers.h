@@ -44,7 +44,7 @@ cudaError_t launch_decode_topk_fp8_k16(const DecodeTopkParams& params, dim3 grid
 cudaError_t launch_decode_topk_fp8_k32(const DecodeTopkParams& params, dim3 grid,
                                        cudaStream_t stream);
 // Decode scoring + selection on Hopper (TMA-streamed index cache; requests of <= 8 rows), with
-// their *_has_sm90a_code as the scorer's.
+// their *_has_sm90a_code as the scorer's; _w8: the CTA of 8 warps (decode_sm90_warps).
 cudaError_t launch_decode_topk_sm90_bf16_k16(const DecodeTopkSm90Params& params, dim3 grid,
                                              cudaStream_t stream);
 cudaError_t launch_decode_topk_sm90_bf16_k32(const DecodeTopkSm90Params& params, dim3 grid,
@@ -53,10 +53,22 @@ cudaError_t launch_decode_topk_sm90_fp8_k16(const DecodeTopkSm90Params& params, 
                                             cudaStream_t stream);
 cudaError_t launch_decode_topk_sm90_fp8_k32(const DecodeTopkSm90Params& params, dim3 grid,
                                             cudaStream_t stream);
+cudaError_t launch_decode_topk_sm90_bf16_k16_w8(const DecodeTopkSm90Params& params, dim3 grid,
+                                                cudaStream_t stream);
+cudaError_t launch_decode_topk_sm90_bf16_k32_w8(const DecodeTopkSm90Params& params, dim3 grid,
+                                                cudaStream_t stream);
+cudaError_t launch_decode_topk_sm90_fp8_k16_w8(const DecodeTopkSm90Params& params, dim3 grid,
+                                               cudaStream_t stream);
+cudaError_t launch_decode_topk_sm90_fp8_k32_w8(const DecodeTopkSm90Params& params, dim3 grid,
+                                               cudaStream_t stream);
 bool decode_topk_sm90_bf16_k16_has_sm90a_code();
 bool decode_topk_sm90_bf16_k32_has_sm90a_code();
 bool decode_topk_sm90_fp8_k16_has_sm90a_code();
 bool decode_topk_sm90_fp8_k32_has_sm90a_code();
+bool decode_topk_sm90_bf16_k16_w8_has_sm90a_code();
+bool decode_topk_sm90_bf16_k32_w8_has_sm90a_code();
+bool decode_topk_sm90_fp8_k16_w8_has_sm90a_code();
+bool decode_topk_sm90_fp8_k32_w8_has_sm90a_code();
 cudaError_t launch_merge_candidates(const MergeCandidatesParams& params, cudaStream_t stream);
 // overlap_prior: launched with programmatic dependent launch (SM90 plans, after the scorer).
 cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream,

@@ -59,12 +59,13 @@ bool encode_tiled(const TensorView& view, int rank, const cuuint64_t* dims,
 
 } // namespace
 
-bool encode_index_k_map(const TensorView& cache, uint64_t (&map)[16]) {
+bool encode_index_k_map(const TensorView& cache, int box_tokens, uint64_t (&map)[16]) {
   const auto element = static_cast<int64_t>(dtype_size(cache.dtype));
-  if (cache.rank != 3 || cache.strides[2] != 1) return false;
+  if (cache.rank != 3 || cache.strides[2] != 1 || box_tokens < 1 || box_tokens > 128) return false;
   const cuuint64_t dims[3] = {128, 128, static_cast<cuuint64_t>(cache.shape[0])};
   const int64_t strides[2] = {cache.strides[1] * element, cache.strides[0] * element};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / element), 128, 1};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / element),
+                             static_cast<cuuint32_t>(box_tokens), 1};
   return encode_tiled(cache, 3, dims, strides, box, map);
 }
 

@@ -11,9 +11,10 @@
 
 namespace m3sa::cuda {
 
-// Index-K cache [pages, 128, 128]: boxes of one page's 128 tokens x 128 bytes (an e4m3 page is
-// one box, a bf16 page two: dims 0-63 and 64-127), 128 B swizzle.
-bool encode_index_k_map(const TensorView& cache, uint64_t (&map)[16]);
+// Index-K cache [pages, 128, 128]: boxes of `box_tokens` (1..128) consecutive tokens of one page
+// x 128 bytes (coordinates: element, token, page; a bf16 page's 128 bytes are dims 0-63 or
+// 64-127), 128 B swizzle.
+bool encode_index_k_map(const TensorView& cache, int box_tokens, uint64_t (&map)[16]);
 
 // K or V cache [pages, 128, Hkv, 128] (any page, token and head strides, e.g. the K or V half
 // of a combined [pages, Hkv, 128, 2 x 128] cache): boxes of `rows` consecutive tokens of one

@@ -207,6 +207,14 @@ std::vector<DecodeCase> decode_cases() {
                   1, cfg(4, 16, 1, 0), f8, false),
       decode_case("B4OneRangeEachK32Local2", {split_len(256, -1), 0, 131072, split_len(124, 0)}, 1,
                   cfg(1, 32, 2, 0), bf, true, false, 1),
+      // Either side of the plan's choice of the Hopper kernel's CTA (decode_sm90_warps): the most
+      // splits of the 8-warp CTA, then one more (4 warps). Ranges of 4 blocks (warps without
+      // blocks), and of 5 and 21 (8 warps) or 9 (4 warps): an odd count of lists x keys, so that
+      // the publish adds its empty list.
+      decode_case("B3WidestEightWarpPlanFp8", {split_len(5, -1), split_len(20, 1), split_len(3, 0)},
+                  1, cfg(1, 16, 1, 0), f8, true, false, cuda::kDecodeSm90WideMaxSplits),
+      decode_case("B3NarrowestFourWarpPlanK32", {split_len(3, 0), split_len(9, -1), 0}, 1,
+                  cfg(1, 32, 1, 1), bf, true, false, cuda::kDecodeSm90WideMaxSplits + 1),
   };
 }
 
@@ -244,10 +252,14 @@ std::string regime(const SyntheticBatch& sb, int heads, int64_t splits) {
     if (s > 0) most = std::max(most, ((s - 1) / kBlockTokens + splits) / splits);
   }
   const int rows = sb.spec().decode_q_len * heads;
-  return std::to_string(rows) +
-         " rows a request (sm90: " + (rows <= cuda::kDecodeSm90MaxRows ? "ring" : "portable") +
-         " kernel), " + std::to_string(splits) + " splits a request, up to " +
-         std::to_string(most) + " blocks a split";
+  const std::string kernel =
+      rows <= cuda::kDecodeSm90MaxRows
+          ? "ring kernel of " + std::to_string(cuda::decode_sm90_warps(static_cast<int>(splits))) +
+                " warps"
+          : "portable kernel";
+  return std::to_string(rows) + " rows a request (sm90: " + kernel + "), " +
+         std::to_string(splits) + " splits a request, up to " + std::to_string(most) +
+         " blocks a split";
 }
 
 class GpuDecodeIndexer : public ::testing::TestWithParam<DecodeCase> {};

@@ -1,10 +1,12 @@
-// How a decode tile's blocks split over its CTAs and what the publish packs from that
-// (blocks_per_split and splits_with_blocks, cuda/kernels/indexer_traits.h): the kernels
-// take range y = [y * per_split, min(n, (y + 1) * per_split)) and give each warp a quarter of it;
-// the last CTA reads the lists of splits_with_blocks(n, per_split) ranges, each
-// min(fill, ceil(per_split / lists)) keys long (publish_and_merge, cuda/kernels/decode_topk.cuh).
-// A range the publish does not count, or a warp with more candidates than the packed length,
-// would drop keys without a trace, so both are checked for the tile sizes the decode grids meet.
+// How a decode tile's blocks split over its CTAs and warps and what the publish packs from that
+// (blocks_per_split, splits_with_blocks, blocks_per_list and lists_with_blocks,
+// cuda/kernels/indexer_traits.h): the kernels take range y = [y * per_split, min(n, (y + 1) *
+// per_split)) and give warp w of the Hopper kernel blocks_per_list(per_split, warps) blocks from
+// the range's start; the last CTA reads the lists of splits_with_blocks(n, per_split) ranges,
+// lists_with_blocks(per_split, warps) lists each, min(fill, blocks_per_list(...)) keys long
+// (publish_and_merge, cuda/kernels/decode_topk.cuh). A range or a list the publish does not
+// count, or a warp with more candidates than the packed length, would drop keys without a trace,
+// so all three are checked for the tile sizes the decode grids meet.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,10 +17,12 @@
 namespace m3sa::testing {
 namespace {
 
+using cuda::blocks_per_list;
 using cuda::blocks_per_split;
+using cuda::lists_with_blocks;
 using cuda::splits_with_blocks;
 
-constexpr int kWarpLists = 4; // the Hopper kernel's lists a range: one a warp
+constexpr int kMinPerRange = cuda::kDecodeSm90MinBlocksPerRange;
 
 struct Range {
   int begin, end;
@@ -29,7 +33,7 @@ Range range_of(int y, int n, int per_split) {
 }
 
 TEST(DecodeRanges, EveryBlockInExactlyOneRangeAndTheCountedRangesHoldThemAll) {
-  for (int min_per_split : {1, kWarpLists})
+  for (int min_per_split : {1, kMinPerRange})
     for (int splits : {1, 2, 3, 4, 16, 33, 66, 132, 264})
       for (int n = 0; n <= 2100; n += (n < 300 ? 1 : 37)) {
         SCOPED_TRACE(::testing::Message()
@@ -56,34 +60,53 @@ TEST(DecodeRanges, EveryBlockInExactlyOneRangeAndTheCountedRangesHoldThemAll) {
       }
 }
 
-TEST(DecodeRanges, AWarpNeverHoldsMoreCandidatesThanItsPublishedList) {
-  for (int fill : {1, 8, 13, 16, 31, 32})
-    for (int splits : {1, 4, 33, 132})
-      for (int n = 1; n <= 2100; n += (n < 300 ? 1 : 41)) {
-        const int per_split = blocks_per_split(n, splits, kWarpLists);
-        const int len = std::min(fill, (per_split + kWarpLists - 1) / kWarpLists);
-        for (int y = 0; y < splits; ++y) {
-          const Range r = range_of(y, n, per_split);
-          const int count = std::max(0, r.end - r.begin);
-          const int per_warp = (count + kWarpLists - 1) / kWarpLists;
-          for (int w = 0; w < kWarpLists; ++w) {
-            const int blocks = std::max(0, std::min(count - w * per_warp, per_warp));
-            // A list of `blocks` blocks holds at most min(fill, blocks) keys.
-            ASSERT_LE(std::min(fill, blocks), len) << "n " << n << " splits " << splits << " fill "
-                                                   << fill << " range " << y << " warp " << w;
+TEST(DecodeRanges, EveryBlockOfARangeIsInOnePublishedListThatHoldsItsCandidates) {
+  // Both shapes of the kernel's CTA (decode_sm90_warps).
+  for (int warps : {cuda::kDecodeSm90NarrowWarps, cuda::kDecodeSm90WideWarps})
+    for (int fill : {1, 8, 13, 16, 31, 32})
+      for (int splits : {1, 4, 33, 132})
+        for (int n = 1; n <= 2100; n += (n < 300 ? 1 : 41)) {
+          const int per_split = blocks_per_split(n, splits, kMinPerRange);
+          const int per_warp = blocks_per_list(per_split, warps);
+          const int lists = lists_with_blocks(per_split, warps);
+          const int len = std::min(fill, per_warp);
+          ASSERT_LE(lists, warps);
+          for (int y = 0; y < splits; ++y) {
+            const Range r = range_of(y, n, per_split);
+            const int count = std::max(0, r.end - r.begin);
+            int covered = 0;
+            for (int w = 0; w < warps; ++w) {
+              const int blocks = std::max(0, std::min(count - w * per_warp, per_warp));
+              covered += blocks;
+              if (w >= lists) {
+                ASSERT_EQ(blocks, 0)
+                    << "a warp past the published lists: warps " << warps << " n " << n
+                    << " splits " << splits << " range " << y << " warp " << w;
+              }
+              // A list of `blocks` blocks holds at most min(fill, blocks) keys.
+              ASSERT_LE(std::min(fill, blocks), len)
+                  << "warps " << warps << " n " << n << " splits " << splits << " fill " << fill
+                  << " range " << y << " warp " << w;
+            }
+            ASSERT_EQ(covered, count) << "warps " << warps << " n " << n << " range " << y;
           }
         }
-      }
 }
 
-TEST(DecodeRanges, ShortContextsGiveEveryWarpABlock) {
-  // Batch 1 at S = 8K on 132 SMs: 16 ranges of 4 blocks, not 64 of one (bench/NOTES.md s16 r2).
-  EXPECT_EQ(blocks_per_split(64, 132, kWarpLists), 4);
+TEST(DecodeRanges, ShortContextsKeepRangesOfFourBlocks) {
+  // Batch 1 at S = 8K on 132 SMs: 16 ranges of 4 blocks, not 64 of one (bench/NOTES.md s16 r2)
+  // nor 8 of 8 (s28 r1); with 8 warps, 4 lists of one block each.
+  EXPECT_EQ(blocks_per_split(64, 132, kMinPerRange), 4);
   EXPECT_EQ(splits_with_blocks(64, 4), 16);
+  EXPECT_EQ(lists_with_blocks(4, 8), 4);
+  EXPECT_EQ(lists_with_blocks(4, 4), 4);
   // Long contexts split evenly as before.
-  EXPECT_EQ(blocks_per_split(1024, 132, kWarpLists), 8);
-  EXPECT_EQ(blocks_per_split(8192, 132, kWarpLists), 63);
-  EXPECT_EQ(blocks_per_split(0, 132, kWarpLists), 0);
+  EXPECT_EQ(blocks_per_split(1024, 132, kMinPerRange), 8);
+  EXPECT_EQ(lists_with_blocks(8, 8), 8);
+  EXPECT_EQ(lists_with_blocks(9, 8), 5); // 2 blocks a list
+  EXPECT_EQ(blocks_per_split(8192, 132, kMinPerRange), 63);
+  EXPECT_EQ(blocks_per_split(0, 132, kMinPerRange), 0);
+  EXPECT_EQ(lists_with_blocks(0, 8), 0);
 }
 
 } // namespace

@@ -139,19 +139,17 @@ struct MergeMemory {
   uint64_t* scratch;
 };
 
-// Row `row`'s selection from `count` descending lists (list l at lists + (l / per_split) *
-// split_stride + (l % per_split) * list_stride, `len` keys each), by one warp: the survivors of
-// the lists' floor ranked among themselves, all keys through the register lists when too many
-// survive (keys built against the floor).
-template <int MaxK, bool kShared, int kPerSplit>
-__device__ __forceinline__ void merge_row(const DecodeTile& t, int row,
-                                          const ListSet<kPerSplit>& set, uint64_t* scratch,
-                                          int lane) {
+// Row `row`'s selection from `count` descending lists (list l at base + l * split_stride, `len`
+// keys each), by one warp: the survivors of the lists' floor ranked among themselves, all keys
+// through the register lists when too many survive (keys built against the floor).
+// kWarpLists: the Hopper kernel's lists (one a warp of each range), every key at once, sorted in
+// registers where they are at most 64 (fill <= 32); the portable kernel keeps the path below (its
+// 168 registers would spill).
+template <int MaxK, bool kShared, bool kWarpLists>
+__device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const ListSet<1>& set,
+                                          uint64_t* scratch, int lane) {
   const int fill = t.fill;
-  // The Hopper kernel's lists (four a range): every key at once, sorted in registers where they
-  // are at most 64 (fill <= 32). The portable kernel keeps the path below (its 168 registers
-  // would spill).
-  if constexpr (kPerSplit > 1) {
+  if constexpr (kWarpLists) {
     const int total = set.count * set.len;
     if (total <= 64) {
       const uint64_t low =
@@ -196,33 +194,45 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
   const bool worker = warp < kDecodeMergeWarps;
   uint64_t* scratch = memory.scratch + warp * kMergeScratchKeys;
   const auto short_row = [&](int row) { return t.selection_row(row).n <= p.top_k; };
+  // The Hopper kernel publishes only the warp lists that may hold a block (its warps take
+  // blocks_per_list blocks each), each as long as its most candidates (a list of n blocks has at
+  // most n), plus one empty list where the count x rows x len would be odd: a range's packed keys
+  // then fill whole 16-byte chunks, the ranges' lists follow each other without a gap, and list l
+  // of every range is at l x rows x len (no division in the merge). The portable kernel's one list
+  // a range sits in a [64][fill] slot of its own.
+  constexpr bool kWarpLists = kLists > 1;
+  static_assert(kLists % 2 == 0 || !kWarpLists, "an odd list count has an empty warp after it");
+  const int per_split = blocks_per_split(n_local, s.splits, min_per_split);
+  int lists = 1, len = min(fill, per_split);
+  if constexpr (kWarpLists) {
+    lists = lists_with_blocks(per_split, kLists);
+    len = min(fill, blocks_per_list(per_split, kLists));
+    lists += lists * rows * len % 2; // odd lists < kLists: warp `lists` holds no block (zeros)
+  }
   if (s.splits ==
       1) { // the CTA holds the whole tile (batches of >= 1 request per SM): no workspace
     if (!worker) return;
     for (int row = warp; row < rows; row += kDecodeMergeWarps) {
       if (short_row(row)) {
         t.emit(row, false, 0, lane);
-      } else if constexpr (kLists == 1) { // sorted already: lane i takes the i-th
+      } else if constexpr (!kWarpLists) { // sorted already: lane i takes the i-th
         t.emit(row, true, lane < fill ? cta.lists[row * fill + lane] : 0, lane);
       } else {
-        const ListSet<kLists> set{cta.lists + row * fill, 0, int64_t{cta.row_capacity} * fill,
-                                  kLists, fill};
-        merge_row<MaxK, true>(t, row, set, scratch, lane);
+        const ListSet<1> set{cta.lists + row * fill, int64_t{cta.row_capacity} * fill, 0, lists,
+                             len};
+        merge_row<MaxK, true, true>(t, row, set, scratch, lane);
       }
     }
     return;
   }
-  // Publish the best `len` of each row's lists, packed ([tile][split][list][rows][len] within a
-  // [64][fill] slot of the workspace, a 0 key after an odd count so that 16-byte chunks read only
-  // written keys): a list of n blocks has at most n candidates, so short ranges publish short
-  // lists.
-  static_assert(kLists * kDecodeSm90MaxRows <= kTileRows || kLists == 1);
-  const int per_split = blocks_per_split(n_local, s.splits, min_per_split);
-  const int len = min(fill, (per_split + kLists - 1) / kLists);
+  // Publish the best `len` of each row's lists, packed ([tile][split][list][rows][len]; the
+  // portable kernel's in a [64][fill] slot a split, a 0 key after an odd count so that 16-byte
+  // chunks read only written keys).
+  static_assert(kLists * kDecodeSm90MaxRows <= kTileRows || !kWarpLists);
   const int active_splits = splits_with_blocks(n_local, per_split);
-  const int64_t split_stride = int64_t{kTileRows} * fill;
-  const int packed = kLists * rows * len, chunks = (packed + 1) / 2; // keys, 16-byte chunks
-  uint64_t* tile_lists = p.partial_lists + int64_t{blockIdx.x} * s.splits * split_stride;
+  const int packed = lists * rows * len, chunks = (packed + 1) / 2; // keys, 16-byte chunks
+  const int64_t split_stride = kWarpLists ? packed : int64_t{kTileRows} * fill;
+  uint64_t* tile_lists = p.partial_lists + int64_t{blockIdx.x} * s.splits * kTileRows * fill;
   uint64_t* mine = tile_lists + blockIdx.y * split_stride;
   if (worker)
     for (int i = threadIdx.x; i < 2 * chunks; i += kScoreThreads) {
@@ -257,19 +267,21 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
     asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory");
   }
   M3SA_DECODE_FINISH_STAMP(1);
-  // A warp per row, over its kLists lists of every range.
+  // A warp per row, over its lists of every range.
   for (int row = warp; row < rows; row += kWarps) {
     if (short_row(row)) {
       t.emit(row, false, 0, lane);
       continue;
     }
-    const ListSet<kLists> set{(staged ? memory.stage : tile_lists) + row * len,
-                              staged ? 2 * chunks : split_stride, int64_t{rows} * len,
-                              active_splits * kLists, len};
+    const ListSet<1> set{(staged ? memory.stage : tile_lists) + row * len,
+                         kWarpLists ? int64_t{rows} * len
+                         : staged   ? 2 * chunks
+                                    : split_stride,
+                         0, active_splits * lists, len};
     if (staged)
-      merge_row<MaxK, true>(t, row, set, scratch, lane);
+      merge_row<MaxK, true, kWarpLists>(t, row, set, scratch, lane);
     else
-      merge_row<MaxK, false>(t, row, set, scratch, lane);
+      merge_row<MaxK, false, kWarpLists>(t, row, set, scratch, lane);
   }
 }
 

@@ -11,38 +11,47 @@
 // Why: decode scoring reads every request's whole index cache each step, so it is an HBM stream,
 // and the portable kernel keeps one 16-32 KB page in flight per CTA through registers with three
 // CTA barriers a page: e4m3 pages (16 KB) reached 57 % of the copy rate (bench/NOTES.md). Here
-// pages arrive by TMA (the cache's 128 B-swizzled tensor map, as the SM90 prefill scorer's: a box
-// is 128 tokens x 128 B, so an e4m3 page is one box and a bf16 page two), 12 boxes (192 KB) per SM
-// are in flight or being read, and no CTA barrier runs while they stream.
+// pages arrive by TMA (the cache's 128 B-swizzled tensor map, as the SM90 prefill scorer's),
+// 192 KB of boxes per SM are in flight or being read, and no CTA barrier runs while they stream.
 //
-// Mapping: grid (tiles, splits) as the portable kernel, one CTA of 4 warps per SM, a range of at
-// least one block a warp (short contexts leave the last CTAs without blocks: at batch 1 S=8K, 16
-// ranges of 4 blocks measured 8.95 us against 9.86 with 64 ranges of one, s16 r2, since the last
-// CTA's merge then reads 64 full lists instead of 256 mostly empty ones). Each warp is
-// independent until the end: it takes a contiguous quarter of the CTA's block range and streams
-// it through its own ring of kSlots boxes (one mbarrier each). Lane 0 issues a box and, once the
-// warp has read it, the box kSlots further on into the same slot, so a slot's phases advance only
-// as its own warp consumes them (no empty barriers, no producer warp). The MMA is "swapped"
-// (mma.sync with keys as M and query rows as N): rows <= 8 fill one n8 tile instead of 1/16 .. 1/2
-// of an m16 one, so a page costs the warp 64 bf16 m16n8k16 (32 e4m3 m16n8k32), with A fragments
-// by ldmatrix from the swizzled box (conflict-free) and the queries' B fragments held in registers.
-// A query row's block max is a max over the 8 m-tiles' accumulators, then over the 8 lanes of its
-// column; the causal mask runs only on a block that reaches past the tile's first position. Lane i
-// keeps row i's candidate list ([warp][8 rows][fill] in shared memory, a key taken by one read of
-// the list: insert_descending, candidate_lists.h); at the end the shared tail
-// publishes the four warps' lists as they are (with one split, ranks them in place).
+// Mapping: grid (tiles, splits) as the portable kernel, one CTA per SM of Warps warps, each with
+// a ring of three boxes: 4 warps of whole-page boxes (128 tokens x 128 B: an e4m3 page is one box,
+// a bf16 page two) or 8 warps of half-page boxes (64 tokens: e4m3 two a page, bf16 four), where
+// two warps a scheduler hide each other's maxima and insertions (decode_sm90_warps,
+// indexer_traits.h, says which the plan takes). Ranges of at least kDecodeSm90MinBlocksPerRange
+// blocks (short contexts leave the last CTAs without blocks: at batch 1 S=8K, 16 ranges of 4
+// blocks measured 8.95 us against 9.86 with 64 ranges of one, s16 r2, since the last CTA's merge
+// then reads 64 full lists instead of 256 mostly empty ones). Each warp is independent until the
+// end: it takes blocks_per_list consecutive blocks of the CTA's range and streams them through its
+// own ring (one mbarrier a box). Lane 0 issues a box and, once the warp has read it, the box
+// kSlots further on into the same slot, so a slot's phases advance only as its own warp consumes
+// them (no empty barriers, no producer warp). The MMA is "swapped" (mma.sync with keys as M and
+// query rows as N): rows <= 8 fill one n8 tile instead of 1/16 .. 1/2 of an m16 one, so a page
+// costs the warp 64 bf16 m16n8k16 (32 e4m3 m16n8k32), with A fragments by ldmatrix from the
+// swizzled box (conflict-free) and the queries' B fragments held in registers. A query row's
+// block max is a max over the 8 m-tiles' accumulators (of the page's boxes), then over the 8 lanes
+// of its column; the causal mask runs only on a block that reaches past the tile's first position.
+// Lane i keeps row i's candidate list ([warp][8 rows][fill] in shared memory, a key taken by one
+// read of the list: insert_descending, candidate_lists.h); at the end the shared tail publishes
+// the lists of the warps that may hold blocks as they are (with one split, ranks them in place).
 #include "cuda/kernels/decode_topk.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 
 namespace m3sa::cuda {
 
-template <typename StoredT> struct DecodeSm90Traits {
+template <typename StoredT, int Warps> struct DecodeSm90Traits {
   static constexpr bool kFp8 = std::is_same_v<StoredT, __nv_fp8_e4m3>;
-  static constexpr int kBoxBytes = 128 * 128;        // one TMA box: 128 tokens x 128 B
-  static constexpr int kBoxesPerPage = kFp8 ? 1 : 2; // bf16: dims 0-63, then 64-127
-  static constexpr int kStepsPerBox = 4;             // m16n8k16 bf16 / m16n8k32 e4m3 k-steps
-  static constexpr int kSlots = 3;                   // boxes per warp
-  static constexpr int kWarps = kScoreThreads / 32;
+  // One TMA box: kBoxTokens consecutive tokens of a page x 128 B of their dims. A page's boxes go
+  // token part by token part, each part's dims in order (bf16: dims 0-63, then 64-127).
+  static constexpr int kBoxTokens = decode_sm90_box_tokens(Warps);
+  static constexpr int kBoxBytes = kBoxTokens * 128;
+  static constexpr int kDimParts = kFp8 ? 1 : 2; // 128-byte parts of a key's dims
+  static constexpr int kBoxesPerPage = 128 / kBoxTokens * kDimParts;
+  static constexpr int kBoxKeyTiles = kBoxTokens / 16; // m16 key tiles a box
+  static constexpr int kStepsPerBox = 4;               // m16n8k16 bf16 / m16n8k32 e4m3 k-steps
+  static constexpr int kWarps = Warps;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kSlots = kDecodeSm90RingBytes / (kWarps * kBoxBytes); // boxes per warp
   static constexpr int kRingBytes = kWarps * kSlots * kBoxBytes;
   static constexpr int kListBytes = kWarps * kDecodeSm90MaxRows * 32 * 8;
   // After the stream the ring holds the last CTA's staged lists, then the merge scratch.
@@ -51,10 +60,18 @@ template <typename StoredT> struct DecodeSm90Traits {
   // before them), the barriers and the last-CTA flag.
   static constexpr int kSmemBytes = 1024 + kRingBytes + kListBytes + kWarps * kSlots * 8 + 16;
 };
-static_assert(DecodeSm90Traits<__nv_bfloat16>::kSmemBytes <= 227 * 1024);
-static_assert(DecodeSm90Traits<__nv_fp8_e4m3>::kSmemBytes <= 227 * 1024);
-// The staged queries ([8][256 B]) fit the list area.
-static_assert(kDecodeSm90MaxRows * 256 <= DecodeSm90Traits<__nv_bfloat16>::kListBytes);
+// Both shapes (kDecodeSm90NarrowWarps, kDecodeSm90WideWarps): whole key tiles a box, whole boxes a
+// page, boxes at swizzle-atom (1024 B) boundaries, three boxes a warp, the shared memory of one
+// CTA an SM, and the staged queries ([8][256 B]) within the list area.
+template <int Warps> constexpr bool decode_sm90_shape_fits() {
+  using Bf16 = DecodeSm90Traits<__nv_bfloat16, Warps>;
+  using Fp8 = DecodeSm90Traits<__nv_fp8_e4m3, Warps>;
+  return Bf16::kBoxTokens % 16 == 0 && 128 % Bf16::kBoxTokens == 0 && Bf16::kSlots == 3 &&
+         Fp8::kSlots == 3 && Bf16::kSmemBytes <= 227 * 1024 && Fp8::kSmemBytes <= 227 * 1024 &&
+         kDecodeSm90MaxRows * 256 <= Bf16::kListBytes;
+}
+static_assert(decode_sm90_shape_fits<kDecodeSm90NarrowWarps>() &&
+              decode_sm90_shape_fits<kDecodeSm90WideWarps>());
 
 // Diagnostic builds only (never in the library): 1 = no page is read (the fixed cost: launch,
 // tile set-up, publish and merge), 2 = nothing after the stream (no publish, no merge), 3 = pages
@@ -66,11 +83,11 @@ static_assert(kDecodeSm90MaxRows * 256 <= DecodeSm90Traits<__nv_bfloat16>::kList
 #define M3SA_DECODE_SM90_VARIANT 0
 #endif
 
-template <typename StoredT, int MaxK>
-__global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
+template <typename StoredT, int MaxK, int Warps>
+__global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kDecodeSm90CtasPerSm)
     decode_topk_sm90_kernel(const __grid_constant__ DecodeTopkSm90Params params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Traits = DecodeSm90Traits<StoredT>;
+  using Traits = DecodeSm90Traits<StoredT, Warps>;
   constexpr int kSlots = Traits::kSlots, kBoxesPerPage = Traits::kBoxesPerPage;
   const DecodeTopkParams& p = params.decode;
   const ScoreBlocksParams& s = p.scoring;
@@ -103,10 +120,11 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
   M3SA_DECODE_STAMP(1);
   const int rows = t.geo.rows, fill = t.fill, heads = s.heads;
   const int n_local = shard_local_count(s, t.geo.n_max); // this rank's blocks (all, unsharded)
-  // This warp's blocks: a contiguous quarter of the CTA's range.
-  const BlockRange range = split_block_range(n_local, s.splits, Traits::kWarps);
+  // This warp's blocks: blocks_per_list consecutive blocks of the CTA's range.
+  const BlockRange range = split_block_range(n_local, s.splits, kDecodeSm90MinBlocksPerRange);
   const int count = max(0, range.end - range.begin);
-  const int per_warp = (count + Traits::kWarps - 1) / Traits::kWarps;
+  const int per_warp = blocks_per_list(
+      blocks_per_split(n_local, s.splits, kDecodeSm90MinBlocksPerRange), Traits::kWarps);
   const int first = range.begin + warp * per_warp;
   const int blocks =
       M3SA_DECODE_SM90_VARIANT == 1 ? 0 : max(0, min(count - warp * per_warp, per_warp));
@@ -126,14 +144,16 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
       return;
     }
     sm90::mbarrier_arrive_expect_tx(&my_full[slot], Traits::kBoxBytes);
+    const int part = u % kBoxesPerPage; // token part, then dim part
     sm90::tma_load_3d(my_ring + slot * Traits::kBoxBytes, params.index_k_map, &my_full[slot],
-                      (u % kBoxesPerPage) * 64, 0, page);
+                      part % Traits::kDimParts * 64, part / Traits::kDimParts * Traits::kBoxTokens,
+                      page);
   };
   // The queries' loads go out first, so that their latency overlaps lane 0's page-id load and
   // TMA issue (warp 0's other lanes wait for lane 0): rows staged as plain 256 B rows (zeros past
   // `rows`), one 16-byte chunk a thread.
   constexpr int kQueryChunks = Traits::kFp8 ? 8 : 16;
-  static_assert(kDecodeSm90MaxRows * kQueryChunks <= kScoreThreads);
+  static_assert(kDecodeSm90MaxRows * kQueryChunks <= Traits::kThreads);
   const int q_row = threadIdx.x / kQueryChunks, q_chunk = threadIdx.x % kQueryChunks;
   uint4 q_raw = make_uint4(0, 0, 0, 0);
   if (q_row < rows)
@@ -146,17 +166,17 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
   if (q_row < kDecodeSm90MaxRows) reinterpret_cast<uint4*>(lists)[q_row * 16 + q_chunk] = q_raw;
   __syncthreads();
   // Each lane's B fragments: query row g = lane / 4, words 8 ks + c and 8 ks + c + 4 of the 16 B
-  // chunks of each box's dims (c = lane % 4).
+  // chunks of each 128-byte part of its dims (c = lane % 4).
   const int g = lane >> 2, c = lane & 3;
-  uint32_t b[kBoxesPerPage][Traits::kStepsPerBox][2];
+  uint32_t b[Traits::kDimParts][Traits::kStepsPerBox][2];
   {
     const uint32_t* q_s = reinterpret_cast<const uint32_t*>(lists) + g * 64;
 #pragma unroll
-    for (int box = 0; box < kBoxesPerPage; ++box)
+    for (int part = 0; part < Traits::kDimParts; ++part)
 #pragma unroll
       for (int ks = 0; ks < Traits::kStepsPerBox; ++ks) {
-        b[box][ks][0] = q_s[box * 32 + ks * 8 + c];
-        b[box][ks][1] = q_s[box * 32 + ks * 8 + c + 4];
+        b[part][ks][0] = q_s[part * 32 + ks * 8 + c];
+        b[part][ks][1] = q_s[part * 32 + ks * 8 + c + 4];
       }
   }
   __syncthreads(); // every warp holds its fragments: the lists may overwrite the queries
@@ -184,25 +204,28 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
       if (u == 0) M3SA_DECODE_STAMP(2);
       if (valid && M3SA_DECODE_SM90_VARIANT != 3) {
         const uint32_t box_address = ring_address + slot * Traits::kBoxBytes;
-        // A k-step's eight ldmatrix are issued while the previous step's MMAs run: the asm
-        // statements keep their order, and one warp per scheduler has nothing else to hide an
-        // ldmatrix -> MMA wait behind.
-        uint32_t a[2][8][4];
+        // The page's key tiles and the query's dim part this box holds.
+        constexpr int kTiles = Traits::kBoxKeyTiles;
+        const int tile0 = box / Traits::kDimParts * kTiles, part = box % Traits::kDimParts;
+        // A k-step's ldmatrix are issued while the previous step's MMAs run: the asm statements
+        // keep their order, and a warp has few others on its scheduler to hide an ldmatrix ->
+        // MMA wait behind.
+        uint32_t a[2][kTiles][4];
 #pragma unroll
-        for (int mt = 0; mt < 8; ++mt)
+        for (int mt = 0; mt < kTiles; ++mt)
           sm90::load_a_fragment(a[0][mt], box_address, mt * 16, 0, lane);
 #pragma unroll
         for (int ks = 0; ks < Traits::kStepsPerBox; ++ks) {
           if (ks + 1 < Traits::kStepsPerBox)
 #pragma unroll
-            for (int mt = 0; mt < 8; ++mt)
+            for (int mt = 0; mt < kTiles; ++mt)
               sm90::load_a_fragment(a[(ks + 1) & 1][mt], box_address, mt * 16, 2 * (ks + 1), lane);
 #pragma unroll
-          for (int mt = 0; mt < 8; ++mt) {
+          for (int mt = 0; mt < kTiles; ++mt) {
             if constexpr (Traits::kFp8)
-              mma_e4m3_16832(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
+              mma_e4m3_16832(acc[tile0 + mt], a[ks & 1][mt], b[part][ks][0], b[part][ks][1]);
             else
-              mma_bf16_16816(acc[mt], a[ks & 1][mt], b[box][ks][0], b[box][ks][1]);
+              mma_bf16_16816(acc[tile0 + mt], a[ks & 1][mt], b[part][ks][0], b[part][ks][1]);
           }
         }
       }
@@ -250,26 +273,28 @@ __global__ void __launch_bounds__(kScoreThreads, kDecodeSm90CtasPerSm)
   if (M3SA_DECODE_SM90_VARIANT == 2) return;
   __syncthreads();
   M3SA_DECODE_STAMP(4);
-  // The four warps' lists go out as they are and the merge ranks kWarps lists a range: merging
-  // them here first took 1.4-2.5 us after the stream (bench/NOTES.md s8 r2).
+  // The warps' lists go out as they are and the merge ranks them all: merging them here first
+  // took 1.4-2.5 us after the stream (bench/NOTES.md s8 r2).
   uint64_t* ring_keys = reinterpret_cast<uint64_t*>(ring);
   publish_and_merge<MaxK>(
       t, CtaLists<Traits::kWarps>{lists, kDecodeSm90MaxRows}, n_local, is_last,
-      MergeMemory{ring_keys, Traits::kStageKeys, ring_keys + Traits::kStageKeys}, Traits::kWarps);
+      MergeMemory{ring_keys, Traits::kStageKeys, ring_keys + Traits::kStageKeys},
+      kDecodeSm90MinBlocksPerRange);
   M3SA_DECODE_STAMP(5);
   M3SA_DECODE_STAMPS_END(s.splits, s.splits == 1 || *is_last);
 #endif
 }
 
-template <typename StoredT, int MaxK>
+template <typename StoredT, int MaxK, int Warps>
 cudaError_t launch_decode_topk_sm90(const DecodeTopkSm90Params& p, dim3 grid, cudaStream_t s) {
-  return launch_with_shared_memory(decode_topk_sm90_kernel<StoredT, MaxK>, grid, kScoreThreads,
-                                   DecodeSm90Traits<StoredT>::kSmemBytes, s, p,
+  using Traits = DecodeSm90Traits<StoredT, Warps>;
+  return launch_with_shared_memory(decode_topk_sm90_kernel<StoredT, MaxK, Warps>, grid,
+                                   Traits::kThreads, Traits::kSmemBytes, s, p,
                                    LaunchOptions{1, true});
 }
 
-template <typename StoredT, int MaxK> bool decode_topk_sm90_has_sm90a_code() {
-  return has_sm90a_code(decode_topk_sm90_kernel<StoredT, MaxK>);
+template <typename StoredT, int MaxK, int Warps> bool decode_topk_sm90_has_sm90a_code() {
+  return has_sm90a_code(decode_topk_sm90_kernel<StoredT, MaxK, Warps>);
 }
 
 } // namespace m3sa::cuda

@@ -25,12 +25,37 @@ inline int tile_tokens(int heads) { return std::max(1, kTileRows / heads); }
 // one n8 MMA tile), one CTA per SM (its ring takes most of the shared memory).
 inline constexpr int kDecodeSm90MaxRows = 8;
 inline constexpr int kDecodeSm90CtasPerSm = 1;
+inline constexpr int kDecodeSm90RingBytes = 192 * 1024; // boxes in flight or being read, an SM
+// Two shapes of its CTA, 3 boxes a warp either way: 4 warps streaming whole-page boxes (128
+// tokens x 128 B) or 8 warps streaming half-page boxes (64 tokens). With 8, each scheduler holds
+// two warps, so one warp's maxima, list insertions and ldmatrix / MMA issue hide behind the
+// other's: e4m3 B=32 S=32K 44.9 -> 41.9 us, B=128 S=8K 42.0 -> 40.1, bf16 B=32 S=32K 72.3 ->
+// 70.7 (bench/NOTES.md s28 r3). At batch 1 it lost (bf16 S=8K 7.9 -> 8.4 us, e4m3 7.3 -> 7.7:
+// a bf16 page is four half boxes there, one more than a warp's ring, and half the warps of a
+// 4-block range idle), so the plan takes 8 warps only for batches of few splits a request.
+inline constexpr int kDecodeSm90NarrowWarps = 4;
+inline constexpr int kDecodeSm90WideWarps = 8;
+constexpr int decode_sm90_box_tokens(int warps) { return warps == kDecodeSm90WideWarps ? 64 : 128; }
+#ifndef M3SA_DECODE_SM90_WIDE_MAX_SPLITS // diagnostic builds only: 0 = never 8 warps
+#define M3SA_DECODE_SM90_WIDE_MAX_SPLITS 8
+#endif
+inline constexpr int kDecodeSm90WideMaxSplits = M3SA_DECODE_SM90_WIDE_MAX_SPLITS;
+// The warps of a launch with `splits` ranges a request (its plan's SMs / max_requests): 8 from
+// 17 requests on 132 SMs (measured at 32 and 128; batch 1 keeps 4).
+inline int decode_sm90_warps(int splits) {
+  return splits <= kDecodeSm90WideMaxSplits ? kDecodeSm90WideWarps : kDecodeSm90NarrowWarps;
+}
+// Its ranges hold at least this many blocks: at batch 1 S=8K, 16 ranges of 4 blocks measured
+// 8.95 us against 9.86 with 64 ranges of one (s16 r2: the last CTA then merges 64 full lists
+// instead of 256 mostly empty ones), and 7.9 against 9.1 with 8 ranges of 8 (s28 r1: half the
+// SMs streaming). With more warps than that, the last warps of a short range hold no block.
+inline constexpr int kDecodeSm90MinBlocksPerRange = 4;
 
 // A tile's `n` causal blocks over its `splits` CTAs (blockIdx.y): ranges of this many consecutive
-// blocks, at least `min_per_split` (the Hopper decode kernel: one block a warp), so that the last
-// ranges may hold none; 0 when there is no block. The kernels' split_block_range and the publish's
-// list packing (publish_and_merge) both derive from it; the CPU tests check that they agree
-// (tests/unit/decode_ranges_test.cpp).
+// blocks, at least `min_per_split` (the Hopper decode kernel: kDecodeSm90MinBlocksPerRange), so the
+// last ranges may hold none; 0 when there is no block. The kernels' split_block_range and the
+// publish's list packing (publish_and_merge) both derive from it; the CPU tests check that they
+// agree (tests/unit/decode_ranges_test.cpp).
 M3SA_HOST_DEVICE int blocks_per_split(int n, int splits, int min_per_split) {
   const int even = (n + splits - 1) / splits;
   return n <= 0 ? 0 : even > min_per_split ? even : min_per_split;
@@ -38,6 +63,17 @@ M3SA_HOST_DEVICE int blocks_per_split(int n, int splits, int min_per_split) {
 // The ranges of blocks_per_split(n, ...) = per_split blocks that hold at least one block.
 M3SA_HOST_DEVICE int splits_with_blocks(int n, int per_split) {
   return per_split == 0 ? 0 : (n + per_split - 1) / per_split;
+}
+// A range's `lists` warps (the Hopper decode kernel) take this many consecutive blocks each, from
+// the range's start (one count for every range, so that a shorter last range leaves its last
+// warps without blocks rather than more warps with fewer).
+M3SA_HOST_DEVICE int blocks_per_list(int per_split, int lists) {
+  return (per_split + lists - 1) / lists;
+}
+// The warp lists of a range that may hold a block: the publish packs only these, so that warps
+// left without blocks (ranges shorter than the warps) cost the last CTA's merge nothing.
+M3SA_HOST_DEVICE int lists_with_blocks(int per_split, int lists) {
+  return splits_with_blocks(per_split, blocks_per_list(per_split, lists));
 }
 
 // The SM90 scorer (score_blocks_sm90.cuh): 256 query rows a tile, 256 / H tokens.
