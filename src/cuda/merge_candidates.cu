@@ -14,8 +14,8 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   const SelectionRow row = selection_row_of(p.rows, h, t);
   if (write_short_row(row, lane)) return;
   uint64_t best[32];
-  const ListSet<1> ranks{p.candidates + (int64_t{h} * p.rows.token_capacity + t) * row.fill,
-                         p.rank_stride, 0, p.num_ranks, row.fill};
+  const ListSet ranks{p.candidates + (int64_t{h} * p.rows.token_capacity + t) * row.fill,
+                      p.rank_stride, p.num_ranks, row.fill};
   rank_lists(best, ranks, lane, 32);
   write_selection(row, merge_warp(best, row.fill, lane), lane);
 }

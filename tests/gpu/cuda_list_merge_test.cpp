@@ -2,8 +2,9 @@
 // ranking as its fallback) on lists built for it, through a one-warp probe (list_merge_probe.cu):
 // random lists with short and empty ones, lists ordered so that every key of the first lists lies
 // above the floor (too many survivors), lists banded by the lane that reads their heads (too many
-// live lists), all-empty lists; one list a range (the portable kernel, context parallel) and four
-// (the Hopper kernel's warps); global and staged in shared memory. The result must be the fill
+// live lists), all-empty lists; lists back to back (the Hopper kernel's packed warp lists) and
+// lists with a gap of poison keys between them (the portable kernel's [64][fill] slots, context
+// parallel's rank stride); global and staged in shared memory. The result must be the fill
 // largest keys, descending and 0-padded, whichever path served it. "Small": compute-sanitizer runs
 // it.
 #include <gtest/gtest.h>
@@ -22,22 +23,17 @@
 namespace m3sa::testing {
 namespace {
 
-// Lists as the probe reads them: list l's keys at (l / per_split) * split_stride + (l % per_split)
-// * list_stride, both padded past what the lists need so that a wrong stride reads a poison key.
+// Lists as the probe reads them: list l's keys at l * (len + gap), the `gap` keys after each list
+// poisoned so that a wrong stride or a read past len takes a key above every real one.
 struct HostLists {
-  int count, len, per_split;
-  int64_t list_stride, split_stride;
+  int count, len, gap;
   std::vector<uint64_t> keys;
 
-  HostLists(int count_, int len_, int per_split_)
-      : count(count_), len(len_), per_split(per_split_), list_stride(len_ + 1),
-        split_stride(per_split_ * (len_ + 1) + 3),
-        keys(static_cast<size_t>((count_ + per_split_ - 1) / per_split_ * split_stride),
-             ~uint64_t{0}) {} // the poison: above every real key
-  uint64_t& at(int l, int k) {
-    return keys[static_cast<size_t>(l / per_split * split_stride + l % per_split * list_stride +
-                                    k)];
-  }
+  HostLists(int count_, int len_, int gap_)
+      : count(count_), len(len_), gap(gap_),
+        keys(static_cast<size_t>(count_) * (len_ + gap_), ~uint64_t{0}) {} // the poison
+  int64_t stride() const { return len + gap; }
+  uint64_t& at(int l, int k) { return keys[static_cast<size_t>(l * stride() + k)]; }
   // List l gets `list` (descending, at most len keys), 0-padded.
   void set(int l, std::vector<uint64_t> list) {
     std::sort(list.rbegin(), list.rend());
@@ -72,9 +68,9 @@ MergeResult run_probe(const HostLists& h, int fill, bool shared) {
   EXPECT_TRUE(lists.ok() && chosen.ok() && floor.ok() && ranked.ok());
   ListMergeProbe p{};
   p.lists = static_cast<const uint64_t*>(lists.data());
-  p.split_stride = h.split_stride, p.list_stride = h.list_stride;
+  p.stride = h.stride();
   p.extent = static_cast<int64_t>(h.keys.size());
-  p.per_split = h.per_split, p.count = h.count, p.len = h.len, p.fill = fill, p.shared = shared;
+  p.count = h.count, p.len = h.len, p.fill = fill, p.shared = shared;
   p.chosen = static_cast<uint64_t*>(chosen.data());
   p.floor = static_cast<uint64_t*>(floor.data());
   p.ranked = static_cast<int32_t*>(ranked.data());
@@ -108,9 +104,9 @@ void expect_merge(HostLists& h, int fill, Path path, const std::string& name) {
   }
 }
 
-std::string shape(int count, int len, int per_split, int fill) {
-  return std::to_string(count) + " lists x " + std::to_string(len) + " (" +
-         std::to_string(per_split) + " a range), fill " + std::to_string(fill);
+std::string shape(int count, int len, int gap, int fill) {
+  return std::to_string(count) + " lists x " + std::to_string(len) + " (gap " +
+         std::to_string(gap) + "), fill " + std::to_string(fill);
 }
 
 TEST(GpuListMergeSmall, RandomListsGiveTheFillLargestKeys) {
@@ -119,14 +115,14 @@ TEST(GpuListMergeSmall, RandomListsGiveTheFillLargestKeys) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng rng(seed);
   struct Shape {
-    int count, len, per_split, fill;
+    int count, len, gap, fill;
   };
-  const Shape shapes[] = {{1, 1, 1, 1},     {1, 16, 1, 14},   {3, 5, 1, 15},   {4, 15, 4, 14},
-                          {31, 2, 1, 15},   {32, 1, 1, 14},   {33, 8, 1, 31},  {64, 1, 4, 14},
-                          {132, 8, 1, 15},  {132, 15, 1, 14}, {528, 2, 4, 14}, {528, 15, 4, 15},
-                          {400, 31, 4, 31}, {16, 4, 4, 30},   {8, 32, 1, 32},  {264, 3, 4, 1}};
+  const Shape shapes[] = {{1, 1, 3, 1},     {1, 16, 3, 14},   {3, 5, 3, 15},   {4, 15, 0, 14},
+                          {31, 2, 3, 15},   {32, 1, 3, 14},   {33, 8, 3, 31},  {64, 1, 0, 14},
+                          {132, 8, 3, 15},  {132, 15, 3, 14}, {528, 2, 0, 14}, {528, 15, 0, 15},
+                          {400, 31, 0, 31}, {16, 4, 0, 30},   {8, 32, 3, 32},  {264, 3, 0, 1}};
   for (const Shape& s : shapes) {
-    HostLists h(s.count, s.len, s.per_split);
+    HostLists h(s.count, s.len, s.gap);
     std::set<uint64_t> used{0, ~uint64_t{0}};
     for (int l = 0; l < s.count; ++l) {
       // Every fifth list shorter than len, every seventh empty: ranges with fewer candidates.
@@ -138,7 +134,7 @@ TEST(GpuListMergeSmall, RandomListsGiveTheFillLargestKeys) {
       }
       h.set(l, list);
     }
-    expect_merge(h, s.fill, Path::any, "random " + shape(s.count, s.len, s.per_split, s.fill));
+    expect_merge(h, s.fill, Path::any, "random " + shape(s.count, s.len, s.gap, s.fill));
   }
 }
 
@@ -148,23 +144,23 @@ TEST(GpuListMergeSmall, RandomListsGiveTheFillLargestKeys) {
 TEST(GpuListMergeSmall, OrderedListsDefeatTheFloor) {
   M3SA_SKIP_WITHOUT_CUDA();
   struct Shape {
-    int count, len, per_split, fill;
+    int count, len, gap, fill;
     Path path;
   };
-  const Shape shapes[] = {{64, 8, 1, 4, Path::survivors},
-                          {132, 31, 1, 31, Path::fallback},
-                          {528, 10, 4, 31, Path::fallback},
-                          {40, 20, 4, 12, Path::survivors}, // 221 survivors
-                          {40, 16, 4, 15, Path::fallback}}; // 225
+  const Shape shapes[] = {{64, 8, 3, 4, Path::survivors},
+                          {132, 31, 3, 31, Path::fallback},
+                          {528, 10, 0, 31, Path::fallback},
+                          {40, 20, 0, 12, Path::survivors}, // 221 survivors
+                          {40, 16, 0, 15, Path::fallback}}; // 225
   for (const Shape& s : shapes) {
-    HostLists h(s.count, s.len, s.per_split);
+    HostLists h(s.count, s.len, s.gap);
     for (int l = 0; l < s.count; ++l) {
       std::vector<uint64_t> list;
       for (int k = 0; k < s.len; ++k)
         list.push_back((uint64_t{1} << 40) - uint64_t{static_cast<uint32_t>(l)} * 64 - k);
       h.set(l, list);
     }
-    expect_merge(h, s.fill, s.path, "ordered " + shape(s.count, s.len, s.per_split, s.fill));
+    expect_merge(h, s.fill, s.path, "ordered " + shape(s.count, s.len, s.gap, s.fill));
   }
 }
 
@@ -173,24 +169,24 @@ TEST(GpuListMergeSmall, OrderedListsDefeatTheFloor) {
 // live - more live lists than survivor slots, so rank_survivors declines before reading them.
 TEST(GpuListMergeSmall, LaneBandedListsOverflowTheLiveLists) {
   M3SA_SKIP_WITHOUT_CUDA();
-  for (int per_split : {1, 4}) {
+  for (int gap : {0, 3}) {
     const int count = 528, len = 2, fill = 31;
-    HostLists h(count, len, per_split);
+    HostLists h(count, len, gap);
     for (int l = 0; l < count; ++l) {
       const uint64_t band = uint64_t{static_cast<uint32_t>(32 - l % 32)} << 40;
       h.set(l, {band | (uint64_t{static_cast<uint32_t>(count - l)} << 4) | 2,
                 band | (uint64_t{static_cast<uint32_t>(count - l)} << 4) | 1});
     }
-    expect_merge(h, fill, Path::fallback, "banded " + shape(count, len, per_split, fill));
+    expect_merge(h, fill, Path::fallback, "banded " + shape(count, len, gap, fill));
   }
 }
 
 TEST(GpuListMergeSmall, EmptyListsGiveNoKey) {
   M3SA_SKIP_WITHOUT_CUDA();
   for (int count : {0, 1, 40, 300}) {
-    HostLists h(count, 8, 4);
+    HostLists h(count, 8, 0);
     for (int l = 0; l < count; ++l) h.set(l, {});
-    expect_merge(h, 14, Path::survivors, "empty " + shape(count, 8, 4, 14));
+    expect_merge(h, 14, Path::survivors, "empty " + shape(count, 8, 0, 14));
   }
 }
 

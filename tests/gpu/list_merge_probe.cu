@@ -13,7 +13,7 @@ using cuda::kMergeScratchKeys;
 using cuda::kSurvivorCapacity;
 using cuda::ListSet;
 
-template <bool kShared, int kPerSplit>
+template <bool kShared>
 __global__ void __launch_bounds__(32) list_merge_probe_kernel(const ListMergeProbe p) {
   extern __shared__ __align__(16) uint64_t smem[]; // [kMergeScratchKeys] scratch, then the stage
   const int lane = threadIdx.x;
@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(32) list_merge_probe_kernel(const ListMergePro
     __syncwarp();
     base = stage;
   }
-  const ListSet<kPerSplit> set{base, p.split_stride, p.list_stride, p.count, p.len};
+  const ListSet set{base, p.stride, p.count, p.len};
   const uint64_t floor = cuda::lists_floor<kShared>(set, p.fill, lane);
   const bool ranked = cuda::rank_survivors<kShared>(
       set, p.fill, floor, survivors, kSurvivorCapacity, chosen, live, kLiveListCapacity, lane);
@@ -41,8 +41,8 @@ __global__ void __launch_bounds__(32) list_merge_probe_kernel(const ListMergePro
   if (lane == 0) *p.floor = floor, *p.ranked = ranked ? 1 : 0;
 }
 
-template <bool kShared, int kPerSplit> cudaError_t launch(const ListMergeProbe& p) {
-  const auto kernel = list_merge_probe_kernel<kShared, kPerSplit>;
+template <bool kShared> cudaError_t launch(const ListMergeProbe& p) {
+  const auto kernel = list_merge_probe_kernel<kShared>;
   const int bytes = static_cast<int>((kMergeScratchKeys + (kShared ? p.extent : 0)) * 8);
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -54,11 +54,9 @@ template <bool kShared, int kPerSplit> cudaError_t launch(const ListMergeProbe& 
 } // namespace
 
 cudaError_t run_list_merge_probe(const ListMergeProbe& p) {
-  if ((p.per_split != 1 && p.per_split != 4) || p.fill < 0 || p.fill > 32 ||
-      (p.shared && p.extent > kListMergeProbeMaxStagedKeys))
+  if (p.fill < 0 || p.fill > 32 || (p.shared && p.extent > kListMergeProbeMaxStagedKeys))
     return cudaErrorInvalidValue;
-  if (p.per_split == 1) return p.shared ? launch<true, 1>(p) : launch<false, 1>(p);
-  return p.shared ? launch<true, 4>(p) : launch<false, 4>(p);
+  return p.shared ? launch<true>(p) : launch<false>(p);
 }
 
 } // namespace m3sa::testing

@@ -10,11 +10,10 @@
 namespace m3sa::testing {
 
 struct ListMergeProbe {
-  const uint64_t* lists; // device: list l at lists + (l / per_split) * split_stride +
-                         // (l % per_split) * list_stride, `len` keys each, descending, 0-padded
-  int64_t split_stride, list_stride;
+  const uint64_t* lists; // device: list l at lists + l * stride, `len` keys each, descending,
+                         // 0-padded
+  int64_t stride;
   int64_t extent;       // keys of `lists` the set spans (what the shared variant stages)
-  int per_split;        // 1 or 4
   int count, len, fill; // fill <= 32
   bool shared;          // stage the lists in shared memory first (the last CTA's staged path)
   uint64_t* chosen;     // device [32]: the fill best keys, descending, 0 after the last

@@ -139,14 +139,14 @@ struct MergeMemory {
   uint64_t* scratch;
 };
 
-// Row `row`'s selection from `count` descending lists (list l at base + l * split_stride, `len`
+// Row `row`'s selection from `count` descending lists (list l at base + l * stride, `len`
 // keys each), by one warp: the survivors of the lists' floor ranked among themselves, all keys
 // through the register lists when too many survive (keys built against the floor).
 // kWarpLists: the Hopper kernel's lists (one a warp of each range), every key at once, sorted in
 // registers where they are at most 64 (fill <= 32); the portable kernel keeps the path below (its
 // 168 registers would spill).
 template <int MaxK, bool kShared, bool kWarpLists>
-__device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const ListSet<1>& set,
+__device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const ListSet& set,
                                           uint64_t* scratch, int lane) {
   const int fill = t.fill;
   if constexpr (kWarpLists) {
@@ -218,8 +218,7 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
       } else if constexpr (!kWarpLists) { // sorted already: lane i takes the i-th
         t.emit(row, true, lane < fill ? cta.lists[row * fill + lane] : 0, lane);
       } else {
-        const ListSet<1> set{cta.lists + row * fill, int64_t{cta.row_capacity} * fill, 0, lists,
-                             len};
+        const ListSet set{cta.lists + row * fill, int64_t{cta.row_capacity} * fill, lists, len};
         merge_row<MaxK, true, true>(t, row, set, scratch, lane);
       }
     }
@@ -273,11 +272,11 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
       t.emit(row, false, 0, lane);
       continue;
     }
-    const ListSet<1> set{(staged ? memory.stage : tile_lists) + row * len,
-                         kWarpLists ? int64_t{rows} * len
-                         : staged   ? 2 * chunks
-                                    : split_stride,
-                         0, active_splits * lists, len};
+    const ListSet set{(staged ? memory.stage : tile_lists) + row * len,
+                      kWarpLists ? int64_t{rows} * len
+                      : staged   ? 2 * chunks
+                                 : split_stride,
+                      active_splits * lists, len};
     if (staged)
       merge_row<MaxK, true, kWarpLists>(t, row, set, scratch, lane);
     else

@@ -168,19 +168,15 @@ __device__ __forceinline__ void rank_candidates(uint64_t (&best)[MaxK], const fl
 }
 
 // Candidate lists: `count` descending lists of `len` keys each (0 = an empty slot), list l at
-// base + (l / kPerSplit) * split_stride + (l % kPerSplit) * list_stride - a decode row's lists,
-// kPerSplit from each range (one per warp of the Hopper kernel), or one list a context-parallel
-// rank.
-template <int kPerSplit> struct ListSet {
+// base + l * stride - a decode row's lists (one a warp of each range of the Hopper kernel, packed
+// back to back; one a range of the portable kernel), or one list a context-parallel rank.
+struct ListSet {
   const uint64_t* base;
-  int64_t split_stride;
-  int64_t list_stride;
+  int64_t stride;
   int count;
   int len;
 
-  __device__ const uint64_t* list(int l) const {
-    return base + (l / kPerSplit) * split_stride + (l % kPerSplit) * list_stride;
-  }
+  __device__ const uint64_t* list(int l) const { return base + l * stride; }
 };
 
 // A key of a list that is in shared memory (kShared) or was written to global memory by other
@@ -191,9 +187,9 @@ template <bool kShared> __device__ __forceinline__ uint64_t list_key(const uint6
 
 // The lists' keys first, first + step, ... of the count x len, ranked into the lane's list, four
 // independent loads in flight; keys below `floor` (lists_floor) are skipped.
-template <int MaxK, bool kShared = false, int kPerSplit>
-__device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const ListSet<kPerSplit>& set,
-                                           int first, int step, uint64_t floor = 0) {
+template <int MaxK, bool kShared = false>
+__device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const ListSet& set, int first,
+                                           int step, uint64_t floor = 0) {
   clear_list(best);
   const int total = set.count * set.len;
   for (int base = first; base < total; base += 4 * step) {
@@ -213,8 +209,8 @@ __device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const ListSet
 // maxima over the lists' heads (lane l: lists l, l + 32, ...), since the lanes holding the fill
 // largest maxima hold fill keys at least that large (as rank_floor; 0 when fewer than fill lanes
 // hold a list). Keys below it cannot be chosen. Uniform over the warp.
-template <bool kShared = false, int kPerSplit>
-__device__ __forceinline__ uint64_t lists_floor(const ListSet<kPerSplit>& set, int fill, int lane) {
+template <bool kShared = false>
+__device__ __forceinline__ uint64_t lists_floor(const ListSet& set, int fill, int lane) {
   if (fill <= 0) return 0;
   uint64_t mine = 0;
   for (int l = lane; l < set.count; l += 32) mine = max(mine, list_key<kShared>(set.list(l)));
@@ -264,10 +260,10 @@ __device__ __forceinline__ void rank_held_survivors(uint64_t* survivors, int hel
 // keys; s8 r3: reading every list instead of the live ones cost 1M-token rows 20 us). Returns
 // false, with nothing written to `chosen`, when more than `capacity` keys survive (keys built to
 // defeat the floor): the caller ranks them all instead.
-template <bool kShared = false, int kPerSplit>
-__device__ __forceinline__ bool
-rank_survivors(const ListSet<kPerSplit>& set, int fill, uint64_t floor, uint64_t* survivors,
-               int capacity, uint64_t* chosen, int32_t* live, int live_capacity, int lane) {
+template <bool kShared = false>
+__device__ __forceinline__ bool rank_survivors(const ListSet& set, int fill, uint64_t floor,
+                                               uint64_t* survivors, int capacity, uint64_t* chosen,
+                                               int32_t* live, int live_capacity, int lane) {
   __syncwarp(); // a previous call's `chosen` and `live` have been read by every lane
   const unsigned lower_lanes = (1u << lane) - 1;
   int live_lists = 0;
