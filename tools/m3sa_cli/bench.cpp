@@ -70,8 +70,10 @@ int run_bench(const BenchOptions& options) {
   };
   for (const Case& c : cases(options.set))
     if (selected(c.name)) finish_case(c.name, run_case(c, stream, ceilings, &records));
-  for (const AttentionCase& c : attention_cases(options.set))
+  for (AttentionCase c : attention_cases(options.set)) {
+    c.kv_pool_bytes = static_cast<int64_t>(options.kv_pool_gib * double{1 << 30});
     if (selected(c.name)) finish_case(c.name, run_attention_case(c, stream, ceilings, &records));
+  }
   for (DType kv : {DType::bf16, DType::fp8_e4m3})
     for (DType index : {DType::bf16, DType::fp8_e4m3}) {
       const std::string name = norm_rope_case_name(16384, kv, index);

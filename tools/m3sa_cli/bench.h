@@ -18,6 +18,7 @@ struct BenchOptions {
   std::string set = "full"; // full | quick
   std::string json_path;    // also write JSON records here
   std::string filter;       // run only cases whose name contains this
+  double kv_pool_gib = 8;   // cap of a decode attention case's K|V page pool (the peer's default)
 };
 
 // 0: ran; 1: a case failed to run; 2: no CUDA backend or device.

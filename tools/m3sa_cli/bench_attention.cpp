@@ -1,11 +1,11 @@
-// Sparse attention cases of `m3sa bench` at MiniMax-M3 shapes (64/4 at TP1, 16/1 per TP4 rank), top_k
-// 16, with selections made by index_topk on random index data, as an engine makes them. Decode: B
-// single-token requests of S tokens replayed from a graph, rotating over block tables that draw pages
-// at random from a pool larger than L2 (cold L2, like the peer's rotations). Prefill: one 8K chunk at
-// the end of S. The KV cache is laid out as vLLM keeps it, [pages, Hkv, 128, 2 x 128] (K and V of
-// a token side by side), and passed as two strided views, as an engine would. Bytes: K and V of
-// every token's selected keys (what a token-major kernel reads); prefill FLOPs: 4 x 128 per
-// (query head, key).
+// Sparse attention cases of `m3sa bench` at MiniMax-M3 shapes (64/4 at TP1, 16/1 per TP4 rank),
+// top_k 16, with selections made by index_topk on random index data, as an engine makes them.
+// Decode: B single-token requests of S tokens replayed from a graph, rotating over block tables
+// that draw pages at random from a pool larger than L2 (cold L2, like the peer's rotations).
+// Prefill: one 8K chunk at the end of S. The KV cache is laid out as vLLM keeps it, [pages, Hkv,
+// 128, 2 x 128] (K and V of a token side by side), and passed as two strided views, as an engine
+// would. Bytes: K and V of every token's selected keys (what a token-major kernel reads); prefill
+// FLOPs: 4 x 128 per (query head, key).
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -35,9 +35,9 @@ std::vector<AttentionCase> attention_cases(const std::string& set) {
                          8192, hq, hkv, d});
         for (int b : {1, 32, 128})
           if (set == "full" || (b != 32 && s != 8192))
-            all.push_back({"attention decode " + dn + " B=" + std::to_string(b) +
-                               suffix(s, hq, hkv),
-                           true, b, s, 1, hq, hkv, d});
+            all.push_back(
+                {"attention decode " + dn + " B=" + std::to_string(b) + suffix(s, hq, hkv), true, b,
+                 s, 1, hq, hkv, d});
       }
     if (set == "full" || d == DType::bf16)
       all.push_back({"attention prefill " + dn + " structured C=8K" + suffix(131072, 64, 4), false,
@@ -75,7 +75,8 @@ double mean_block_union(const HostTensor& topk, int64_t tokens, int heads, int k
         for (int s = 0; s < k; ++s) ids.push_back(topk.data<int32_t>()[(h * tokens + t) * k + s]);
       std::sort(ids.begin(), ids.end());
       ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-      total += static_cast<double>(std::count_if(ids.begin(), ids.end(), [](int32_t b) { return b >= 0; }));
+      total += static_cast<double>(
+          std::count_if(ids.begin(), ids.end(), [](int32_t b) { return b >= 0; }));
     }
   return groups ? total / groups : 0;
 }
@@ -96,16 +97,17 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
   const double kv_bytes = keys * c.kv_heads * 2 * 128 * elem;
   const double flops = keys * c.q_heads * 4 * 128;
   // Decode rotates over block tables as the peer does (bench_timing.h); pages come from one pool
-  // per case.
+  // per case, of at most c.kv_pool_bytes of K and V (and at least one request's blocks).
   const int sets = c.decode ? decode_rotation_sets(static_cast<size_t>(kv_bytes)) : 1;
   const int calls = c.decode ? decode_graph_calls(sets) : 1; // a timed graph's calls
   const int64_t page_bytes = int64_t{128} * c.kv_heads * 128 * static_cast<int64_t>(elem);
-  const int64_t pool = c.decode ? std::min<int64_t>(int64_t{c.batch} * blocks * sets,
-                                                    (int64_t{4} << 30) / page_bytes)
-                                : blocks;
+  const int64_t pool =
+      c.decode ? std::min<int64_t>(int64_t{c.batch} * blocks * sets,
+                                   std::max<int64_t>(blocks, c.kv_pool_bytes / (2 * page_bytes)))
+               : blocks;
   const DeviceBuffer kv_cache(2 * pool * page_bytes), index_cache(pool * 128 * 128 * 2),
-      q(tokens * c.q_heads * 128 * 2),
-      index_q(tokens * c.kv_heads * 128 * 2), out(tokens * c.q_heads * 128 * 2);
+      q(tokens * c.q_heads * 128 * 2), index_q(tokens * c.kv_heads * 128 * 2),
+      out(tokens * c.q_heads * 128 * 2);
   M3SA_RETURN_IF_ERROR(kv_cache.fill_random(c.kv_dtype, 41));
   // K (half 0) or V (half 1) of the combined cache as [pages, 128, Hkv, 128].
   const auto kv_view = [&](int half) {
@@ -118,7 +120,7 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
   M3SA_RETURN_IF_ERROR(index_cache.fill_random(DType::bf16, 43));
   M3SA_RETURN_IF_ERROR(q.fill_random(DType::bf16, 44));
   M3SA_RETURN_IF_ERROR(c.structured ? index_q.upload(block_shared_index_q(tokens, c.kv_heads))
-                                     : index_q.fill_random(DType::bf16, 45));
+                                    : index_q.fill_random(DType::bf16, 45));
   HostTensor host_cu(DType::i32, {c.batch + 1}), host_seq(DType::i32, {c.batch});
   for (int r = 0; r <= c.batch; ++r) host_cu.data<int32_t>()[r] = c.decode ? r : (r ? c.chunk : 0);
   for (int r = 0; r < c.batch; ++r) host_seq.data<int32_t>()[r] = c.context;
@@ -131,8 +133,8 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
   const Capacities capacities{c.batch, tokens, blocks};
   const ExecContext ctx{0, stream};
   OpPlan index_plan;
-  M3SA_RETURN_IF_ERROR(make_plan(
-      {OpKind::index_topk, Backend::cuda, config, capacities, DType::bf16}, &index_plan));
+  M3SA_RETURN_IF_ERROR(
+      make_plan({OpKind::index_topk, Backend::cuda, config, capacities, DType::bf16}, &index_plan));
   const DeviceBuffer index_ws = testing::device_workspace(index_plan, true, ctx);
   M3SA_RETURN_IF_ERROR(index_ws.status());
   // Per set: a block table (random pool pages for decode) and the selections index_topk makes.
@@ -150,8 +152,8 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
   for (int set = 0; set < sets; ++set) {
     HostTensor table(DType::i32, {c.batch, blocks});
     for (int64_t i = 0; i < int64_t{c.batch} * blocks; ++i)
-      table.data<int32_t>()[i] = c.decode ? rng.uniform_int(0, static_cast<int>(pool - 1))
-                                          : static_cast<int32_t>(i);
+      table.data<int32_t>()[i] =
+          c.decode ? rng.uniform_int(0, static_cast<int>(pool - 1)) : static_cast<int32_t>(i);
     tables.emplace_back(table);
     selections.emplace_back(DType::i32, std::initializer_list<int64_t>{c.kv_heads, tokens, kTopK},
                             uint8_t{0xff});
@@ -159,14 +161,14 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
     M3SA_RETURN_IF_ERROR(selections.back().status());
     M3SA_RETURN_IF_ERROR(index_topk(index_plan,
                                     {index_q.view(DType::bf16, {tokens, c.kv_heads, 128}),
-                                     index_cache.view(DType::bf16, {pool, 128, 128}),
-                                     batch_of(set), selections.back().view()},
+                                     index_cache.view(DType::bf16, {pool, 128, 128}), batch_of(set),
+                                     selections.back().view()},
                                     index_ws.workspace(), ctx));
   }
   Timing t;
   OpPlan plan;
-  M3SA_RETURN_IF_ERROR(make_plan(
-      {OpKind::sparse_attention, Backend::cuda, config, capacities, c.kv_dtype}, &plan));
+  M3SA_RETURN_IF_ERROR(
+      make_plan({OpKind::sparse_attention, Backend::cuda, config, capacities, c.kv_dtype}, &plan));
   const DeviceBuffer ws = testing::device_workspace(plan, true, ctx);
   M3SA_RETURN_IF_ERROR(ws.status());
   M3SA_RETURN_IF_ERROR(time_graph(
@@ -192,10 +194,11 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
   if (c.decode) {
     rec.fraction = kv_bytes / (t.median_us * 1e3) / ceilings.copy_gbps;
     rec.ceiling = "copy";
+    rec.note = "K|V page pool " +
+               std::to_string(2.0 * pool * page_bytes / double{1 << 30}).substr(0, 5) + " GiB";
   } else {
-    rec.fraction = ceilings.bf16_gemm_tflops > 0
-                       ? flops / (t.median_us * 1e6) / ceilings.bf16_gemm_tflops
-                       : 0;
+    rec.fraction =
+        ceilings.bf16_gemm_tflops > 0 ? flops / (t.median_us * 1e6) / ceilings.bf16_gemm_tflops : 0;
     rec.ceiling = "bf16 GEMM";
     rec.note = "GB/s: K and V of every token's selected keys";
     if (c.structured) {

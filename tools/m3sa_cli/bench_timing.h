@@ -41,8 +41,8 @@ inline int cold_l2_sets(size_t bytes) {
 // 128 calls over 128-256 MB.
 inline int decode_rotation_sets(size_t bytes) {
   const size_t target = size_t{256} << 20;
-  return static_cast<int>(std::clamp<size_t>((target + bytes - 1) / std::max<size_t>(bytes, 1), 1,
-                                             128));
+  return static_cast<int>(
+      std::clamp<size_t>((target + bytes - 1) / std::max<size_t>(bytes, 1), 1, 128));
 }
 inline int decode_graph_calls(int sets) { return std::min(128, std::max(sets, 16)); }
 
@@ -155,6 +155,7 @@ struct AttentionCase {
   int batch, context, chunk, q_heads, kv_heads;
   DType kv_dtype;
   bool structured = false;
+  int64_t kv_pool_bytes = int64_t{8} << 30; // decode: cap of the K|V page pool the tables draw from
 };
 std::vector<AttentionCase> attention_cases(const std::string& set);
 Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Ceilings& ceilings,

@@ -87,6 +87,10 @@ int main(int argc, char** argv) {
                         "also write the records as JSON to this file (rewritten after every case)");
   bench_cmd->add_option("--filter", bench.filter,
                         "only cases whose name contains this text (\"^text\": starts with it)");
+  bench_cmd
+      ->add_option("--kv-pool-gib", bench.kv_pool_gib,
+                   "cap of a decode attention case's K|V page pool, GiB (as the peer's)")
+      ->check(CLI::Range(0.001, 1024.0));
 
   app.add_subcommand("info",
                      "Show the build, the visible devices and every registered implementation");
