@@ -3,6 +3,18 @@
 #include <algorithm>
 
 namespace m3sa::testing {
+namespace {
+
+// cudaMemset and a cudaMemcpy from pageable memory may return before the device has written the
+// buffer, ordered only on the legacy default stream, which a cudaStreamNonBlocking stream does not
+// wait for: a test's graph on such a stream could run before (or under) the fill. Every write here
+// has landed when the call returns.
+Status landed(cudaError_t issued, const char* what) {
+  if (issued != cudaSuccess) return cuda::cuda_status(issued, what);
+  return cuda::cuda_status(cudaStreamSynchronize(cudaStreamLegacy), what);
+}
+
+} // namespace
 
 DeviceBuffer::DeviceBuffer(size_t bytes) { allocate(bytes); }
 
@@ -51,7 +63,7 @@ Status DeviceBuffer::upload(const void* host, size_t bytes, size_t byte_offset) 
   if (byte_offset + bytes > bytes_)
     return Status::invalid_argument("upload", "at most the buffer's bytes",
                                     std::to_string(byte_offset + bytes));
-  return cuda::cuda_status(
+  return landed(
       cudaMemcpy(static_cast<char*>(data_) + byte_offset, host, bytes, cudaMemcpyHostToDevice),
       "cudaMemcpy (host to device)");
 }
@@ -77,7 +89,7 @@ Status DeviceBuffer::usable() const {
 
 Status DeviceBuffer::fill(uint8_t byte) const {
   M3SA_RETURN_IF_ERROR(usable());
-  return cuda::cuda_status(cudaMemset(data_, byte, bytes_), "cudaMemset");
+  return landed(cudaMemset(data_, byte, bytes_), "cudaMemset");
 }
 
 Status DeviceBuffer::fill_random(DType dtype, uint64_t seed) const {
