@@ -14,31 +14,31 @@
 // units as the consumers and brings each causal block's index-K page into a ring of kStages
 // shared-memory stages (full / empty mbarrier pairs). bf16 pages arrive by TMA straight into the
 // ring. e4m3 pages arrive by TMA into a second ring of raw pages, and the producer's four warps
-// widen them to bf16 into the first: the MMAs are bf16 for both dtypes, because Hopper's e4m3
-// wgmma does not accumulate in full fp32 (its selections differed from the exact ones in 0.5-0.9 %
-// of rows on random data, bench/NOTES.md), while every e4m3 value is a bf16 value and bf16 wgmma
-// accumulates exactly like the portable kernel. The kTensorCoreFp8 instantiation
-// (cuda.index_topk.sm90_qgmma only) takes e4m3 pages by TMA straight into an 8-stage ring of 16 KB
-// and multiplies them by e4m3 wgmma (m64n128k32, four steps a page): 1.47x faster, inexact, so its
-// selections are certified afterwards (certify_selection.cuh). Warpgroups 1 and 2 are consumers: a
-// row tile is 256 query rows (256 / H tokens: the H index heads of a token are consecutive rows, so
-// every H gets the same MMA tile); consumer c owns rows [128 c, 128 c + 128) as two m64 wgmma
-// tiles, N = 128 keys = one page, K = 128 dims, fp32 accumulators in registers (2 x 64 per thread).
-// After its MMAs a consumer releases the stage, then reduces each row's 128 columns to the block
-// maximum (32 values per thread, then the 4 lanes of a quad) and stores it, while the other
-// consumer's MMAs run: the epilogue has to stay below one consumer's MMA time (1024 tensor clocks a
-// page), so the unmasked maximum is a bare FMNMX chain, the causal mask runs only on blocks that
-// reach past the tile's first position, and a warp gathers its rows' maxima of 8 blocks in shared
-// memory and writes them as 32-byte runs a row while its next MMAs run.
-// bf16 queries (H a power of two) arrive by TMA, a unit's during the CTA's previous unit's last
-// block; otherwise they are staged once per work unit by the consumers (plain loads, swizzled
-// stores); for widened e4m3 the consumers then hold their rows as wgmma A fragments in registers
-// for the unit (its producer's widening already loads shared memory; bf16 stays faster with A
-// read from there, bench/NOTES.md s20 r2). Work units are (row tile, range of blocks_per_range
-// causal blocks), numbered range-major so that the CTAs running at the same time read the same
-// pages (L2 reuse across row tiles), strided over the persistent grid; the schedule kernel lists
-// only the units that hold blocks (and each tile's range 0) and sizes the ranges so that the CTAs'
-// shares come out even (schedule_tiles.cu).
+// widen them to fp16 into the first (the e4m3 queries too): the MMAs are 16-bit for both dtypes,
+// because Hopper's e4m3 wgmma does not accumulate in full fp32 (its selections differed from the
+// exact ones in 0.5-0.9 % of rows on random data, bench/NOTES.md), while every e4m3 value is an
+// fp16 value and 16-bit wgmma accumulates exactly like the portable kernel. The kTensorCoreFp8
+// instantiation (cuda.index_topk.sm90_qgmma only) takes e4m3 pages by TMA straight into an 8-stage
+// ring of 16 KB and multiplies them by e4m3 wgmma (m64n128k32, four steps a page): 1.47x faster,
+// inexact, so its selections are certified afterwards (certify_selection.cuh). Warpgroups 1 and 2
+// are consumers: a row tile is 256 query rows (256 / H tokens: the H index heads of a token are
+// consecutive rows, so every H gets the same MMA tile); consumer c owns rows [128 c, 128 c + 128)
+// as two m64 wgmma tiles, N = 128 keys = one page, K = 128 dims, fp32 accumulators in registers (2
+// x 64 per thread). After its MMAs a consumer releases the stage, then reduces each row's 128
+// columns to the block maximum (32 values per thread, then the 4 lanes of a quad) and stores it,
+// while the other consumer's MMAs run: the epilogue has to stay below one consumer's MMA time (1024
+// tensor clocks a page), so the unmasked maximum is a bare FMNMX chain, the causal mask runs only
+// on blocks that reach past the tile's first position, and a warp gathers its rows' maxima of 8
+// blocks in shared memory and writes them as 32-byte runs a row while its next MMAs run. bf16
+// queries (H a power of two) arrive by TMA, a unit's during the CTA's previous unit's last block;
+// otherwise they are staged once per work unit by the consumers (plain loads, swizzled stores); for
+// widened e4m3 the consumers then hold their rows as wgmma A fragments in registers for the unit
+// (its producer's widening already loads shared memory; bf16 stays faster with A read from there,
+// bench/NOTES.md s20 r2). Work units are (row tile, range of blocks_per_range causal blocks),
+// numbered range-major so that the CTAs running at the same time read the same pages (L2 reuse
+// across row tiles), strided over the persistent grid; the schedule kernel lists only the units
+// that hold blocks (and each tile's range 0) and sizes the ranges so that the CTAs' shares come out
+// even (schedule_tiles.cu).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -61,8 +61,9 @@ inline constexpr int kSm90ConsumerRegisters = 224;
 static_assert(128 * kSm90ProducerRegisters + 256 * kSm90ConsumerRegisters <=
               kSm90LaunchRegisters * kSm90ScoreThreads);
 
-// Shared memory: bf16 queries (256 rows x 2 slabs of 128 B), a ring of bf16 pages (2 slabs of
-// 128 keys x 128 B) and, for e4m3 caches, a ring of raw pages (128 keys x 128 B).
+// Shared memory: 16-bit queries (256 rows x 2 slabs of 128 B; bf16, or fp16 widened from e4m3), a
+// ring of 16-bit pages (2 slabs of 128 keys x 128 B) and, for e4m3 caches, a ring of raw pages
+// (128 keys x 128 B).
 // kTensorCoreFp8: e4m3 pages go straight into a ring of 16 KB stages and are multiplied by e4m3
 // wgmma (QGMMA), whose sums are not exact (index_topk certifies its selections afterwards,
 // certify_selection.cuh).
@@ -136,16 +137,31 @@ __device__ __forceinline__ bool sm90_page_valid(const ScoreBlocksParams& p, int 
   return page >= 0 && page < p.num_pages;
 }
 
-// 16 e4m3 values (dims [16 c, 16 c + 16) of row `row`) widened to bf16 and stored as the two
-// 16-byte chunks they occupy in a bf16 operand [2 slabs][rows][128 B] with `slab_stride` bytes
-// between the slabs.
+// Widened e4m3 operands are fp16 (0: bf16, a diagnostic build's). Both are exact - every e4m3
+// value, subnormals included, is an fp16 and a bf16 value, and the product of two e4m3 values is
+// exact in fp32 - and the wgmma accumulates both in fp32 alike, so the scores do not change; but
+// a pair widens to fp16 in one conversion where bf16 takes three more (through fp32), and the
+// producer's widening shares the SMs' issue slots with the consumers' maxima.
+#ifndef M3SA_SCORER_WIDEN_TO_HALF
+#define M3SA_SCORER_WIDEN_TO_HALF 1
+#endif
+inline constexpr bool kScorerWidensToHalf = M3SA_SCORER_WIDEN_TO_HALF != 0;
+
+// 16 e4m3 values (dims [16 c, 16 c + 16) of row `row`) widened (kScorerWidensToHalf) and stored
+// as the two 16-byte chunks they occupy in a 16-bit operand [2 slabs][rows][128 B] with
+// `slab_stride` bytes between the slabs.
 __device__ __forceinline__ void store_widened_e4m3x16(uint8_t* operand, int slab_stride, int row,
                                                       int c, uint4 raw) {
-  uint4 wide[2];
-  widen_e4m3x16_to_bf16(raw, wide);
+  uint32_t w[8];
+  if constexpr (kScorerWidensToHalf)
+    widen_e4m3x16_to_half(raw, w);
+  else
+    widen_e4m3x16(raw, w);
   uint8_t* slab = operand + (c / 4) * slab_stride;
-  *reinterpret_cast<uint4*>(slab + sm90::swizzled_offset(row, 2 * (c % 4))) = wide[0];
-  *reinterpret_cast<uint4*>(slab + sm90::swizzled_offset(row, 2 * (c % 4) + 1)) = wide[1];
+  *reinterpret_cast<uint4*>(slab + sm90::swizzled_offset(row, 2 * (c % 4))) =
+      make_uint4(w[0], w[1], w[2], w[3]);
+  *reinterpret_cast<uint4*>(slab + sm90::swizzled_offset(row, 2 * (c % 4) + 1)) =
+      make_uint4(w[4], w[5], w[6], w[7]);
 }
 
 // A consumer thread's block maxima of its four rows (tile t, half h: m[2 t + h]) when every key
@@ -226,8 +242,8 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   // Operands at a 1024-byte boundary (the swizzle atom); barriers after them.
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
-  uint8_t* query_s = smem;                                   // [slab][256 rows][128 B] bf16
-  uint8_t* key_s = smem + Traits::kQueryBytes;               // [stage][slab][128 keys][128 B] bf16
+  uint8_t* query_s = smem;                                   // [slab][256 rows][128 B], 16-bit
+  uint8_t* key_s = smem + Traits::kQueryBytes;               // [stage][slab][128 keys][128 B]
   uint8_t* raw_s = key_s + kStages * Traits::kStageBytes;    // [raw stage][128 keys][128 B] e4m3
   uint8_t* score_s = raw_s + kRawStages * Traits::kRawBytes; // [warp][Traits::kWarpScoreBytes]
   uint64_t* full = reinterpret_cast<uint64_t*>(score_s + Traits::kScoreBytes);
@@ -411,11 +427,11 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     for (int r = 0; r < 4; ++r)
       last_key[r] = geo.first_pos + thread_row(r / 2, r % 2) / heads - 2 * (lane % 4);
 
-    // This consumer's 128 query rows, swizzled into its half of query_s: bf16 (e4m3 widened), or
-    // e4m3 as stored for QGMMA; zeros past the tile. Thread i takes chunk i % kChunks of every
-    // kRowStep-th row from i / kChunks, its loads issued kLoadBatch at a time, the first batch
-    // before the barrier (one load at a time, each unit's staging waited 16 load latencies: ncu
-    // put a third of the S = 8K stalls on them, s18 r3).
+    // This consumer's 128 query rows, swizzled into its half of query_s: bf16 (e4m3 widened to
+    // fp16), or e4m3 as stored for QGMMA; zeros past the tile. Thread i takes chunk i % kChunks of
+    // every kRowStep-th row from i / kChunks, its loads issued kLoadBatch at a time, the first
+    // batch before the barrier (one load at a time, each unit's staging waited 16 load latencies:
+    // ncu put a third of the S = 8K stalls on them, s18 r3).
     constexpr int kChunks = sizeof(StoredT) == 1 ? 8 : 16; // 16-byte chunks of a stored row
     constexpr int kRowStep = 128 / kChunks, kLoadBatch = 8;
     static_assert(kChunks % kLoadBatch == 0);
@@ -583,7 +599,8 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
                 const uint64_t bk =
                     sm90::operand_descriptor(key_base + slab * Traits::kSlabBytes + k * 32);
                 if constexpr (Traits::kFp8)
-                  sm90::wgmma_m64n128k16_bf16_rs(acc[t], query_a[t][slab * 4 + k], bk, slab + k);
+                  sm90::wgmma_m64n128k16_rs<kScorerWidensToHalf>(acc[t], query_a[t][slab * 4 + k],
+                                                                 bk, slab + k);
                 else
                   sm90::wgmma_m64n128k16_bf16(
                       acc[t],
