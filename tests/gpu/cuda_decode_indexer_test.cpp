@@ -18,6 +18,7 @@
 #include "cuda/kernels/indexer_traits.h"
 #include "gpu/cuda_test_util.h"
 #include "gpu/device_batch.h"
+#include "gpu/e4m3_data.h"
 #include "support/test_util.h"
 
 namespace m3sa::testing {
@@ -582,6 +583,47 @@ TEST(GpuDecodeIndexerRuns, DecodeTiedScoresDefeatTheMergeFloor) {
           << arch << ": "
           << describe(compare_topk(want.view(), got.view(), TensorView{},
                                    selection_rules(c.config, sb)));
+    }
+  }
+}
+
+// The e4m3 decode kernels multiply on the e4m3 tensor cores (mma.sync m16n8k32), whose sums must
+// be as exact as fp32's: on data where an aligned-and-truncated sum (Hopper's e4m3 wgmma) ranks the
+// blocks the other way (fill_dropped_products), and at e4m3's extremes (fill_e4m3_extremes), the
+// selections are the CPU backend's, bit for bit; at batch 1 (4-warp CTAs, many splits) and at
+// batch 32 (8-warp CTAs).
+TEST(GpuDecodeIndexerSmall, DecodeFp8SumsAreExactOnAdversarialData) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const DecodeCase cases[] = {
+      decode_case("B1H4", {6144}, 1, cfg(4, 16, 1, 0), DType::fp8_e4m3),
+      decode_case("B32H1", std::vector<Len>(32, Len(6144 - 77)), 1, cfg(1, 16, 1, 0),
+                  DType::fp8_e4m3),
+      decode_case("B2H2Mtp3", {5000, 6144}, 3, cfg(2, 16, 1, 0), DType::fp8_e4m3),
+  };
+  for (const DecodeCase& c : cases) {
+    for (const bool dropped : {true, false}) {
+      SCOPED_TRACE(std::string(c.name) + (dropped ? ", dropped products" : ", extremes"));
+      const int64_t plan_requests = plan_requests_of(c);
+      SyntheticBatch sb(spec_of(c, sm90_splits(plan_requests), test_seed()));
+      M3SA_ASSERT_OK(sb.status());
+      if (dropped)
+        fill_dropped_products(sb);
+      else
+        fill_e4m3_extremes(sb, sb.spec().seed);
+      HostTensor want;
+      M3SA_ASSERT_OK(run_index_topk(c.config, sb, {Backend::cpu}, &want));
+      const DeviceBatch db(sb);
+      for (const char* arch : kArchs) {
+        CudaRun run;
+        if (!plan_named(arch, c.config, sb, plan_requests, &run)) continue;
+        const HostTensor got = run_topk(run, c.config, db, db.index_k_cache.view());
+        EXPECT_EQ(device_flags(run), 0) << arch;
+        const TopkComparison cmp =
+            compare_topk(want.view(), got.view(), TensorView{}, selection_rules(c.config, sb));
+        std::printf("[ %s %s, %s ] %s\n", c.name, dropped ? "dropped products" : "extremes", arch,
+                    describe(cmp).c_str());
+        EXPECT_EQ(cmp.identical_rows, cmp.rows) << arch << ": " << describe(cmp);
+      }
     }
   }
 }

@@ -20,6 +20,7 @@
 #include "cuda/launchers.h"
 #include "gpu/cuda_test_util.h"
 #include "gpu/device_batch.h"
+#include "gpu/e4m3_data.h"
 #include "registry/registry.h"
 #include "support/test_util.h"
 
@@ -391,14 +392,6 @@ TEST(GpuPrefillScorerSmall, StridedScoresAndTopkViews) {
   }
 }
 
-// A well-mixed 64-bit hash of (a, b): the adversarial tests' data.
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
-  x ^= x >> 29;
-  x *= 0xBF58476D1CE4E5B9ull;
-  return x ^ (x >> 32);
-}
-
 // One e4m3 prefill chunk of q_len tokens ending at seq_len, `heads` index heads, the test's seed.
 BatchSpec fp8_chunk_spec(int32_t q_len, int32_t seq_len, int heads) {
   BatchSpec spec;
@@ -434,15 +427,8 @@ TEST(GpuPrefillScorerSmall, CertifiedFp8SelectionsAreExactOnAdversarialData) {
     M3SA_ASSERT_OK(sb.status());
     const int last = kHeadDim - 1;
     const bool stepped = kind == 1;
-    constexpr float kSmall = 0.171875f; // 0.171875^2 = 0.94 x 2^-5
     if (kind == 2) {
-      sb.fill_index(
-          [&](int, int64_t j, int d) {
-            if (d == 0) return 16.f;
-            if ((j / 128) % 2 == 0) return kSmall;
-            return d == 1 ? 16.f : 0.f;
-          },
-          [&](int64_t, int, int d) { return d == 0 ? 16.f : kSmall; });
+      fill_dropped_products(sb);
     } else {
       sb.fill_index(
           [&](int, int64_t j, int d) {
@@ -469,6 +455,48 @@ TEST(GpuPrefillScorerSmall, CertifiedFp8SelectionsAreExactOnAdversarialData) {
                                             selection_rules(config, sb));
     std::printf("[ certified e4m3, %s ] %s\n", kinds[kind], describe(cmp).c_str());
     EXPECT_EQ(cmp.identical_rows, cmp.rows) << describe(cmp);
+  }
+}
+
+// Every scorer that widens e4m3 (sm80 to bf16, sm90 to fp16) multiplies exact values and sums
+// exact products in fp32, so at e4m3's extremes (fill_e4m3_extremes: products past fp16's range
+// and down to 2^-18, every sum exact) its selections and scores are the CPU backend's, bit for bit.
+TEST(GpuPrefillScorerSmall, WidenedFp8SumsAreExactAtTheE4m3Extremes) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const MsaConfig config = config_of(4, 16, 1, 0);
+  SyntheticBatch sb(fp8_chunk_spec(512, 8192, config.num_index_heads));
+  M3SA_ASSERT_OK(sb.status());
+  SCOPED_TRACE("seed " + std::to_string(sb.spec().seed));
+  fill_e4m3_extremes(sb, sb.spec().seed);
+  HostTensor want, want_scores;
+  M3SA_ASSERT_OK(run_index_topk(config, sb, RunOptions{Backend::cpu}, &want));
+  M3SA_ASSERT_OK(run_score_blocks(config, sb, RunOptions{Backend::cpu}, &want_scores));
+  const DeviceBatch db(sb);
+  const int heads = config.num_index_heads;
+  for (const char* arch : {"sm80", "sm90"}) {
+    SCOPED_TRACE(arch);
+    const std::string topk_name = std::string("cuda.index_topk.") + arch;
+    const std::string score_name = std::string("cuda.score_blocks.") + arch;
+    CudaRun topk_run, score_run;
+    if (!plan_named(topk_name.c_str(), OpKind::index_topk, config, sb, &topk_run) ||
+        !plan_named(score_name.c_str(), OpKind::score_blocks, config, sb, &score_run))
+      continue;
+    DeviceBuffer topk(DType::i32, {heads, sb.num_tokens(), config.top_k}, 0x5a);
+    DeviceBuffer scores(DType::f32, {heads, sb.num_tokens(), sb.width()}, 0xff);
+    M3SA_ASSERT_OK(index_topk(topk_run.plan,
+                              {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
+                              topk_run.workspace.workspace()));
+    M3SA_ASSERT_OK(score_blocks(
+        score_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), scores.view()},
+        score_run.workspace.workspace()));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(device_flags(topk_run), 0);
+    EXPECT_EQ(device_flags(score_run), 0);
+    const TopkComparison cmp = compare_topk(want.view(), topk.download().view(), TensorView{},
+                                            selection_rules(config, sb));
+    std::printf("[ e4m3 extremes %s ] %s\n", arch, describe(cmp).c_str());
+    EXPECT_EQ(cmp.identical_rows, cmp.rows) << describe(cmp);
+    EXPECT_TRUE(same_bytes(want_scores, scores.download())) << "scores must be bit-identical";
   }
 }
 
