@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(384, 1)
           for (int k = 0; k < 4; ++k) {
             const uint64_t b = sm90::operand_descriptor(key_base + slab * (128 * 128) + k * 32);
             if constexpr (kForm == kRs128)
-              sm90::wgmma_m64n128k16_bf16_rs(acc[t], a[t][slab * 4 + k], b, slab + k);
+              sm90::wgmma_m64n128k16_rs(acc[t], a[t][slab * 4 + k], b, slab + k);
             else
               sm90::wgmma_m64n128k16_bf16(acc[t],
                                           sm90::operand_descriptor(query_base + slab * (256 * 128) +

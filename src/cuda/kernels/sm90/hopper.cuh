@@ -265,10 +265,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
     M3SA_WGMMA_RS_K_MAJOR("bf16");
 }
 #undef M3SA_WGMMA_RS_K_MAJOR
-__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs(float (&d)[64], const uint32_t (&a)[4],
-                                                         uint64_t desc_b, int accumulate) {
-  wgmma_m64n128k16_rs<false>(d, a, desc_b, accumulate);
-}
 
 // The m16k16 A fragment of rows row0 .. row0 + 15, 16-byte chunks `chunk` and `chunk` + 1 of a
 // 128 B-swizzled operand at shared address `operand`: lane l addresses row row0 + (l / 8 % 2) * 8
