@@ -556,6 +556,29 @@ TEST(GpuDecodeIndexerRuns, DecodeStridedCacheViews) {
 // floor the last CTA's merge derives from the lists' heads - hundreds of survivors at K = 32, more
 // than the survivor ranking holds, so the merge takes its full ranking; K = 16 stays below its
 // capacity. Both must equal the CPU backend bit for bit.
+// Each implementation's selections for case c on the data `fill` writes (every sum exact), bit
+// for bit the CPU backend's; `data` names the data in the printed comparison.
+template <typename Fill>
+void expect_selects_as_cpu(const DecodeCase& c, Fill&& fill, const char* data) {
+  const int64_t plan_requests = plan_requests_of(c);
+  SyntheticBatch sb(spec_of(c, sm90_splits(plan_requests), test_seed()));
+  M3SA_ASSERT_OK(sb.status());
+  fill(sb);
+  HostTensor want;
+  M3SA_ASSERT_OK(run_index_topk(c.config, sb, {Backend::cpu}, &want));
+  const DeviceBatch db(sb);
+  for (const char* arch : kArchs) {
+    CudaRun run;
+    if (!plan_named(arch, c.config, sb, plan_requests, &run)) continue;
+    const HostTensor got = run_topk(run, c.config, db, db.index_k_cache.view());
+    EXPECT_EQ(device_flags(run), 0) << arch;
+    const TopkComparison cmp =
+        compare_topk(want.view(), got.view(), TensorView{}, selection_rules(c.config, sb));
+    std::printf("[ %s, %s, %s ] %s\n", c.name, data, arch, describe(cmp).c_str());
+    EXPECT_TRUE(same_bytes(want, got)) << arch << ", " << data << ": " << describe(cmp);
+  }
+}
+
 TEST(GpuDecodeIndexerRuns, DecodeTiedScoresDefeatTheMergeFloor) {
   M3SA_SKIP_WITHOUT_CUDA();
   const DecodeCase cases[] = {
@@ -567,23 +590,8 @@ TEST(GpuDecodeIndexerRuns, DecodeTiedScoresDefeatTheMergeFloor) {
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
-    const int64_t plan_requests = plan_requests_of(c);
-    SyntheticBatch sb(spec_of(c, sm90_splits(plan_requests), test_seed()));
-    M3SA_ASSERT_OK(sb.status());
-    sb.fill_index_integers(1, 0, 0);
-    HostTensor want;
-    M3SA_ASSERT_OK(run_index_topk(c.config, sb, {Backend::cpu}, &want));
-    const DeviceBatch db(sb);
-    for (const char* arch : kArchs) {
-      CudaRun run;
-      if (!plan_named(arch, c.config, sb, plan_requests, &run)) continue;
-      const HostTensor got = run_topk(run, c.config, db, db.index_k_cache.view());
-      EXPECT_EQ(device_flags(run), 0) << arch;
-      EXPECT_TRUE(same_bytes(want, got))
-          << arch << ": "
-          << describe(compare_topk(want.view(), got.view(), TensorView{},
-                                   selection_rules(c.config, sb)));
-    }
+    expect_selects_as_cpu(
+        c, [](SyntheticBatch& sb) { sb.fill_index_integers(1, 0, 0); }, "all tied");
   }
 }
 
@@ -601,30 +609,10 @@ TEST(GpuDecodeIndexerSmall, DecodeFp8SumsAreExactOnAdversarialData) {
       decode_case("B2H2Mtp3", {5000, 6144}, 3, cfg(2, 16, 1, 0), DType::fp8_e4m3),
   };
   for (const DecodeCase& c : cases) {
-    for (const bool dropped : {true, false}) {
-      SCOPED_TRACE(std::string(c.name) + (dropped ? ", dropped products" : ", extremes"));
-      const int64_t plan_requests = plan_requests_of(c);
-      SyntheticBatch sb(spec_of(c, sm90_splits(plan_requests), test_seed()));
-      M3SA_ASSERT_OK(sb.status());
-      if (dropped)
-        fill_dropped_products(sb);
-      else
-        fill_e4m3_extremes(sb, sb.spec().seed);
-      HostTensor want;
-      M3SA_ASSERT_OK(run_index_topk(c.config, sb, {Backend::cpu}, &want));
-      const DeviceBatch db(sb);
-      for (const char* arch : kArchs) {
-        CudaRun run;
-        if (!plan_named(arch, c.config, sb, plan_requests, &run)) continue;
-        const HostTensor got = run_topk(run, c.config, db, db.index_k_cache.view());
-        EXPECT_EQ(device_flags(run), 0) << arch;
-        const TopkComparison cmp =
-            compare_topk(want.view(), got.view(), TensorView{}, selection_rules(c.config, sb));
-        std::printf("[ %s %s, %s ] %s\n", c.name, dropped ? "dropped products" : "extremes", arch,
-                    describe(cmp).c_str());
-        EXPECT_EQ(cmp.identical_rows, cmp.rows) << arch << ": " << describe(cmp);
-      }
-    }
+    SCOPED_TRACE(c.name);
+    expect_selects_as_cpu(c, fill_dropped_products, "dropped products");
+    expect_selects_as_cpu(
+        c, [](SyntheticBatch& sb) { fill_e4m3_extremes(sb, sb.spec().seed); }, "extremes");
   }
 }
 

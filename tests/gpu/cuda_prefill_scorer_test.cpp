@@ -147,6 +147,40 @@ bool plan_named(const char* name, OpKind op, const MsaConfig& config, const Synt
   return true;
 }
 
+// Plans of cuda.index_topk.<topk_arch> and cuda.score_blocks.<score_arch>, or false where either
+// cannot run here.
+bool plan_scorers(const std::string& topk_arch, const std::string& score_arch,
+                  const MsaConfig& config, const SyntheticBatch& sb, CudaRun* topk_run,
+                  CudaRun* score_run) {
+  const std::string topk_name = "cuda.index_topk." + topk_arch;
+  const std::string score_name = "cuda.score_blocks." + score_arch;
+  return plan_named(topk_name.c_str(), OpKind::index_topk, config, sb, topk_run) &&
+         plan_named(score_name.c_str(), OpKind::score_blocks, config, sb, score_run);
+}
+
+// index_topk on topk_run's plan and score_blocks on score_run's, over db, into fresh outputs
+// poisoned first ([H, T, K] ids 0x5a..., [H, T, width] scores NaN); both runs' flags must be 0.
+struct ScorerOutputs {
+  DeviceBuffer topk, scores;
+};
+ScorerOutputs run_scorers(const CudaRun& topk_run, const CudaRun& score_run,
+                          const MsaConfig& config, const SyntheticBatch& sb,
+                          const DeviceBatch& db) {
+  const int heads = config.num_index_heads;
+  ScorerOutputs out{DeviceBuffer(DType::i32, {heads, sb.num_tokens(), config.top_k}, 0x5a),
+                    DeviceBuffer(DType::f32, {heads, sb.num_tokens(), sb.width()}, 0xff)};
+  M3SA_EXPECT_OK(index_topk(
+      topk_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), out.topk.view()},
+      topk_run.workspace.workspace()));
+  M3SA_EXPECT_OK(score_blocks(
+      score_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), out.scores.view()},
+      score_run.workspace.workspace()));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(device_flags(topk_run), 0);
+  EXPECT_EQ(device_flags(score_run), 0);
+  return out;
+}
+
 class GpuPrefillScorer : public ::testing::TestWithParam<PrefillCase> {};
 
 TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
@@ -165,24 +199,12 @@ TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
   for (const char* arch : {"sm80", "sm90", "sm90_qgmma"}) {
     const bool certified = std::string(arch) == "sm90_qgmma"; // e4m3 caches only
     if (certified && c.dtype != DType::fp8_e4m3) continue;
-    const std::string topk_name = std::string("cuda.index_topk.") + arch;
-    const std::string score_name = std::string("cuda.score_blocks.") + (certified ? "sm90" : arch);
     CudaRun topk_run, score_run;
-    if (!plan_named(topk_name.c_str(), OpKind::index_topk, c.config, sb, &topk_run) ||
-        !plan_named(score_name.c_str(), OpKind::score_blocks, c.config, sb, &score_run))
+    if (!plan_scorers(arch, certified ? "sm90" : arch, c.config, sb, &topk_run, &score_run))
       continue;
-    DeviceBuffer topk(DType::i32, {heads, sb.num_tokens(), c.config.top_k}, 0x5a);
-    DeviceBuffer scores(DType::f32, {heads, sb.num_tokens(), sb.width()}, 0xff);
-    M3SA_ASSERT_OK(index_topk(topk_run.plan,
-                              {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
-                              topk_run.workspace.workspace()));
-    M3SA_ASSERT_OK(score_blocks(
-        score_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), scores.view()},
-        score_run.workspace.workspace()));
-    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-    EXPECT_EQ(device_flags(topk_run), 0) << arch;
-    EXPECT_EQ(device_flags(score_run), 0) << arch;
-    const HostTensor got_topk = topk.download(), got_scores = scores.download();
+    SCOPED_TRACE(arch);
+    const ScorerOutputs out = run_scorers(topk_run, score_run, c.config, sb, db);
+    const HostTensor got_topk = out.topk.download(), got_scores = out.scores.download();
 
     // Every scorer sums exact products in fp32, or (sm90_qgmma) scores by QGMMA and certifies the
     // selection, rescoring the blocks near each row's K-th score exactly: near-ties only.
@@ -203,7 +225,8 @@ TEST_P(GpuPrefillScorer, EveryScorerMatchesTheHostBackend) {
     ASSERT_TRUE(plan_named("cuda.select_topk_blocks", OpKind::select_topk_blocks, c.config, sb,
                            &select_run));
     DeviceBuffer selected(DType::i32, {heads, sb.num_tokens(), c.config.top_k}, 0x5a);
-    M3SA_ASSERT_OK(select_topk_blocks(select_run.plan, {scores.view(), db.batch(), selected.view()},
+    M3SA_ASSERT_OK(select_topk_blocks(select_run.plan,
+                                      {out.scores.view(), db.batch(), selected.view()},
                                       select_run.workspace.workspace()));
     M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
     if (certified && !c.integers) {
@@ -472,31 +495,16 @@ TEST(GpuPrefillScorerSmall, WidenedFp8SumsAreExactAtTheE4m3Extremes) {
   M3SA_ASSERT_OK(run_index_topk(config, sb, RunOptions{Backend::cpu}, &want));
   M3SA_ASSERT_OK(run_score_blocks(config, sb, RunOptions{Backend::cpu}, &want_scores));
   const DeviceBatch db(sb);
-  const int heads = config.num_index_heads;
   for (const char* arch : {"sm80", "sm90"}) {
     SCOPED_TRACE(arch);
-    const std::string topk_name = std::string("cuda.index_topk.") + arch;
-    const std::string score_name = std::string("cuda.score_blocks.") + arch;
     CudaRun topk_run, score_run;
-    if (!plan_named(topk_name.c_str(), OpKind::index_topk, config, sb, &topk_run) ||
-        !plan_named(score_name.c_str(), OpKind::score_blocks, config, sb, &score_run))
-      continue;
-    DeviceBuffer topk(DType::i32, {heads, sb.num_tokens(), config.top_k}, 0x5a);
-    DeviceBuffer scores(DType::f32, {heads, sb.num_tokens(), sb.width()}, 0xff);
-    M3SA_ASSERT_OK(index_topk(topk_run.plan,
-                              {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
-                              topk_run.workspace.workspace()));
-    M3SA_ASSERT_OK(score_blocks(
-        score_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), scores.view()},
-        score_run.workspace.workspace()));
-    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-    EXPECT_EQ(device_flags(topk_run), 0);
-    EXPECT_EQ(device_flags(score_run), 0);
-    const TopkComparison cmp = compare_topk(want.view(), topk.download().view(), TensorView{},
+    if (!plan_scorers(arch, arch, config, sb, &topk_run, &score_run)) continue;
+    const ScorerOutputs out = run_scorers(topk_run, score_run, config, sb, db);
+    const TopkComparison cmp = compare_topk(want.view(), out.topk.download().view(), TensorView{},
                                             selection_rules(config, sb));
     std::printf("[ e4m3 extremes %s ] %s\n", arch, describe(cmp).c_str());
     EXPECT_EQ(cmp.identical_rows, cmp.rows) << describe(cmp);
-    EXPECT_TRUE(same_bytes(want_scores, scores.download())) << "scores must be bit-identical";
+    EXPECT_TRUE(same_bytes(want_scores, out.scores.download())) << "scores must be bit-identical";
   }
 }
 
@@ -550,21 +558,10 @@ TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
                     [&](int64_t, int, int d) { return d % 32 == 0 ? 16.f : 0.125f; });
     }
     CudaRun topk_run, score_run;
-    if (!plan_named("cuda.index_topk.sm90_qgmma", OpKind::index_topk, config, sb, &topk_run) ||
-        !plan_named("cuda.score_blocks.sm90", OpKind::score_blocks, config, sb, &score_run))
-      return;
+    if (!plan_scorers("sm90_qgmma", "sm90", config, sb, &topk_run, &score_run)) return;
     const DeviceBatch db(sb);
     const int heads = config.num_index_heads;
-    DeviceBuffer topk(DType::i32, {heads, sb.num_tokens(), config.top_k}, 0x5a);
-    DeviceBuffer exact(DType::f32, {heads, sb.num_tokens(), sb.width()}, 0xff);
-    M3SA_ASSERT_OK(index_topk(topk_run.plan,
-                              {db.index_q.view(), db.index_k_cache.view(), db.batch(), topk.view()},
-                              topk_run.workspace.workspace()));
-    M3SA_ASSERT_OK(score_blocks(
-        score_run.plan, {db.index_q.view(), db.index_k_cache.view(), db.batch(), exact.view()},
-        score_run.workspace.workspace()));
-    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-    EXPECT_EQ(device_flags(topk_run), 0);
+    const ScorerOutputs exact = run_scorers(topk_run, score_run, config, sb, db);
     // The QGMMA scores and the key norms, where the run left them in its workspace.
     const auto info = detail::load_plan_info<cuda::ScoringPlanInfo>(topk_run.plan);
     detail::WorkspaceCarver carver(topk_run.workspace.data());
@@ -578,7 +575,7 @@ TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
         cudaMemcpy(approx.data(), l.scores, approx.size() * sizeof(float), cudaMemcpyDeviceToHost));
     M3SA_CUDA_ASSERT(cudaMemcpy(norms.data(), l.key_norms, norms.size() * sizeof(float4),
                                 cudaMemcpyDeviceToHost));
-    const HostTensor want = exact.download();
+    const HostTensor want = exact.scores.download();
     const float scale = std::fabs(config.score_scale);
     double worst = 0.0, worst_relative = 0.0; // error / E, error / (|scale| |q| |k|)
     int64_t compared = 0;
