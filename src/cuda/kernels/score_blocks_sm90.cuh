@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(kSm90ScoreThreads, 1)
     for (int r = 0; r < 4; ++r)
       last_key[r] = geo.first_pos + thread_row(r / 2, r % 2) / heads - 2 * (lane % 4);
 
-    // This consumer's 128 query rows, swizzled into its half of query_s: bf16 (e4m3 widened to
-    // fp16), or e4m3 as stored for QGMMA; zeros past the tile. Thread i takes chunk i % kChunks of
+    // This consumer's 128 query rows, swizzled into its half of query_s: bf16, e4m3 widened to
+    // fp16, or e4m3 as stored for QGMMA; zeros past the tile. Thread i takes chunk i % kChunks of
     // every kRowStep-th row from i / kChunks, its loads issued kLoadBatch at a time, the first
     // batch before the barrier (one load at a time, each unit's staging waited 16 load latencies:
     // ncu put a third of the S = 8K stalls on them, s18 r3).
