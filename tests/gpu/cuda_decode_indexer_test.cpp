@@ -18,7 +18,7 @@
 #include "cuda/kernels/indexer_traits.h"
 #include "gpu/cuda_test_util.h"
 #include "gpu/device_batch.h"
-#include "gpu/e4m3_data.h"
+#include "support/e4m3_data.h"
 #include "support/test_util.h"
 
 namespace m3sa::testing {
