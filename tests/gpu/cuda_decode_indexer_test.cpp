@@ -551,11 +551,6 @@ TEST(GpuDecodeIndexerRuns, DecodeStridedCacheViews) {
     }
 }
 
-// Equal scores everywhere (all index data 0): the contract ranks ties by block id, so every split's
-// list holds its range's lowest ids and every key of the first fill - 1 ranges lies above the
-// floor the last CTA's merge derives from the lists' heads - hundreds of survivors at K = 32, more
-// than the survivor ranking holds, so the merge takes its full ranking; K = 16 stays below its
-// capacity. Both must equal the CPU backend bit for bit.
 // Each implementation's selections for case c on the data `fill` writes (every sum exact), bit
 // for bit the CPU backend's; `data` names the data in the printed comparison.
 template <typename Fill>
@@ -579,6 +574,11 @@ void expect_selects_as_cpu(const DecodeCase& c, Fill&& fill, const char* data) {
   }
 }
 
+// Equal scores everywhere (all index data 0): the contract ranks ties by block id, so every split's
+// list holds its range's lowest ids and every key of the first fill - 1 ranges lies above the
+// floor the last CTA's merge derives from the lists' heads - hundreds of survivors at K = 32, more
+// than the survivor ranking holds, so the merge takes its full ranking; K = 16 stays below its
+// capacity. Both must equal the CPU backend bit for bit.
 TEST(GpuDecodeIndexerRuns, DecodeTiedScoresDefeatTheMergeFloor) {
   M3SA_SKIP_WITHOUT_CUDA();
   const DecodeCase cases[] = {

@@ -20,8 +20,8 @@
 #include "cuda/launchers.h"
 #include "gpu/cuda_test_util.h"
 #include "gpu/device_batch.h"
-#include "support/e4m3_data.h"
 #include "registry/registry.h"
+#include "support/e4m3_data.h"
 #include "support/test_util.h"
 
 namespace m3sa::testing {

@@ -1,7 +1,8 @@
 #pragma once
-// e4m3 index data built against inexact accumulation, for the GPU scorers' tests: every sum is
-// exact in fp32 (in any order), so every scorer that sums exact products in fp32 must select - and
-// score - exactly as the host backends.
+// e4m3 index data built against inexact accumulation, for the GPU scorers' exactness tests (and
+// their premises, checked on the host in exact_values_test.cpp): every sum is exact in fp32 (in
+// any order), so every scorer that sums exact products in fp32 must select - and score - exactly
+// as the host backends.
 #include <cstdint>
 
 #include "testing/synthetic_batch.h"
