@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "gpu/device_batch.h"
 #include "gpu/cuda_test_util.h"
+#include "gpu/device_batch.h"
 #include "support/test_util.h"
 
 #ifdef M3SA_HAVE_NCCL
@@ -92,8 +92,8 @@ TEST_P(GpuContextParallel, ShardedSelectionsEqualTheSingleGpuOnes) {
   HostTensor cpu_topk, cpu_scores;
   M3SA_ASSERT_OK(run_index_topk(c.config, sb, {Backend::cpu}, &cpu_topk));
   M3SA_ASSERT_OK(run_score_blocks(c.config, sb, {Backend::cpu}, &cpu_scores));
-  const TopkComparison oracle = compare_topk(cpu_topk.view(), want.view(), cpu_scores.view(),
-                                             selection_rules(c.config, sb));
+  const TopkComparison oracle =
+      compare_topk(cpu_topk.view(), want.view(), cpu_scores.view(), selection_rules(c.config, sb));
   EXPECT_TRUE(oracle.ok()) << describe(oracle);
   const PlanRequest request = plan_request(OpKind::index_topk, c.config, sb, {Backend::cuda});
 
@@ -107,6 +107,7 @@ TEST_P(GpuContextParallel, ShardedSelectionsEqualTheSingleGpuOnes) {
       const int fill = plans[0].ranked_slots;
       const int64_t per_rank = int64_t{c.heads} * sb.num_tokens() * fill;
       DeviceBuffer gathered(DType::i64, {ranks, c.heads, sb.num_tokens(), fill}, 0x77);
+      DeviceBuffer topk(DType::i32, {c.heads, sb.num_tokens(), c.config.top_k}, 0x5a);
       for (int rank = 0; rank < ranks; ++rank) { // each rank in turn, as if on its own GPU
         const ContextParallelPlan& plan = plans[rank];
         const DeviceBuffer table(shard_table(sb, request.capacities, plan.shard));
@@ -120,20 +121,108 @@ TEST_P(GpuContextParallel, ShardedSelectionsEqualTheSingleGpuOnes) {
                                    {c.heads, sb.num_tokens(), fill}, {DeviceKind::cuda, 0});
         M3SA_ASSERT_OK(score_shard_candidates(
             plan, {db.index_q.view(), db.index_k_cache.view(), batch, {}}, slice, ws.workspace()));
+        // The last rank's scoring is followed at once by the merge (launched to overlap it, PDL),
+        // which must still read every candidate the scoring writes.
+        if (rank == ranks - 1)
+          M3SA_ASSERT_OK(
+              merge_shard_candidates(plans[0], gathered.view(), db.batch(), topk.view()));
         M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
         int32_t flags = -1;
         M3SA_ASSERT_OK(read_device_errors(plan.scoring, ws.workspace(), {}, &flags));
         EXPECT_EQ(flags, 0);
       }
-      DeviceBuffer topk(DType::i32, {c.heads, sb.num_tokens(), c.config.top_k}, 0x5a);
-      M3SA_ASSERT_OK(merge_shard_candidates(plans[0], gathered.view(), db.batch(), topk.view()));
-      M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
       EXPECT_TRUE(same_bytes(want, topk.download()));
     }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuContextParallel, ::testing::ValuesIn(shard_cases()),
                          [](const auto& param_info) { return std::string(param_info.param.name); });
+
+// A graph of back-to-back context-parallel steps on one GPU (each: two ranks' shards scored into
+// one gathered buffer, then merged), alternating two data sets into their own outputs. Every
+// kernel of a step starts early (programmatic dependent launch after its predecessor), so a
+// scoring that wrote the gathered candidates before the previous merge had read them, or a merge
+// that read them before its scorings had written them, gives the other set's selection.
+TEST(GpuContextParallelSmall, BackToBackStepsInAGraphEqualTheSingleGpuSelections) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  constexpr int kRanks = 2, kSteps = 4;
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const MsaConfig config = config_with_heads(2);
+  BatchSpec spec;
+  spec.seq_lens = {70000, 5000, 129};
+  spec.q_lens.assign(spec.seq_lens.size(), 1);
+  spec.num_decode = static_cast<int>(spec.seq_lens.size());
+  spec.index_heads = config.num_index_heads;
+  SyntheticBatch sa(spec), sb(spec);
+  sa.fill_index_random(seed);
+  sb.fill_index_random(seed + 1);
+  const DeviceBatch da(sa), db(sb);
+  const HostTensor want[2] = {single_gpu_topk(config, sa, da), single_gpu_topk(config, sb, db)};
+  ASSERT_FALSE(same_bytes(want[0], want[1])); // the sets must tell the steps apart
+  const PlanRequest request = plan_request(OpKind::index_topk, config, sa, {Backend::cuda});
+  std::vector<ContextParallelPlan> plans(kRanks);
+  std::vector<DeviceBuffer> tables, workspaces;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    M3SA_ASSERT_OK(
+        make_context_parallel_plan(request, {rank, kRanks, ShardMode::contiguous}, &plans[rank]));
+    tables.emplace_back(shard_table(sa, request.capacities, plans[rank].shard)); // same pages
+    workspaces.push_back(device_workspace(plans[rank].scoring, false));
+    M3SA_ASSERT_OK(workspaces.back().status());
+    M3SA_ASSERT_OK(prepare_context_parallel_workspace(plans[rank], workspaces.back().workspace()));
+  }
+  const int fill = plans[0].ranked_slots;
+  const int64_t per_rank = int64_t{config.num_index_heads} * sa.num_tokens() * fill;
+  const DeviceBuffer gathered(DType::i64, {kRanks, config.num_index_heads, sa.num_tokens(), fill},
+                              0x77);
+  const std::initializer_list<int64_t> topk_shape = {config.num_index_heads, sa.num_tokens(),
+                                                     config.top_k};
+  std::vector<DeviceBuffer> outputs;
+  for (int i = 0; i < kSteps; ++i) outputs.emplace_back(DType::i32, topk_shape, 0x5a);
+  cudaStream_t stream;
+  M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const ExecContext ctx{0, stream};
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  Status captured;
+  for (int i = 0; i < kSteps && captured.ok(); ++i) {
+    const DeviceBatch& d = i % 2 == 0 ? da : db;
+    for (int rank = 0; rank < kRanks && captured.ok(); ++rank) {
+      BatchMetadata batch = d.batch();
+      batch.block_table = tables[rank].view();
+      const TensorView slice = TensorView::contiguous(
+          gathered.view().ptr<int64_t>() + rank * per_rank, DType::i64,
+          {config.num_index_heads, sa.num_tokens(), fill}, {DeviceKind::cuda, 0});
+      captured =
+          score_shard_candidates(plans[rank], {d.index_q.view(), d.index_k_cache.view(), batch, {}},
+                                 slice, workspaces[rank].workspace(), ctx);
+    }
+    if (captured.ok())
+      captured =
+          merge_shard_candidates(plans[0], gathered.view(), d.batch(), outputs[i].view(), ctx);
+  }
+  M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  M3SA_ASSERT_OK(captured);
+  M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    for (DeviceBuffer& out : outputs) M3SA_ASSERT_OK(out.fill(0x5a));
+    M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    for (int i = 0; i < kSteps; ++i)
+      ASSERT_TRUE(same_bytes(want[i % 2], outputs[i].download()))
+          << "replay " << replay << ", step " << i;
+  }
+  for (int rank = 0; rank < kRanks; ++rank) {
+    int32_t flags = -1;
+    M3SA_ASSERT_OK(
+        read_device_errors(plans[rank].scoring, workspaces[rank].workspace(), {}, &flags));
+    EXPECT_EQ(flags, 0);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
 
 TEST(GpuContextParallelSmall, PrefillRowsAndOversizedTablesAreRejected) {
   M3SA_SKIP_WITHOUT_CUDA();
@@ -232,7 +321,8 @@ TEST(GpuContextParallelMultiGpu, NcclExchangeAcrossGpusEqualsTheSingleGpuResultE
             cuda::cuda_status(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
         if (s.ok()) s = ended;
       }
-      if (s.ok()) s = cuda::cuda_status(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+      if (s.ok())
+        s = cuda::cuda_status(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
       for (int replay = 0; replay < 2 && s.ok(); ++replay)
         s = cuda::cuda_status(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
       if (s.ok()) s = cuda::cuda_status(cudaStreamSynchronize(stream), "replay");

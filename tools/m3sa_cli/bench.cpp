@@ -68,8 +68,10 @@ int run_bench(const BenchOptions& options) {
       return name.compare(0, options.filter.size() - 1, options.filter, 1) == 0;
     return name.find(options.filter) != std::string::npos;
   };
-  for (const Case& c : cases(options.set))
+  for (Case c : cases(options.set)) {
+    c.pages_in_order = options.index_pages_in_order;
     if (selected(c.name)) finish_case(c.name, run_case(c, stream, ceilings, &records));
+  }
   for (AttentionCase c : attention_cases(options.set)) {
     c.kv_pool_bytes = static_cast<int64_t>(options.kv_pool_gib * double{1 << 30});
     if (selected(c.name)) finish_case(c.name, run_attention_case(c, stream, ceilings, &records));
@@ -88,9 +90,9 @@ int run_bench(const BenchOptions& options) {
     // (a bare "context parallel" check dropped every filter longer than that).
     if (!selected("context parallel B=" + std::to_string(batch) + " S=1M")) continue;
     double single_gpu_us = 0;
-    const bool single_gpu_ran =
-        finish_case("context parallel",
-                    run_context_parallel_cases(batch, stream, ceilings, &records, &single_gpu_us));
+    const bool single_gpu_ran = finish_case(
+        "context parallel", run_context_parallel_cases(batch, options.index_pages_in_order, stream,
+                                                       ceilings, &records, &single_gpu_us));
 #ifdef M3SA_HAVE_NCCL
     if (single_gpu_ran)
       for (int ranks = 2; ranks <= devices; ranks *= 2)

@@ -19,6 +19,9 @@ struct BenchOptions {
   std::string json_path;    // also write JSON records here
   std::string filter;       // run only cases whose name contains this
   double kv_pool_gib = 8;   // cap of a decode attention case's K|V page pool (the peer's default)
+  // Index-cache pages of the indexer and context-parallel cases: shuffled over the pool (the
+  // peer's randperm) or in order (a fresh request's pages from an empty allocator).
+  bool index_pages_in_order = false;
 };
 
 // 0: ran; 1: a case failed to run; 2: no CUDA backend or device.

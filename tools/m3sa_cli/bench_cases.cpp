@@ -40,6 +40,16 @@ std::vector<Case> cases(const std::string& set) {
   return all;
 }
 
+std::vector<int32_t> page_order(int64_t pages, bool in_order) {
+  std::vector<int32_t> perm(pages);
+  for (int64_t i = 0; i < pages; ++i) perm[i] = static_cast<int32_t>(i);
+  Rng rng(5);
+  if (!in_order)
+    for (int64_t i = pages - 1; i > 0; --i)
+      std::swap(perm[i], perm[rng.uniform_int(0, static_cast<int>(i))]);
+  return perm;
+}
+
 // One case: build data sets (decode: as the peer rotates them; prefill: enough to rotate past 2x
 // L2 for small caches), plan the three ops, time each: score_blocks, select_topk_blocks,
 // index_topk.
@@ -61,11 +71,7 @@ Status run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
   // end.
   HostTensor cu(DType::i32, {c.batch + 1}), seq(DType::i32, {c.batch}),
       table(DType::i32, {c.batch, blocks});
-  std::vector<int32_t> perm(pages);
-  for (int64_t i = 0; i < pages; ++i) perm[i] = static_cast<int32_t>(i);
-  Rng rng(5);
-  for (int64_t i = pages - 1; i > 0; --i)
-    std::swap(perm[i], perm[rng.uniform_int(0, static_cast<int>(i))]);
+  const std::vector<int32_t> perm = page_order(pages, c.pages_in_order);
   for (int r = 0; r <= c.batch; ++r) cu.data<int32_t>()[r] = c.decode ? r : (r == 0 ? 0 : c.chunk);
   for (int r = 0; r < c.batch; ++r) {
     seq.data<int32_t>()[r] = c.context;

@@ -136,8 +136,11 @@ struct Case {
   int chunk;   // prefill query tokens (decode: 1)
   int heads;
   DType dtype;
+  bool pages_in_order = false; // the block table's pages in order, not shuffled
 };
 std::vector<Case> cases(const std::string& set);
+// Page ids 0 .. pages - 1 in order, or shuffled (a fixed seed: every run reads the same layout).
+std::vector<int32_t> page_order(int64_t pages, bool in_order);
 Status run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
                 std::vector<Record>* records);
 std::string norm_rope_case_name(int tokens, DType kv_dtype, DType index_dtype);
@@ -163,8 +166,9 @@ Status run_attention_case(const AttentionCase& c, cudaStream_t stream, const Cei
 
 // bench_context_parallel.cpp: decode at 1M tokens sharded over R ranks, rank 0's work on one
 // GPU (R = 1, 2, 4, 8; `single_gpu_us` is R = 1) and, with NCCL, across `ranks` GPUs.
-Status run_context_parallel_cases(int batch, cudaStream_t stream, const Ceilings& ceilings,
-                                  std::vector<Record>* records, double* single_gpu_us);
+Status run_context_parallel_cases(int batch, bool pages_in_order, cudaStream_t stream,
+                                  const Ceilings& ceilings, std::vector<Record>* records,
+                                  double* single_gpu_us);
 #ifdef M3SA_HAVE_NCCL
 Status run_context_parallel_nccl(int batch, int ranks, double single_gpu_us,
                                  const Ceilings& ceilings, std::vector<Record>* records);

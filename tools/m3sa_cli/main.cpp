@@ -88,6 +88,13 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--filter", bench.filter,
                         "only cases whose name contains this text (\"^text\": starts with it)");
   bench_cmd
+      ->add_option_function<std::string>(
+          "--index-pages",
+          [&bench](const std::string& order) { bench.index_pages_in_order = order == "in-order"; },
+          "index-cache pages of the indexer and context-parallel cases: shuffled (default, as "
+          "the peer's) or in-order")
+      ->check(CLI::IsMember({"shuffled", "in-order"}));
+  bench_cmd
       ->add_option("--kv-pool-gib", bench.kv_pool_gib,
                    "cap of a decode attention case's K|V page pool, GiB (as the peer's)")
       ->check(CLI::Range(0.001, 1024.0));
