@@ -175,53 +175,30 @@ TEST(GpuContextParallelSmall, BackToBackStepsInAGraphEqualTheSingleGpuSelections
   const int64_t per_rank = int64_t{config.num_index_heads} * sa.num_tokens() * fill;
   const DeviceBuffer gathered(DType::i64, {kRanks, config.num_index_heads, sa.num_tokens(), fill},
                               0x77);
-  const std::initializer_list<int64_t> topk_shape = {config.num_index_heads, sa.num_tokens(),
-                                                     config.top_k};
-  std::vector<DeviceBuffer> outputs;
-  for (int i = 0; i < kSteps; ++i) outputs.emplace_back(DType::i32, topk_shape, 0x5a);
-  cudaStream_t stream;
-  M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const ExecContext ctx{0, stream};
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  Status captured;
-  for (int i = 0; i < kSteps && captured.ok(); ++i) {
-    const DeviceBatch& d = i % 2 == 0 ? da : db;
-    for (int rank = 0; rank < kRanks && captured.ok(); ++rank) {
-      BatchMetadata batch = d.batch();
-      batch.block_table = tables[rank].view();
-      const TensorView slice = TensorView::contiguous(
-          gathered.view().ptr<int64_t>() + rank * per_rank, DType::i64,
-          {config.num_index_heads, sa.num_tokens(), fill}, {DeviceKind::cuda, 0});
-      captured =
-          score_shard_candidates(plans[rank], {d.index_q.view(), d.index_k_cache.view(), batch, {}},
-                                 slice, workspaces[rank].workspace(), ctx);
-    }
-    if (captured.ok())
-      captured =
-          merge_shard_candidates(plans[0], gathered.view(), d.batch(), outputs[i].view(), ctx);
-  }
-  M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-  M3SA_ASSERT_OK(captured);
-  M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 3; ++replay) {
-    for (DeviceBuffer& out : outputs) M3SA_ASSERT_OK(out.fill(0x5a));
-    M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-    M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
-    for (int i = 0; i < kSteps; ++i)
-      ASSERT_TRUE(same_bytes(want[i % 2], outputs[i].download()))
-          << "replay " << replay << ", step " << i;
-  }
+  expect_graph_of_alternating_results(
+      [&](int i, const TensorView& out, cudaStream_t stream) {
+        const DeviceBatch& d = i % 2 == 0 ? da : db;
+        const ExecContext ctx{0, stream};
+        Status s;
+        for (int rank = 0; rank < kRanks && s.ok(); ++rank) {
+          BatchMetadata batch = d.batch();
+          batch.block_table = tables[rank].view();
+          const TensorView slice = TensorView::contiguous(
+              gathered.view().ptr<int64_t>() + rank * per_rank, DType::i64,
+              {config.num_index_heads, sa.num_tokens(), fill}, {DeviceKind::cuda, 0});
+          s = score_shard_candidates(plans[rank],
+                                     {d.index_q.view(), d.index_k_cache.view(), batch, {}}, slice,
+                                     workspaces[rank].workspace(), ctx);
+        }
+        return s.ok() ? merge_shard_candidates(plans[0], gathered.view(), d.batch(), out, ctx) : s;
+      },
+      want[0], want[1], {config.num_index_heads, sa.num_tokens(), config.top_k}, kSteps, 3);
   for (int rank = 0; rank < kRanks; ++rank) {
     int32_t flags = -1;
     M3SA_ASSERT_OK(
         read_device_errors(plans[rank].scoring, workspaces[rank].workspace(), {}, &flags));
     EXPECT_EQ(flags, 0);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST(GpuContextParallelSmall, PrefillRowsAndOversizedTablesAreRejected) {

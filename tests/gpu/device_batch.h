@@ -25,16 +25,16 @@ struct DeviceBatch {
   }
 };
 
-// `calls` back-to-back index_topk calls on run's one workspace, captured in one CUDA graph,
-// alternating the data sets `a` (even calls) and `b` (odd), each into its own [H, T, K] output;
-// after each of five replays every output must equal its set's `want_a` / `want_b`. A call that
-// reads what the previous call left in the workspace (scores, published lists, counters) before
-// rewriting it - programmatic dependent launch starts each early - writes the other set's result.
-inline void expect_graph_of_alternating_calls(const CudaRun& run, const DeviceBatch& a,
-                                              const DeviceBatch& b, const HostTensor& want_a,
-                                              const HostTensor& want_b,
-                                              std::initializer_list<int64_t> topk_shape,
-                                              int calls) {
+// `calls` back-to-back calls `enqueue(i, out_i, stream)` (each a Status) captured in one CUDA
+// graph, call i writing its own [topk_shape] output; after each of `replays` replays, output i
+// must equal want_a (even i) or want_b (odd). A call that reads what the previous call left in a
+// shared workspace or buffer before rewriting it - programmatic dependent launch starts each early
+// - writes the other set's result.
+template <typename Enqueue>
+void expect_graph_of_alternating_results(Enqueue&& enqueue, const HostTensor& want_a,
+                                         const HostTensor& want_b,
+                                         std::initializer_list<int64_t> topk_shape, int calls,
+                                         int replays = 5) {
   std::vector<DeviceBuffer> outputs;
   for (int i = 0; i < calls; ++i) outputs.emplace_back(DType::i32, topk_shape, 0x5a);
   cudaStream_t stream;
@@ -43,16 +43,11 @@ inline void expect_graph_of_alternating_calls(const CudaRun& run, const DeviceBa
   cudaGraphExec_t exec;
   M3SA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   Status captured;
-  for (int i = 0; i < calls && captured.ok(); ++i) {
-    const DeviceBatch& d = i % 2 == 0 ? a : b;
-    captured = index_topk(run.plan,
-                          {d.index_q.view(), d.index_k_cache.view(), d.batch(), outputs[i].view()},
-                          run.workspace.workspace(), {0, stream});
-  }
+  for (int i = 0; i < calls && captured.ok(); ++i) captured = enqueue(i, outputs[i].view(), stream);
   M3SA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
   M3SA_ASSERT_OK(captured);
   M3SA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 5; ++replay) {
+  for (int replay = 0; replay < replays; ++replay) {
     for (DeviceBuffer& out : outputs) M3SA_ASSERT_OK(out.fill(0x5a));
     M3SA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
     M3SA_CUDA_ASSERT(cudaStreamSynchronize(stream));
@@ -60,10 +55,26 @@ inline void expect_graph_of_alternating_calls(const CudaRun& run, const DeviceBa
       ASSERT_TRUE(same_bytes(i % 2 == 0 ? want_a : want_b, outputs[i].download()))
           << "replay " << replay << ", call " << i;
   }
-  EXPECT_EQ(device_flags(run), 0);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// The same for index_topk on run's one workspace, alternating the data sets `a` and `b`; the
+// device flags stay 0.
+inline void expect_graph_of_alternating_calls(const CudaRun& run, const DeviceBatch& a,
+                                              const DeviceBatch& b, const HostTensor& want_a,
+                                              const HostTensor& want_b,
+                                              std::initializer_list<int64_t> topk_shape,
+                                              int calls) {
+  expect_graph_of_alternating_results(
+      [&](int i, const TensorView& out, cudaStream_t stream) {
+        const DeviceBatch& d = i % 2 == 0 ? a : b;
+        return index_topk(run.plan, {d.index_q.view(), d.index_k_cache.view(), d.batch(), out},
+                          run.workspace.workspace(), {0, stream});
+      },
+      want_a, want_b, topk_shape, calls);
+  EXPECT_EQ(device_flags(run), 0);
 }
 
 } // namespace m3sa::testing

@@ -178,6 +178,96 @@ __device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const Li
   t.emit(row, true, merge_warp(best, fill, lane), lane);
 }
 
+// Row `row`'s selection from the Hopper kernel's warp lists in global memory (more than 64 keys),
+// by a group of `threads` worker threads (2 or 4 warps, named barrier `barrier`; q: the thread's
+// index in the group; `heads`: shared memory for the set.count list heads) - where a tile has one
+// or two rows, the last CTA's other warps would otherwise idle while one warp walks every list.
+// The floor is the fill-th largest of the threads' maxima over the heads of their lists (list l
+// is thread l % threads'): the threads of the fill largest maxima hold fill distinct keys at least
+// that large, so every chosen key is at or above it - a higher floor than a warp's 32 maxima give.
+// Each thread then appends its lists' keys at or above the floor to the survivors, and each
+// survivor takes the slot of its rank. Read straight from L2: the heads in one pass of loads
+// (kept in `heads`), and only the lists that reach the floor further - staging every list first,
+// then one warp's floor and survivors, took 6.3 us of the last CTA's 8.2 us tail at batch 1 S=1M;
+// this, 4.4 (bench/NOTES.md s30 r7-r8). Keys built against the floor (too many survivors) go to
+// merge_row on the group's first warp.
+template <int MaxK>
+__device__ __forceinline__ void merge_row_in_group(const DecodeTile& t, int row, const ListSet& set,
+                                                   uint64_t* heads, uint64_t* scratch, int q,
+                                                   int threads, int barrier, int lane) {
+  const int fill = t.fill;
+  uint64_t* survivors = scratch;                  // [kSurvivorCapacity], the first warp's
+  uint64_t* chosen = scratch + kSurvivorCapacity; // [32]
+  uint64_t* maxima = scratch + kMergeScratchKeys; // [threads], the second warp's
+  uint64_t* shared_floor = maxima + threads;
+  int* held_count = reinterpret_cast<int*>(shared_floor + 1);
+  const auto group_sync = [&] {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(barrier), "r"(threads) : "memory");
+  };
+  uint64_t mine = 0;
+  for (int first = q; first < set.count; first += 4 * threads) {
+    uint64_t head[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int l = first + u * threads;
+      head[u] = l < set.count ? list_key<false>(set.list(l)) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int l = first + u * threads;
+      if (l < set.count) heads[l] = head[u];
+      mine = max(mine, head[u]);
+    }
+  }
+  maxima[q] = mine;
+  if (q == 0) *shared_floor = 0, *held_count = 0;
+  if (q < fill) chosen[q] = 0;
+  group_sync();
+  if (mine != 0) { // nonzero maxima are distinct keys: exactly one has fill - 1 larger ones
+    int larger = 0;
+    for (int j = 0; j < threads; ++j) larger += maxima[j] > mine;
+    if (larger == fill - 1) *shared_floor = mine;
+  }
+  group_sync();
+  const uint64_t floor = *shared_floor; // 0: fewer than fill threads hold a key
+  if (floor != 0) {
+    for (int l = q; l < set.count; l += threads) {
+      if (heads[l] < floor) continue; // most lists: none of their keys is read again
+      const uint64_t* list = set.list(l);
+      for (int k = 0; k < set.len; k += 4) { // descending: stop below the floor
+        uint64_t keys[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) keys[u] = k + u < set.len ? list_key<false>(list + k + u) : 0;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (keys[u] != 0 && keys[u] >= floor) {
+            const int at = atomicAdd(held_count, 1);
+            if (at < kSurvivorCapacity) survivors[at] = keys[u];
+          }
+        if (keys[3] < floor) break;
+      }
+    }
+  }
+  group_sync();
+  const int held = *held_count;
+  M3SA_DECODE_FINISH_STAMP(2);
+  if (floor == 0 || held > kSurvivorCapacity) {
+    if (q < 32) merge_row<MaxK, false, true>(t, row, set, scratch, lane);
+    return;
+  }
+  const int padded = (held + 7) & ~7; // the 0 keys rank below every key
+  for (int i = held + q; i < padded; i += threads) survivors[i] = 0;
+  group_sync();
+  for (int i = q; i < held; i += threads) { // keys are unique (they hold the block id)
+    const uint64_t key = survivors[i];
+    const int rank = rank_among(survivors, padded, key);
+    if (rank < fill) chosen[rank] = key;
+  }
+  group_sync();
+  M3SA_DECODE_FINISH_STAMP(3);
+  if (q < 32) t.emit(row, true, lane < fill ? chosen[lane] : 0, lane);
+}
+
 // After scoring: the CTA's lists go to the workspace, and the last CTA of the tile merges every
 // range's lists into the rows' selections (or, with one split, the CTA merges its own). Every
 // thread of the CTA calls it (it holds CTA barriers); warps >= kDecodeMergeWarps only wait.
@@ -253,10 +343,15 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
   M3SA_DECODE_FINISH_STAMP(0);
   if (!*is_last || !worker) return;
 
-  // Only the worker warps are here from now on: they meet at named barrier 1.
+  // Only the worker warps are here from now on: they meet at named barrier 1 (groups: 2, 3).
   constexpr int kWarps = kDecodeMergeWarps;
-  const bool staged =
-      memory.stage != nullptr && int64_t{active_splits} * 2 * chunks <= memory.stage_keys;
+  // One or two rows of Hopper warp lists, more than 64 keys a row: all worker warps on them
+  // (merge_row_in_group), the lists read where they are.
+  const bool in_groups = kWarpLists && rows <= kWarps / 2 && active_splits * lists * len > 64 &&
+                         memory.stage != nullptr &&
+                         int64_t{rows} * active_splits * lists <= memory.stage_keys;
+  const bool staged = !in_groups && memory.stage != nullptr &&
+                      int64_t{active_splits} * 2 * chunks <= memory.stage_keys;
   if (staged) {
     for (int i = threadIdx.x; i < active_splits * chunks; i += kWarps * 32)
       cp_async_16(memory.stage + 2 * i, tile_lists + (i / chunks) * split_stride + 2 * (i % chunks),
@@ -266,6 +361,19 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
     asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory");
   }
   M3SA_DECODE_FINISH_STAMP(1);
+  if (in_groups) {
+    static_assert(kWarps % 2 == 0);
+    const int group_warps = rows == 1 ? kWarps : kWarps / 2, row = warp / group_warps;
+    if (short_row(row)) {
+      if (warp % group_warps == 0) t.emit(row, false, 0, lane);
+      return;
+    }
+    const ListSet set{tile_lists + row * len, int64_t{rows} * len, active_splits * lists, len};
+    merge_row_in_group<MaxK>(t, row, set, memory.stage + row * set.count,
+                             memory.scratch + row * group_warps * kMergeScratchKeys,
+                             threadIdx.x - row * group_warps * 32, group_warps * 32, 2 + row, lane);
+    return;
+  }
   // A warp per row, over its lists of every range.
   for (int row = warp; row < rows; row += kWarps) {
     if (short_row(row)) {
