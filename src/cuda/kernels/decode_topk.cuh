@@ -221,7 +221,6 @@ __device__ __forceinline__ void merge_row_in_group(const DecodeTile& t, int row,
   }
   maxima[q] = mine;
   if (q == 0) *shared_floor = 0, *held_count = 0;
-  if (q < fill) chosen[q] = 0;
   group_sync();
   if (mine != 0) { // nonzero maxima are distinct keys: exactly one has fill - 1 larger ones
     int larger = 0;
@@ -255,15 +254,7 @@ __device__ __forceinline__ void merge_row_in_group(const DecodeTile& t, int row,
     if (q < 32) merge_row<MaxK, false, true>(t, row, set, scratch, lane);
     return;
   }
-  const int padded = (held + 7) & ~7; // the 0 keys rank below every key
-  for (int i = held + q; i < padded; i += threads) survivors[i] = 0;
-  group_sync();
-  for (int i = q; i < held; i += threads) { // keys are unique (they hold the block id)
-    const uint64_t key = survivors[i];
-    const int rank = rank_among(survivors, padded, key);
-    if (rank < fill) chosen[rank] = key;
-  }
-  group_sync();
+  rank_held_survivors(survivors, held, fill, chosen, q, threads, group_sync);
   M3SA_DECODE_FINISH_STAMP(3);
   if (q < 32) t.emit(row, true, lane < fill ? chosen[lane] : 0, lane);
 }

@@ -234,19 +234,28 @@ __device__ __forceinline__ int rank_among(const uint64_t* keys, int padded, uint
 
 // Ranks `held` unique keys in `survivors` (16-byte aligned, room for held rounded up to 8) and
 // writes the fill largest, descending, to chosen[0 .. fill), 0 past the last key there is: each
-// key takes the slot of its rank, a sum over 16-byte broadcast reads (independent loads).
+// key takes the slot of its rank, a sum over 16-byte broadcast reads (independent loads). Run by
+// `step` threads, this one `first` of them, that meet at `sync` (a warp, or merge_row_in_group's
+// group of warps at its named barrier).
+template <typename Sync>
 __device__ __forceinline__ void rank_held_survivors(uint64_t* survivors, int held, int fill,
-                                                    uint64_t* chosen, int lane) {
+                                                    uint64_t* chosen, int first, int step,
+                                                    Sync&& sync) {
   const int padded = (held + 7) & ~7; // the 0 keys rank below every key
-  for (int i = held + lane; i < padded; i += 32) survivors[i] = 0;
-  for (int i = lane; i < fill; i += 32) chosen[i] = 0;
-  __syncwarp();
-  for (int i = lane; i < held; i += 32) { // keys are unique (they hold the block id)
+  for (int i = held + first; i < padded; i += step) survivors[i] = 0;
+  for (int i = first; i < fill; i += step) chosen[i] = 0;
+  sync();
+  for (int i = first; i < held; i += step) { // keys are unique (they hold the block id)
     const uint64_t key = survivors[i];
     const int rank = rank_among(survivors, padded, key);
     if (rank < fill) chosen[rank] = key;
   }
-  __syncwarp();
+  sync();
+}
+// By one warp.
+__device__ __forceinline__ void rank_held_survivors(uint64_t* survivors, int held, int fill,
+                                                    uint64_t* chosen, int lane) {
+  rank_held_survivors(survivors, held, fill, chosen, lane, 32, [] { __syncwarp(); });
 }
 
 // The fill best keys of the lists into chosen[0 .. fill), descending, 0 past the last key there
