@@ -209,7 +209,7 @@ std::vector<DecodeCase> decode_cases() {
       decode_case("B4OneRangeEachK32Local2", {split_len(256, -1), 0, 131072, split_len(124, 0)}, 1,
                   cfg(1, 32, 2, 0), bf, true, false, 1),
       // Either side of the plan's choice of the Hopper kernel's CTA (decode_sm90_warps): the most
-      // splits of the 8-warp CTA, then one more (4 warps). Ranges of 4 blocks (warps without
+      // splits of the 8-warp CTA, then one more (4 warps). Ranges of 3 blocks (warps without
       // blocks), and of 5 and 21 (8 warps) or 9 (4 warps): an odd count of lists x keys, so that
       // the publish adds its empty list.
       decode_case("B3WidestEightWarpPlanFp8", {split_len(5, -1), split_len(20, 1), split_len(3, 0)},

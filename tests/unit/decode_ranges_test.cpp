@@ -93,13 +93,18 @@ TEST(DecodeRanges, EveryBlockOfARangeIsInOnePublishedListThatHoldsItsCandidates)
         }
 }
 
-TEST(DecodeRanges, ShortContextsKeepRangesOfFourBlocks) {
-  // Batch 1 at S = 8K on 132 SMs: 16 ranges of 4 blocks, not 64 of one (bench/NOTES.md s16 r2)
-  // nor 8 of 8 (s28 r1); with 8 warps, 4 lists of one block each.
-  EXPECT_EQ(blocks_per_split(64, 132, kMinPerRange), 4);
-  EXPECT_EQ(splits_with_blocks(64, 4), 16);
-  EXPECT_EQ(lists_with_blocks(4, 8), 4);
-  EXPECT_EQ(lists_with_blocks(4, 4), 4);
+TEST(DecodeRanges, ShortContextsKeepRangesOfTwoBlocks) {
+  // Batch 1 at S = 8K on 132 SMs: 32 ranges of 2 blocks (bench/NOTES.md s31 r5), each range's
+  // two lists of one block published (64 lists to merge, as 16 ranges of 4 gave), not 8 of 8
+  // (s28 r1); S = 32K: 128 ranges of 2.
+  EXPECT_EQ(blocks_per_split(64, 132, kMinPerRange), 2);
+  EXPECT_EQ(splits_with_blocks(64, 2), 32);
+  EXPECT_EQ(lists_with_blocks(2, 8), 2);
+  EXPECT_EQ(lists_with_blocks(2, 4), 2);
+  EXPECT_EQ(splits_with_blocks(64, 2) * lists_with_blocks(2, 4),
+            splits_with_blocks(64, 4) * lists_with_blocks(4, 4));
+  EXPECT_EQ(blocks_per_split(256, 132, kMinPerRange), 2);
+  EXPECT_EQ(splits_with_blocks(256, 2), 128);
   // Long contexts split evenly as before.
   EXPECT_EQ(blocks_per_split(1024, 132, kMinPerRange), 8);
   EXPECT_EQ(lists_with_blocks(8, 8), 8);

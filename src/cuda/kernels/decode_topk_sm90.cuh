@@ -19,9 +19,8 @@
 // a bf16 page two) or 8 warps of half-page boxes (64 tokens: e4m3 two a page, bf16 four), where
 // two warps a scheduler hide each other's maxima and insertions (decode_sm90_warps,
 // indexer_traits.h, says which the plan takes). Ranges of at least kDecodeSm90MinBlocksPerRange
-// blocks (short contexts leave the last CTAs without blocks: at batch 1 S=8K, 16 ranges of 4
-// blocks measured 8.95 us against 9.86 with 64 ranges of one, s16 r2, since the last CTA's merge
-// then reads 64 full lists instead of 256 mostly empty ones). Each warp is independent until the
+// blocks (short contexts leave the last CTAs without blocks; at batch 1 S=8K, 32 ranges of 2
+// blocks). Each warp is independent until the
 // end: it takes blocks_per_list consecutive blocks of the CTA's range and streams them through its
 // own ring (one mbarrier a box). Lane 0 issues a box and, once the warp has read it, the box
 // kSlots further on into the same slot, so a slot's phases advance only as its own warp consumes

@@ -45,11 +45,13 @@ inline constexpr int kDecodeSm90WideMaxSplits = M3SA_DECODE_SM90_WIDE_MAX_SPLITS
 inline int decode_sm90_warps(int splits) {
   return splits <= kDecodeSm90WideMaxSplits ? kDecodeSm90WideWarps : kDecodeSm90NarrowWarps;
 }
-// Its ranges hold at least this many blocks: at batch 1 S=8K, 16 ranges of 4 blocks measured
-// 8.95 us against 9.86 with 64 ranges of one (s16 r2: the last CTA then merges 64 full lists
-// instead of 256 mostly empty ones), and 7.9 against 9.1 with 8 ranges of 8 (s28 r1: half the
-// SMs streaming). With more warps than that, the last warps of a short range hold no block.
-inline constexpr int kDecodeSm90MinBlocksPerRange = 4;
+// Its ranges hold at least this many blocks, so that a short context is not spread over more
+// lists than blocks. Since the publish packs only the warp lists that may hold a block, 2 gives
+// the last CTA as many lists to merge as 4 did, from twice the SMs: batch 1 bf16 S=32K 11.1 ->
+// 10.4 us, S=8K 7.78 -> 7.6, e4m3 level (s31 r5; per SM, a bf16 stream is bound near 60 GB/s,
+// s24 r3). Fewer SMs lose (8 ranges of 8 at S=8K: 9.1 us against 7.9 with 16 of 4, s28 r1). With
+// more warps than blocks, the last warps of a range hold none.
+inline constexpr int kDecodeSm90MinBlocksPerRange = 2;
 
 // A tile's `n` causal blocks over its `splits` CTAs (blockIdx.y): ranges of this many consecutive
 // blocks, at least `min_per_split` (the Hopper decode kernel: kDecodeSm90MinBlocksPerRange), so the
