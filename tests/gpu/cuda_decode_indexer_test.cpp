@@ -151,9 +151,13 @@ std::vector<DecodeCase> decode_cases() {
       decode_case("SmallBoundaryLengthsH2Mtp4K32Local2Init2Fp8", mtp_boundaries, 4,
                   cfg(2, 32, 2, 2), f8, true, true),
       // Batch 1: the most splits a request, each 1 to 13 blocks (a full last split, or one
-      // block more than the splits hold: ragged ranges and empty last splits).
+      // block more than the splits hold: ragged ranges and empty last splits). The Hopper
+      // kernel's ranges hold at least 2 blocks (kDecodeSm90MinBlocksPerRange): 1 a split fills
+      // half of them, 2 a split all, and one block more makes ranges of 3, the last ones empty.
       decode_case("H1OnePerSplit", {split_len(1, 0)}, 1, cfg(1, 16, 1, 0), bf),
       decode_case("H1OnePerSplitPlusOneBlockFp8", {split_len(1, 1)}, 1, cfg(1, 16, 0, 0), f8),
+      decode_case("H1TwoPerSplit", {split_len(2, 0)}, 1, cfg(1, 16, 1, 0), bf),
+      decode_case("H4TwoPerSplitPlusOneBlockFp8", {split_len(2, 1)}, 1, cfg(4, 16, 1, 0), f8),
       decode_case("H2ThreePerSplit", {split_len(3, -1)}, 1, cfg(2, 16, 1, 1), bf),
       decode_case("H8ThreePerSplitPlusOneBlockK32Local2Init2Fp8", {split_len(3, 5)}, 1,
                   cfg(8, 32, 2, 2), f8),
