@@ -14,25 +14,24 @@
 // pages arrive by TMA (the cache's 128 B-swizzled tensor map, as the SM90 prefill scorer's),
 // 192 KB of boxes per SM are in flight or being read, and no CTA barrier runs while they stream.
 //
-// Mapping: grid (tiles, splits) as the portable kernel, one CTA per SM of Warps warps, each with
-// a ring of three boxes: 4 warps of whole-page boxes (128 tokens x 128 B: an e4m3 page is one box,
-// a bf16 page two) or 8 warps of half-page boxes (64 tokens: e4m3 two a page, bf16 four), where
-// two warps a scheduler hide each other's maxima and insertions (decode_sm90_warps,
-// indexer_traits.h, says which the plan takes). Ranges of at least kDecodeSm90MinBlocksPerRange
-// blocks (short contexts leave the last CTAs without blocks; at batch 1 S=8K, 32 ranges of 2
-// blocks). Each warp is independent until the
-// end: it takes blocks_per_list consecutive blocks of the CTA's range and streams them through its
-// own ring (one mbarrier a box). Lane 0 issues a box and, once the warp has read it, the box
-// kSlots further on into the same slot, so a slot's phases advance only as its own warp consumes
-// them (no empty barriers, no producer warp). The MMA is "swapped" (mma.sync with keys as M and
-// query rows as N): rows <= 8 fill one n8 tile instead of 1/16 .. 1/2 of an m16 one, so a page
-// costs the warp 64 bf16 m16n8k16 (32 e4m3 m16n8k32), with A fragments by ldmatrix from the
-// swizzled box (conflict-free) and the queries' B fragments held in registers. A query row's
+// Mapping: grid (tiles, splits) as the portable kernel, one CTA per SM of Warps warps, each with a
+// ring of three boxes: 4 warps of whole-page boxes (128 tokens x 128 B: an e4m3 page is one box, a
+// bf16 page two) or 8 warps of half-page boxes (64 tokens: e4m3 two a page, bf16 four), where two
+// warps a scheduler hide each other's maxima and insertions (decode_sm90_warps, indexer_traits.h,
+// says which the plan takes). Ranges of at least kDecodeSm90MinBlocksPerRange blocks (short
+// contexts leave the last CTAs without blocks; at batch 1 S=8K, 32 ranges of 2 blocks). Each warp
+// is independent until the end: it takes blocks_per_list consecutive blocks of the CTA's range and
+// streams them through its own ring (one mbarrier a box). Lane 0 issues a box and, once the warp
+// has read it, the box kSlots further on into the same slot, so a slot's phases advance only as its
+// own warp consumes them (no empty barriers, no producer warp). The MMA is "swapped" (mma.sync with
+// keys as M and query rows as N): rows <= 8 fill one n8 tile instead of 1/16 .. 1/2 of an m16 one,
+// so a page costs the warp 64 bf16 m16n8k16 (32 e4m3 m16n8k32), with A fragments by ldmatrix from
+// the swizzled box (conflict-free) and the queries' B fragments held in registers. A query row's
 // block max is a max over the 8 m-tiles' accumulators (of the page's boxes), then over the 8 lanes
 // of its column; the causal mask runs only on a block that reaches past the tile's first position.
 // Lane i keeps row i's candidate list ([warp][8 rows][fill] in shared memory, a key taken by one
-// read of the list: insert_descending, candidate_lists.h); at the end the shared tail publishes
-// the lists of the warps that may hold blocks as they are (with one split, ranks them in place).
+// read of the list: insert_descending, candidate_lists.h); at the end the shared tail publishes the
+// lists of the warps that may hold blocks as they are (with one split, ranks them in place).
 #include "cuda/kernels/decode_topk.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 
