@@ -53,6 +53,14 @@ HostTensor single_gpu_topk(const MsaConfig& config, const SyntheticBatch& sb,
   return topk.download();
 }
 
+// Rank `rank`'s [H, T, fill] slice of a gathered [ranks, H, T, fill] candidate buffer.
+TensorView rank_slice(const DeviceBuffer& gathered, int rank) {
+  const TensorView all = gathered.view();
+  const int64_t heads = all.shape[1], tokens = all.shape[2], fill = all.shape[3];
+  return TensorView::contiguous(all.ptr<int64_t>() + rank * heads * tokens * fill, DType::i64,
+                                {heads, tokens, fill}, {DeviceKind::cuda, 0});
+}
+
 struct ShardCase {
   const char* name;
   std::vector<int32_t> seq_lens;
@@ -105,7 +113,6 @@ TEST_P(GpuContextParallel, ShardedSelectionsEqualTheSingleGpuOnes) {
       for (int rank = 0; rank < ranks; ++rank)
         M3SA_ASSERT_OK(make_context_parallel_plan(request, {rank, ranks, mode}, &plans[rank]));
       const int fill = plans[0].ranked_slots;
-      const int64_t per_rank = int64_t{c.heads} * sb.num_tokens() * fill;
       DeviceBuffer gathered(DType::i64, {ranks, c.heads, sb.num_tokens(), fill}, 0x77);
       DeviceBuffer topk(DType::i32, {c.heads, sb.num_tokens(), c.config.top_k}, 0x5a);
       for (int rank = 0; rank < ranks; ++rank) { // each rank in turn, as if on its own GPU
@@ -116,11 +123,9 @@ TEST_P(GpuContextParallel, ShardedSelectionsEqualTheSingleGpuOnes) {
         const DeviceBuffer ws = device_workspace(plan.scoring, false);
         M3SA_EXPECT_OK(ws.status());
         M3SA_ASSERT_OK(prepare_context_parallel_workspace(plan, ws.workspace()));
-        TensorView slice =
-            TensorView::contiguous(gathered.view().ptr<int64_t>() + rank * per_rank, DType::i64,
-                                   {c.heads, sb.num_tokens(), fill}, {DeviceKind::cuda, 0});
-        M3SA_ASSERT_OK(score_shard_candidates(
-            plan, {db.index_q.view(), db.index_k_cache.view(), batch, {}}, slice, ws.workspace()));
+        M3SA_ASSERT_OK(
+            score_shard_candidates(plan, {db.index_q.view(), db.index_k_cache.view(), batch, {}},
+                                   rank_slice(gathered, rank), ws.workspace()));
         // The last rank's scoring is followed at once by the merge (launched to overlap it, PDL),
         // which must still read every candidate the scoring writes.
         if (rank == ranks - 1)
@@ -172,7 +177,6 @@ TEST(GpuContextParallelSmall, BackToBackStepsInAGraphEqualTheSingleGpuSelections
     M3SA_ASSERT_OK(prepare_context_parallel_workspace(plans[rank], workspaces.back().workspace()));
   }
   const int fill = plans[0].ranked_slots;
-  const int64_t per_rank = int64_t{config.num_index_heads} * sa.num_tokens() * fill;
   const DeviceBuffer gathered(DType::i64, {kRanks, config.num_index_heads, sa.num_tokens(), fill},
                               0x77);
   expect_graph_of_alternating_results(
@@ -183,12 +187,9 @@ TEST(GpuContextParallelSmall, BackToBackStepsInAGraphEqualTheSingleGpuSelections
         for (int rank = 0; rank < kRanks && s.ok(); ++rank) {
           BatchMetadata batch = d.batch();
           batch.block_table = tables[rank].view();
-          const TensorView slice = TensorView::contiguous(
-              gathered.view().ptr<int64_t>() + rank * per_rank, DType::i64,
-              {config.num_index_heads, sa.num_tokens(), fill}, {DeviceKind::cuda, 0});
           s = score_shard_candidates(plans[rank],
-                                     {d.index_q.view(), d.index_k_cache.view(), batch, {}}, slice,
-                                     workspaces[rank].workspace(), ctx);
+                                     {d.index_q.view(), d.index_k_cache.view(), batch, {}},
+                                     rank_slice(gathered, rank), workspaces[rank].workspace(), ctx);
         }
         return s.ok() ? merge_shard_candidates(plans[0], gathered.view(), d.batch(), out, ctx) : s;
       },

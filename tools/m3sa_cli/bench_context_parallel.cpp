@@ -98,28 +98,24 @@ Status run_context_parallel_cases(int batch, bool pages_in_order, cudaStream_t s
     const TensorView out = topk.view(DType::i32, {1, batch, 16});
     const ExecContext ctx{0, stream};
     M3SA_RETURN_IF_ERROR(prepare_context_parallel_workspace(plan, ws.workspace(), ctx));
-    // `merge` false: the scoring kernel alone (its candidates into `mine`).
-    const auto step = [&](int i, bool merge) {
+    // Step i: the scoring (its candidates into `mine`), the merge, or both.
+    const auto step = [&](int i, bool score, bool merge) {
       const IndexTopkArgs args = requests[i % sets].args(cache, pages, {});
-      Status s = score_shard_candidates(plan, args, mine, ws.workspace(), ctx);
+      Status s;
+      if (score) s = score_shard_candidates(plan, args, mine, ws.workspace(), ctx);
       if (s.ok() && merge) s = merge_shard_candidates(plan, all, args.batch, out, ctx);
       return s;
     };
     const int calls = decode_graph_calls(sets);
     Timing t, scoring, merging, alone;
     M3SA_RETURN_IF_ERROR(time_graph(
-        stream, calls, 20, [&](int i) { return step(i, true); }, &t));
+        stream, calls, 20, [&](int i) { return step(i, true, true); }, &t));
     M3SA_RETURN_IF_ERROR(time_graph(
-        stream, calls, 20, [&](int i) { return step(i, false); }, &scoring));
+        stream, calls, 20, [&](int i) { return step(i, true, false); }, &scoring));
     M3SA_RETURN_IF_ERROR(time_graph(
-        stream, calls, 20,
-        [&](int i) {
-          return merge_shard_candidates(plan, all, requests[i % sets].args(cache, pages, {}).batch,
-                                        out, ctx);
-        },
-        &merging));
+        stream, calls, 20, [&](int i) { return step(i, false, true); }, &merging));
     M3SA_RETURN_IF_ERROR(time_graph(
-        stream, 1, 20, [&](int i) { return step(i, true); }, &alone));
+        stream, 1, 20, [&](int i) { return step(i, true, true); }, &alone));
     if (ranks == 1) {
       one_rank_us = t.median_us;
       *single_gpu_us = alone.median_us;
