@@ -25,13 +25,14 @@
 // has read it, the box kSlots further on into the same slot, so a slot's phases advance only as its
 // own warp consumes them (no empty barriers, no producer warp). The MMA is "swapped" (mma.sync with
 // keys as M and query rows as N): rows <= 8 fill one n8 tile instead of 1/16 .. 1/2 of an m16 one,
-// so a page costs the warp 64 bf16 m16n8k16 (32 e4m3 m16n8k32), with A fragments by ldmatrix from
-// the swizzled box (conflict-free) and the queries' B fragments held in registers. A query row's
-// block max is a max over the 8 m-tiles' accumulators (of the page's boxes), then over the 8 lanes
-// of its column; the causal mask runs only on a block that reaches past the tile's first position.
-// Lane i keeps row i's candidate list ([warp][8 rows][fill] in shared memory, a key taken by one
-// read of the list: insert_descending, candidate_lists.h); at the end the shared tail publishes the
-// lists of the warps that may hold blocks as they are (with one split, ranks them in place).
+// so a page costs the warp 64 m16n8k16 (bf16; e4m3 widened to fp16: mma_e4m3_as_f16), with A
+// fragments by ldmatrix from the swizzled box (conflict-free) and the queries' B fragments held in
+// registers. A query row's block max is a max over the 8 m-tiles' accumulators (of the page's
+// boxes), then over the 8 lanes of its column; the causal mask runs only on a block that reaches
+// past the tile's first position. Lane i keeps row i's candidate list ([warp][8 rows][fill] in
+// shared memory, a key taken by one read of the list: insert_descending, candidate_lists.h); at the
+// end the shared tail publishes the lists of the warps that may hold blocks as they are (with one
+// split, ranks them in place).
 #include "cuda/kernels/decode_topk.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 
@@ -75,11 +76,50 @@ static_assert(decode_sm90_shape_fits<kDecodeSm90NarrowWarps>() &&
 // tile set-up, publish and merge), 2 = nothing after the stream (no publish, no merge), 3 = pages
 // streamed through the rings but not scored (no MMA, maximum or list: the rings' own rate), 5 =
 // scored but no key enters a list (the lists' insertions and the merge's work on full lists left
-// out). (4, every MMA issued twice, answered its question in s26 r3 - the MMAs cost 0-0.5 % - and
-// was removed.)
+// out). (4, every MMA issued twice, and 6, e4m3 keys masked instead of widened, answered their
+// questions in s26 r3 and s32 r3 - neither the MMAs nor the widening cost more than 0.5 % - and
+// were removed.)
 #ifndef M3SA_DECODE_SM90_VARIANT
 #define M3SA_DECODE_SM90_VARIANT 0
 #endif
+
+// A word's four e4m3 values widened to fp16 pairs (exact: every e4m3 value is an fp16 value): its
+// low two bytes to `low`, its high two to `high` (taken as the register's halves, not shifted out).
+__device__ __forceinline__ void widen_e4m3x4_to_half2x2(uint32_t word, uint32_t& low,
+                                                        uint32_t& high) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(low), "=r"(high)
+      : "r"(word));
+#else
+  low = high = word; // never called: the kernel's body is SM90a code only
+#endif
+}
+// e4m3 x e4m3 -> fp32, 16x8x32, as two fp16 m16n8k16 MMAs over the widened values. SM90 has no
+// e4m3 mma.sync: ptxas widens both operands of every m16n8k32 (F2FP), issues two HMMA.16816 from
+// zero and adds their sum to the accumulator (4 FADD). Here the queries' fragments are widened
+// once (widen_e4m3_b_fragment), the keys' at each MMA, and both MMAs accumulate in place: a
+// quarter fewer instructions a page (s32 r3: e4m3 0.1-0.3 us faster at batch 1, up to 1.8 us at
+// batch 128). Masking the keys' bytes instead of widening them was no faster (s32 r3), so the
+// widening itself costs nothing measurable. The same products are taken, k permuted alike in A
+// and B: a word's low two bytes (k 4c, 4c + 1) are fp16 k 2c, 2c + 1, its high two (4c + 2, 4c +
+// 3) fp16 k 8 + 2c, 8 + 2c + 1; A's words 0-1 (B's b0) feed the first MMA, words 2-3 (b1) the
+// second.
+__device__ __forceinline__ void widen_e4m3_b_fragment(const uint32_t (&b)[2], uint32_t (&out)[4]) {
+  widen_e4m3x4_to_half2x2(b[0], out[0], out[1]);
+  widen_e4m3x4_to_half2x2(b[1], out[2], out[3]);
+}
+__device__ __forceinline__ void mma_e4m3_as_f16(float (&acc)[4], const uint32_t (&a)[4],
+                                                const uint32_t (&b_half)[4]) {
+  uint32_t k_low[4], k_high[4];
+  widen_e4m3x4_to_half2x2(a[0], k_low[0], k_low[2]);
+  widen_e4m3x4_to_half2x2(a[1], k_low[1], k_low[3]);
+  widen_e4m3x4_to_half2x2(a[2], k_high[0], k_high[2]);
+  widen_e4m3x4_to_half2x2(a[3], k_high[1], k_high[3]);
+  mma_f16_16816(acc, k_low, b_half[0], b_half[1]);
+  mma_f16_16816(acc, k_high, b_half[2], b_half[3]);
+}
 
 template <typename StoredT, int MaxK, int Warps>
 __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kDecodeSm90CtasPerSm)
@@ -177,6 +217,11 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
         b[part][ks][1] = q_s[part * 32 + ks * 8 + c + 4];
       }
   }
+  // e4m3: the queries' fragments widened to fp16 once, not at every k-step of every box.
+  uint32_t b_half[Traits::kFp8 ? Traits::kStepsPerBox : 1][4];
+  if constexpr (Traits::kFp8)
+#pragma unroll
+    for (int ks = 0; ks < Traits::kStepsPerBox; ++ks) widen_e4m3_b_fragment(b[0][ks], b_half[ks]);
   __syncthreads(); // every warp holds its fragments: the lists may overwrite the queries
   uint64_t* own_list = lists + (warp * kDecodeSm90MaxRows + lane) * fill;
   for (int i = lane; i < kDecodeSm90MaxRows * fill; i += 32)
@@ -221,7 +266,7 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
 #pragma unroll
           for (int mt = 0; mt < kTiles; ++mt) {
             if constexpr (Traits::kFp8)
-              mma_e4m3_16832(acc[tile0 + mt], a[ks & 1][mt], b[part][ks][0], b[part][ks][1]);
+              mma_e4m3_as_f16(acc[tile0 + mt], a[ks & 1][mt], b_half[ks]);
             else
               mma_bf16_16816(acc[tile0 + mt], a[ks & 1][mt], b[part][ks][0], b[part][ks][1]);
           }
