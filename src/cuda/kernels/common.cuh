@@ -84,15 +84,30 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
     mma_bf16_16816(c, a, b0, b1);
 }
 
-// 16 e4m3 values widened to 16 fp16 (exact: every e4m3 value is an fp16 value; one conversion
-// per two values), order kept: out[i] holds values 2 i and 2 i + 1.
+// A word's four e4m3 values widened to fp16 pairs (exact: every e4m3 value is an fp16 value; one
+// conversion per two values): its low two bytes to `low`, its high two to `high`. From SM89 the
+// register's halves are converted where they are, not shifted out first.
+__device__ __forceinline__ void widen_e4m3x4_to_half2x2(uint32_t word, uint32_t& low,
+                                                        uint32_t& high) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(low), "=r"(high)
+      : "r"(word));
+#else
+  const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(word & 0xffffu, __NV_E4M3);
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(word >> 16, __NV_E4M3);
+  low = static_cast<uint32_t>(l.x) | (static_cast<uint32_t>(l.y) << 16);
+  high = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+#endif
+}
+
+// 16 e4m3 values widened to 16 fp16, order kept: out[i] holds values 2 i and 2 i + 1.
 __device__ __forceinline__ void widen_e4m3x16_to_half(uint4 raw, uint32_t (&out)[8]) {
-  const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3);
-    out[i] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-  }
+  widen_e4m3x4_to_half2x2(raw.x, out[0], out[1]);
+  widen_e4m3x4_to_half2x2(raw.y, out[2], out[3]);
+  widen_e4m3x4_to_half2x2(raw.z, out[4], out[5]);
+  widen_e4m3x4_to_half2x2(raw.w, out[6], out[7]);
 }
 
 // 16 e4m3 values widened to 16 bf16 (exact: every e4m3 value is a bf16 value), order kept:

@@ -83,19 +83,6 @@ static_assert(decode_sm90_shape_fits<kDecodeSm90NarrowWarps>() &&
 #define M3SA_DECODE_SM90_VARIANT 0
 #endif
 
-// A word's four e4m3 values widened to fp16 pairs (exact: every e4m3 value is an fp16 value): its
-// low two bytes to `low`, its high two to `high` (taken as the register's halves, not shifted out).
-__device__ __forceinline__ void widen_e4m3x4_to_half2x2(uint32_t word, uint32_t& low,
-                                                        uint32_t& high) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
-      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(low), "=r"(high)
-      : "r"(word));
-#else
-  low = high = word; // never called: the kernel's body is SM90a code only
-#endif
-}
 // e4m3 x e4m3 -> fp32, 16x8x32, as two fp16 m16n8k16 MMAs over the widened values. SM90 has no
 // e4m3 mma.sync: ptxas widens both operands of every m16n8k32 (F2FP), issues two HMMA.16816 from
 // zero and adds their sum to the accumulator (4 FADD). Here the queries' fragments are widened
@@ -105,7 +92,7 @@ __device__ __forceinline__ void widen_e4m3x4_to_half2x2(uint32_t word, uint32_t&
 // widening itself costs nothing measurable. The same products are taken, k permuted alike in A
 // and B: a word's low two bytes (k 4c, 4c + 1) are fp16 k 2c, 2c + 1, its high two (4c + 2, 4c +
 // 3) fp16 k 8 + 2c, 8 + 2c + 1; A's words 0-1 (B's b0) feed the first MMA, words 2-3 (b1) the
-// second.
+// second. (Widening: widen_e4m3x4_to_half2x2, common.cuh.)
 __device__ __forceinline__ void widen_e4m3_b_fragment(const uint32_t (&b)[2], uint32_t (&out)[4]) {
   widen_e4m3x4_to_half2x2(b[0], out[0], out[1]);
   widen_e4m3x4_to_half2x2(b[1], out[2], out[3]);
