@@ -222,11 +222,11 @@ __device__ __forceinline__ void merge_row_in_group(const DecodeTile& t, int row,
   maxima[q] = mine;
   if (q == 0) *shared_floor = 0, *held_count = 0;
   group_sync();
-  if (mine != 0) { // nonzero maxima are distinct keys: exactly one has fill - 1 larger ones
-    int larger = 0;
-    for (int j = 0; j < threads; ++j) larger += maxima[j] > mine;
-    if (larger == fill - 1) *shared_floor = mine;
-  }
+  // Nonzero maxima are distinct keys: exactly one has fill - 1 larger ones. Only the first
+  // set.count threads hold lists (the others' maxima are 0): counting over all threads took 0.5 us
+  // more of batch 32's tail at S=32K (bench/NOTES.md s33 r4).
+  if (mine != 0 && rank_among(maxima, (min(threads, set.count) + 7) & ~7, mine) == fill - 1)
+    *shared_floor = mine;
   group_sync();
   const uint64_t floor = *shared_floor; // 0: fewer than fill threads hold a key
   if (floor != 0) {

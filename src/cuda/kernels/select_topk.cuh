@@ -382,8 +382,12 @@ __device__ __forceinline__ uint64_t merge_warp(uint64_t (&best)[MaxK], int fill,
 __device__ __forceinline__ void write_selection(const SelectionRow& row, uint64_t chosen_key,
                                                 int lane) {
   const int32_t chosen = lane < row.fill ? block_of_key(chosen_key) : 0x7fffffff;
-  int rank = 0; // among the chosen ids: the ascending slot after the forced init blocks
-  for (int i = 0; i < row.fill; ++i) rank += __shfl_sync(0xffffffffu, chosen, i) < chosen;
+  // Among the chosen ids: the ascending slot after the forced init blocks. Lanes past the fill
+  // hold INT32_MAX, smaller than no id, so all 32 lanes are counted: independent shuffles
+  // instead of a loop of fill dependent steps.
+  int rank = 0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) rank += __shfl_sync(0xffffffffu, chosen, i) < chosen;
   if (lane < row.fill) row.out[(row.init_blocks + rank) * row.out_stride] = chosen;
   for (int slot = lane; slot < row.init_blocks; slot += 32) row.out[slot * row.out_stride] = slot;
   for (int i = lane; i < row.local_blocks; i += 32)
