@@ -43,6 +43,13 @@
 namespace m3sa::cuda {
 namespace {
 
+// The Hopper decode kernel's ranges a tile: one CTA an SM's worth (the diagnostic switches above
+// scale it).
+int64_t decode_sm90_split_count(int sm_count, int64_t max_requests) {
+  return int64_t{sm_count} * kDecodeSm90CtasPerSm * M3SA_DECODE_SM90_SPLIT_MULTIPLIER /
+         (max_requests * M3SA_DECODE_SM90_SPLIT_DIVISOR);
+}
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Decode row tiles per request at most (the decode kernel's grid.x is this x max_requests).
@@ -318,8 +325,11 @@ ScoringPlanInfo plan_scoring(const PlanRequest& request, int sm_count) {
   ScoringPlanInfo info{};
   info.sm_count = sm_count;
   info.scorer = Scorer::portable;
-  info.block_splits = static_cast<int32_t>(std::max<int64_t>(
-      1, int64_t{kScoringCtasPerSm} * sm_count / request.capacities.max_requests));
+  // The workspace's ranges a tile also hold the Hopper decode kernel's (fewer, unless a
+  // diagnostic build multiplies them).
+  info.block_splits = static_cast<int32_t>(
+      std::max<int64_t>({1, int64_t{kScoringCtasPerSm} * sm_count / request.capacities.max_requests,
+                         decode_sm90_split_count(sm_count, request.capacities.max_requests)}));
   return info;
 }
 
@@ -417,9 +427,8 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
   // One CTA per SM's worth of ranges (never more than the workspace's p.scoring.splits), of the
   // warps decode_sm90_warps picks for that many ranges a request.
   const int sm90_splits = static_cast<int>(std::clamp<int64_t>(
-      int64_t{info.sm_count} * kDecodeSm90CtasPerSm * M3SA_DECODE_SM90_SPLIT_MULTIPLIER /
-          (int64_t{plan.request.capacities.max_requests} * M3SA_DECODE_SM90_SPLIT_DIVISOR),
-      1, p.scoring.splits));
+      decode_sm90_split_count(info.sm_count, plan.request.capacities.max_requests), 1,
+      p.scoring.splits));
   const int warps = decode_sm90_warps(sm90_splits);
   DecodeTopkSm90Params sm90{};
   if (info.scorer == Scorer::sm90 && rows <= kDecodeSm90MaxRows &&

@@ -71,6 +71,11 @@ template <int Warps> constexpr bool decode_sm90_shape_fits() {
 }
 static_assert(decode_sm90_shape_fits<kDecodeSm90NarrowWarps>() &&
               decode_sm90_shape_fits<kDecodeSm90WideWarps>());
+// The CTAs an SM holds fit its 228 KB (1 KB of it reserved a CTA): the 4-warp shape, the one a
+// build of two CTAs an SM launches.
+static_assert(kDecodeSm90CtasPerSm *
+                  (DecodeSm90Traits<__nv_bfloat16, kDecodeSm90NarrowWarps>::kSmemBytes + 1024) <=
+              228 * 1024);
 
 // Diagnostic builds only (never in the library): 1 = no page is read (the fixed cost: launch,
 // tile set-up, publish and merge), 2 = nothing after the stream (no publish, no merge), 3 = pages

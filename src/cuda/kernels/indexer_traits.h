@@ -24,8 +24,17 @@ inline int tile_tokens(int heads) { return std::max(1, kTileRows / heads); }
 // The Hopper decode kernel (decode_topk_sm90.cuh): requests of at most this many rows (q_len x H:
 // one n8 MMA tile), one CTA per SM (its ring takes most of the shared memory).
 inline constexpr int kDecodeSm90MaxRows = 8;
-inline constexpr int kDecodeSm90CtasPerSm = 1;
-inline constexpr int kDecodeSm90RingBytes = 192 * 1024; // boxes in flight or being read, an SM
+// Diagnostic builds only: 2 = two CTAs an SM, each with half the ring (its boxes half as long), so
+// that with more ranges than CTA slots (M3SA_DECODE_SM90_SPLIT_MULTIPLIER, indexer.cu) an SM's
+// other CTA streams while one restarts - the hardware's hand-out of ranges to the SMs that finish
+// first, without s27 r3's idle restarts. Two 8-warp CTAs do not fit an SM: build it with
+// M3SA_DECODE_SM90_WIDE_MAX_SPLITS=0.
+#ifndef M3SA_DECODE_SM90_CTAS_PER_SM
+#define M3SA_DECODE_SM90_CTAS_PER_SM 1
+#endif
+inline constexpr int kDecodeSm90CtasPerSm = M3SA_DECODE_SM90_CTAS_PER_SM;
+// Boxes in flight or being read, a CTA (192 KB an SM).
+inline constexpr int kDecodeSm90RingBytes = 192 * 1024 / kDecodeSm90CtasPerSm;
 // Two shapes of its CTA, 3 boxes a warp either way: 4 warps streaming whole-page boxes (128
 // tokens x 128 B) or 8 warps streaming half-page boxes (64 tokens). With 8, each scheduler holds
 // two warps, so one warp's maxima, list insertions and ldmatrix / MMA issue hide behind the
@@ -35,11 +44,14 @@ inline constexpr int kDecodeSm90RingBytes = 192 * 1024; // boxes in flight or be
 // 4-block range idle), so the plan takes 8 warps only for batches of few splits a request.
 inline constexpr int kDecodeSm90NarrowWarps = 4;
 inline constexpr int kDecodeSm90WideWarps = 8;
-constexpr int decode_sm90_box_tokens(int warps) { return warps == kDecodeSm90WideWarps ? 64 : 128; }
+// Three boxes a warp fill the ring: 128 tokens (4 warps) or 64 (8 warps) at one CTA an SM.
+constexpr int decode_sm90_box_tokens(int warps) { return kDecodeSm90RingBytes / (warps * 3 * 128); }
 #ifndef M3SA_DECODE_SM90_WIDE_MAX_SPLITS // diagnostic builds only: 0 = never 8 warps
 #define M3SA_DECODE_SM90_WIDE_MAX_SPLITS 8
 #endif
 inline constexpr int kDecodeSm90WideMaxSplits = M3SA_DECODE_SM90_WIDE_MAX_SPLITS;
+static_assert(kDecodeSm90CtasPerSm == 1 || kDecodeSm90WideMaxSplits == 0,
+              "two 8-warp CTAs do not fit an SM's shared memory");
 // The warps of a launch with `splits` ranges a request (its plan's SMs / max_requests): 8 from
 // 17 requests on 132 SMs (measured at 32 and 128; batch 1 keeps 4).
 inline int decode_sm90_warps(int splits) {
