@@ -7,7 +7,8 @@
 // bench/micro/stamped_m3sa.sh into .gpu/m3sa_stamps (both decode kernels in bf16, the TMA one in
 // e4m3 too). The decode indexer's TMA kernel (decode_topk_sm90.cuh) stamps the same table: 1 tile
 // begun, 2 warp 0's first box landed, 3 warp 0's stream done, 4 every warp's, 5 CTA done; its
-// finish stamps: published and arrived (every CTA), staged, floor, ranked (a tile's last CTA).
+// finish stamps: published and arrived (every CTA), staged, floor, ranked (a tile's last CTA); with
+// one range a tile: merge reached, row begun, floor, ranked.
 #include <cstdio>
 
 #ifndef M3SA_ATTENTION_DECODE_STAMPS

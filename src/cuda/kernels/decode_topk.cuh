@@ -293,7 +293,9 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
   if (s.splits ==
       1) { // the CTA holds the whole tile (batches of >= 1 request per SM): no workspace
     if (!worker) return;
+    M3SA_DECODE_FINISH_STAMP(0); // the one-range finish's stamps: reached, ...
     for (int row = warp; row < rows; row += kDecodeMergeWarps) {
+      M3SA_DECODE_FINISH_STAMP(1); // ... a row begun, then merge_row's floor and ranked
       if (short_row(row)) {
         t.emit(row, false, 0, lane);
       } else if constexpr (!kWarpLists) { // sorted already: lane i takes the i-th
