@@ -65,8 +65,9 @@ template <typename StoredT, int Warps> struct DecodeSm90Traits {
 template <int Warps> constexpr bool decode_sm90_shape_fits() {
   using Bf16 = DecodeSm90Traits<__nv_bfloat16, Warps>;
   using Fp8 = DecodeSm90Traits<__nv_fp8_e4m3, Warps>;
-  return Bf16::kBoxTokens % 16 == 0 && 128 % Bf16::kBoxTokens == 0 && Bf16::kSlots == 3 &&
-         Fp8::kSlots == 3 && Bf16::kSmemBytes <= 227 * 1024 && Fp8::kSmemBytes <= 227 * 1024 &&
+  return Bf16::kBoxTokens % 16 == 0 && 128 % Bf16::kBoxTokens == 0 &&
+         Bf16::kSlots == kDecodeSm90BoxesPerWarp && Fp8::kSlots == kDecodeSm90BoxesPerWarp &&
+         Bf16::kSmemBytes <= 227 * 1024 && Fp8::kSmemBytes <= 227 * 1024 &&
          kDecodeSm90MaxRows * 256 <= Bf16::kListBytes;
 }
 static_assert(decode_sm90_shape_fits<kDecodeSm90NarrowWarps>() &&

@@ -44,8 +44,11 @@ inline constexpr int kDecodeSm90RingBytes = 192 * 1024 / kDecodeSm90CtasPerSm;
 // 4-block range idle), so the plan takes 8 warps only for batches of few splits a request.
 inline constexpr int kDecodeSm90NarrowWarps = 4;
 inline constexpr int kDecodeSm90WideWarps = 8;
-// Three boxes a warp fill the ring: 128 tokens (4 warps) or 64 (8 warps) at one CTA an SM.
-constexpr int decode_sm90_box_tokens(int warps) { return kDecodeSm90RingBytes / (warps * 3 * 128); }
+inline constexpr int kDecodeSm90BoxesPerWarp = 3;
+// The boxes of every warp fill the ring: 128 tokens (4 warps) or 64 (8 warps) at one CTA an SM.
+constexpr int decode_sm90_box_tokens(int warps) {
+  return kDecodeSm90RingBytes / (warps * kDecodeSm90BoxesPerWarp * 128);
+}
 #ifndef M3SA_DECODE_SM90_WIDE_MAX_SPLITS // diagnostic builds only: 0 = never 8 warps
 #define M3SA_DECODE_SM90_WIDE_MAX_SPLITS 8
 #endif
