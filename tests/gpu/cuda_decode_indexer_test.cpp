@@ -212,6 +212,11 @@ std::vector<DecodeCase> decode_cases() {
                   1, cfg(4, 16, 1, 0), f8, false),
       decode_case("B4OneRangeEachK32Local2", {split_len(256, -1), 0, 131072, split_len(124, 0)}, 1,
                   cfg(1, 32, 2, 0), bf, true, false, 1),
+      // One range a tile with 72-120 keys in its 8 warp lists (batch 128 at S >= 16K: 8 lists of
+      // fill = 15): the one-range finish merging more than 64 keys from fewer lists than lanes.
+      decode_case("B4OneRangeOfEightListsUpTo16Fp8",
+                  {split_len(128, 0), split_len(128, -77), split_len(120, 9), split_len(72, 0)}, 1,
+                  cfg(2, 16, 1, 0), f8, true, false, 1),
       // Either side of the plan's choice of the Hopper kernel's CTA (decode_sm90_warps): the most
       // splits of the 8-warp CTA, then one more (4 warps). Ranges of 3 blocks (warps without
       // blocks), and of 5 and 21 (8 warps) or 9 (4 warps): an odd count of lists x keys, so that
