@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# One device round for decode-indexer variants given as patches (kernel, plan and tests alike):
+# the landed build (build/, the default preset) as "main", and each patch applied to an export of
+# HEAD and built whole (m3sa CLI and GPU tests, sm_90a only) in a scratch tree - unlike
+# patch_variant.sh, a patch may change tests and headers anywhere. Packs .gpu/decode_round.tar.xz
+# and writes .gpu/decode_round.sh, the script to run on the device (carry both, and .peer for the
+# side by side). There, in one call: each variant's GPU tests (TESTS, default the decode / CP /
+# list-merge / indexer / robustness suites; TESTS=all runs the whole suite in 4 parallel shards),
+# memcheck / racecheck / synccheck on their small cases, then main and the variants alternating
+# twice on every decode bench case (BENCH, default all decode cases, else a space-separated list
+# of bench prefixes such as "fp8 B=128,bf16 B=1"), then, where .peer is there, vLLM's decode
+# indexer and the side-by-side table of the first variant's first run. What it writes comes back
+# as run.txt and round.tgz, rewritten after each stage so that a call cut short still returns
+# what it measured. A variant of bf16 + e4m3 at batch 1/32/128 takes ~60 s a run; the whole suite
+# ~95 s; the peer ~60 s.
+#   bench/micro/decode_round.sh <name>:<patch> [<name>:<patch> ...]
+# e.g. TESTS=all bench/micro/decode_round.sh sf1:bench/patches/s34-one-range-sampled-floor.patch
+set -euo pipefail
+[[ $# -ge 1 ]] || { sed -n 2,17p "$0"; exit 2; }
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$root/scripts/env.sh"
+[[ -x "$root/build/tools/m3sa_cli/m3sa" && -x "$root/build/tests/m3sa_gpu_tests" ]] ||
+  { echo "decode_round.sh: build the default preset first (build/)" >&2; exit 2; }
+out="$root/.gpu/decode_round"
+rm -rf "$out" && mkdir -p "$out/main"
+cp "$root/build/tools/m3sa_cli/m3sa" "$root/build/tests/m3sa_gpu_tests" "$out/main/"
+names=(main)
+for spec in "$@"; do
+  name="${spec%%:*}" patch="$(realpath "${spec#*:}")"
+  [[ "$name" =~ ^[A-Za-z0-9]+$ && "$name" != main ]] ||
+    { echo "decode_round.sh: variant names are letters and digits, not main: $name" >&2; exit 2; }
+  tree="$(mktemp -d)"
+  git -C "$root" archive HEAD | tar -x -C "$tree"
+  git -C "$tree" init -q && git -C "$tree" apply "$patch"
+  echo "[decode_round] building $name ($patch) in $tree" >&2
+  cmake -S "$tree" -B "$tree/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DM3SA_ENABLE_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a-real > "$tree/configure.log" 2>&1 ||
+    { cat "$tree/configure.log"; exit 1; }
+  cmake --build "$tree/build" --target m3sa_cli m3sa_gpu_tests -j "$M3SA_JOBS" > "$tree/build.log" 2>&1 ||
+    { tail -40 "$tree/build.log"; exit 1; }
+  mkdir -p "$out/$name"
+  cp "$tree/build/tools/m3sa_cli/m3sa" "$tree/build/tests/m3sa_gpu_tests" "$out/$name/"
+  rm -rf "$tree"
+  names+=("$name")
+done
+strip "$out"/*/*
+tar -C "$root/.gpu" -cJf "$root/.gpu/decode_round.tar.xz" decode_round
+rm -rf "$out"
+cat > "$root/.gpu/decode_round.sh" <<EOF
+#!/usr/bin/env bash
+# bench/micro/decode_round.sh $* (written $(date -u +%F), HEAD $(git -C "$root" rev-parse --short HEAD))
+set -u
+export NCCL_NVLS_ENABLE=0
+variants="${names[*]:1}" all="${names[*]}"
+tests="\${TESTS:-${TESTS:-decode}}" bench="\${BENCH:-${BENCH:-}}"
+EOF
+cat >> "$root/.gpu/decode_round.sh" <<'EOF'
+final="$OUT" w=/tmp/decode_round_out
+rm -rf "$w" && mkdir -p "$w"
+tar -xJf .gpu/decode_round.tar.xz -C .gpu
+bin=.gpu/decode_round
+snap() { (cd "$w" && tar czf "$final/round.tgz" .); cp "$w/run.txt" "$final/run.txt"; }
+log() { echo "$* $(date +%s)" >> "$w/run.txt"; }
+log "start $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+F='GpuDecodeIndexer*:Cases/GpuDecodeIndexer*:GpuContextParallel*:Cases/GpuContextParallel*:GpuListMerge*:GpuIndexer*:Cases/GpuIndexer*:GpuRobustness*'
+S='GpuDecodeIndexerSmall*:GpuListMergeSmall*:GpuContextParallelSmall*:GpuIndexerSmall*'
+for v in $variants; do
+  if [ "$tests" = all ]; then
+    for k in 0 1 2 3; do
+      GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$k timeout 240 $bin/$v/m3sa_gpu_tests > "$w/tests-$v-$k.log" 2>&1 &
+    done
+    wait
+  else
+    timeout 240 $bin/$v/m3sa_gpu_tests --gtest_filter="$F" > "$w/tests-$v.log" 2>&1
+  fi
+  log "$v tests: $(cat "$w"/tests-$v*.log | grep -c '^\[       OK') ok $(cat "$w"/tests-$v*.log | grep -c '^\[  FAILED') failed"
+  grep -h '^\[  FAILED' "$w"/tests-$v*.log >> "$w/run.txt"
+  for tool in memcheck racecheck synccheck; do
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 1 $bin/$v/m3sa_gpu_tests --gtest_filter="$S" > "$w/san-$v-$tool.log" 2>&1
+    log "$v $tool rc=$? :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$w/san-$v-$tool.log" | tail -1)"
+  done
+  snap
+done
+prefixes=()
+if [ -z "$bench" ]; then
+  prefixes=("fp8 B=128 " "bf16 B=128 " "fp8 B=32 " "bf16 B=32 " "fp8 B=1 " "bf16 B=1 ")
+else
+  IFS=, read -r -a prefixes <<< "$bench"
+fi
+for round in 1 2; do
+  for v in $all; do
+    for p in "${prefixes[@]}"; do
+      tag=$(echo "$p" | tr -s ' =' '__')
+      timeout 90 $bin/$v/m3sa bench --set full --filter "^decode $p" --json "$w/${v}_${tag}_$round.json" > /dev/null 2>> "$w/bench.err"
+      log "bench $v '$p' $round rc=$?"
+    done
+    snap
+  done
+done
+first=${variants%% *}
+if [ -d .peer ] && [ -n "$first" ]; then
+  PYTHONPATH=.peer/vllm_shim timeout 120 python3 .peer/peer_bench.py --no-torch-timing --no-sanity --no-prefill --no-attn --budget-s 80 --out "$w/peer" > "$w/peer.log" 2>&1
+  log "peer rc=$?"
+  python3 - "$w" "$first" <<'PY'
+import glob, json, os, sys
+w, v = sys.argv[1], sys.argv[2]
+merged, records = None, []
+for f in sorted(glob.glob(os.path.join(w, v + '_*_1.json'))):
+    j = json.load(open(f))
+    merged = merged or {k: x for k, x in j.items() if k != 'records'}
+    records += j['records']
+if merged:
+    merged['records'] = records
+    json.dump(merged, open(os.path.join(w, 'decode-m3sa-' + v + '.json'), 'w'), indent=1)
+PY
+  python3 .peer/side_by_side.py "$w/decode-m3sa-$first.json" "$w/peer/peer_bench.json" > "$w/side_by_side.md" 2>&1
+  cat "$w/side_by_side.md" >> "$w/run.txt"
+  snap
+fi
+cat "$w/run.txt"
+EOF
+chmod +x "$root/.gpu/decode_round.sh"
+echo "built .gpu/decode_round.tar.xz (${names[*]}) and .gpu/decode_round.sh: run \`bash .gpu/decode_round.sh\`" \
+  "on the device with carry [\".gpu/decode_round.tar.xz\", \".gpu/decode_round.sh\", \".peer\"]"
