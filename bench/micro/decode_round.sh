@@ -3,20 +3,21 @@
 # the landed build (build/, the default preset) as "main", and each patch applied to an export of
 # HEAD and built whole (m3sa CLI and GPU tests, sm_90a only) in a scratch tree - unlike
 # patch_variant.sh, a patch may change tests and headers anywhere. Packs .gpu/decode_round.tar.xz
-# and writes .gpu/decode_round.sh, the script to run on the device (carry both, and .peer for the
-# side by side). There, in one call: each variant's GPU tests (TESTS, default the decode / CP /
-# list-merge / indexer / robustness suites; TESTS=all runs the whole suite in 4 parallel shards),
-# memcheck / racecheck / synccheck on their small cases, then main and the variants alternating
-# twice on every decode bench case (BENCH, default all decode cases, else a space-separated list
-# of bench prefixes such as "fp8 B=128,bf16 B=1"), then, where .peer is there, vLLM's decode
-# indexer and the side-by-side table of the first variant's first run. What it writes comes back
-# as run.txt and round.tgz, rewritten after each stage so that a call cut short still returns
-# what it measured. A variant of bf16 + e4m3 at batch 1/32/128 takes ~60 s a run; the whole suite
-# ~95 s; the peer ~60 s.
+# and writes .gpu/decode_round.sh [tests|bench|all], the script to run on the device (carry both,
+# and .peer for the side by side). There, in one call or two (`tests`, then `bench`):
+# - each variant's GPU tests (TESTS: default the decode / CP / list-merge / indexer / robustness
+#   suites; `all` = the whole suite in 4 parallel shards) and memcheck / racecheck / synccheck on
+#   their small cases;
+# - main and the variants alternating twice on the decode bench (BENCH: default every decode
+#   case, else comma-separated bench prefixes such as "fp8 B=128 ,bf16 B=1 ");
+# - where .peer is there, vLLM's decode indexer and the side by side of the first variant's run.
+# run.txt and round.tgz come back, rewritten after each stage, so that a call cut short still
+# returns what it measured. Times on the H200: the whole suite ~95 s a variant, every decode case
+# ~60 s a variant a round, the peer ~60 s.
 #   bench/micro/decode_round.sh <name>:<patch> [<name>:<patch> ...]
 # e.g. TESTS=all bench/micro/decode_round.sh sf1:bench/patches/s34-one-range-sampled-floor.patch
 set -euo pipefail
-[[ $# -ge 1 ]] || { sed -n 2,17p "$0"; exit 2; }
+[[ $# -ge 1 ]] || { sed -n 2,18p "$0"; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$root/scripts/env.sh"
 [[ -x "$root/build/tools/m3sa_cli/m3sa" && -x "$root/build/tests/m3sa_gpu_tests" ]] ||
@@ -62,9 +63,11 @@ bin=.gpu/decode_round
 snap() { (cd "$w" && tar czf "$final/round.tgz" .); cp "$w/run.txt" "$final/run.txt"; }
 log() { echo "$* $(date +%s)" >> "$w/run.txt"; }
 log "start $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+mode="${1:-all}" # tests | bench | all: a round too long for one call (600 s) goes in two
 F='GpuDecodeIndexer*:Cases/GpuDecodeIndexer*:GpuContextParallel*:Cases/GpuContextParallel*:GpuListMerge*:GpuIndexer*:Cases/GpuIndexer*:GpuRobustness*'
 S='GpuDecodeIndexerSmall*:GpuListMergeSmall*:GpuContextParallelSmall*:GpuIndexerSmall*'
-for v in $variants; do
+[ "$mode" = bench ] && variants_tested="" || variants_tested="$variants"
+for v in $variants_tested; do
   if [ "$tests" = all ]; then
     for k in 0 1 2 3; do
       GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$k timeout 240 $bin/$v/m3sa_gpu_tests > "$w/tests-$v-$k.log" 2>&1 &
@@ -81,6 +84,7 @@ for v in $variants; do
   done
   snap
 done
+[ "$mode" = tests ] && { cat "$w/run.txt"; exit 0; }
 prefixes=()
 if [ -z "$bench" ]; then
   prefixes=("fp8 B=128 " "bf16 B=128 " "fp8 B=32 " "bf16 B=32 " "fp8 B=1 " "bf16 B=1 ")
