@@ -10,7 +10,10 @@
 #   their small cases;
 # - main and the variants alternating twice on the decode bench (BENCH: default every decode
 #   case, else comma-separated bench prefixes such as "fp8 B=128 ,bf16 B=1 ");
-# - where .peer is there, vLLM's decode indexer and the side by side of the first variant's run.
+# - where .peer is there, vLLM's decode indexer and the side by side of one variant's run (SIDE:
+#   default the first variant; PEER=0 leaves vLLM out, e.g. in the second of two bench calls);
+#   ONLY="v1 v2" restricts tests and bench to those variants (and main), for rounds of more
+#   variants than one call holds.
 # run.txt and round.tgz come back, rewritten after each stage, so that a call cut short still
 # returns what it measured. Times on the H200: the whole suite ~95 s a variant, every decode case
 # ~60 s a variant a round, the peer ~60 s.
@@ -54,6 +57,8 @@ set -u
 export NCCL_NVLS_ENABLE=0
 variants="${names[*]:1}" all="${names[*]}"
 tests="\${TESTS:-${TESTS:-decode}}" bench="\${BENCH:-${BENCH:-}}"
+side="\${SIDE:-${names[1]:-}}" peer="\${PEER:-1}"
+[ -n "\${ONLY:-}" ] && variants="\$ONLY" all="main \$ONLY"
 EOF
 cat >> "$root/.gpu/decode_round.sh" <<'EOF'
 final="$OUT" w=/tmp/decode_round_out
@@ -101,8 +106,8 @@ for round in 1 2; do
     snap
   done
 done
-first=${variants%% *}
-if [ -d .peer ] && [ -n "$first" ]; then
+first="$side"
+if [ -d .peer ] && [ -n "$first" ] && [ "$peer" != 0 ]; then
   PYTHONPATH=.peer/vllm_shim timeout 120 python3 .peer/peer_bench.py --no-torch-timing --no-sanity --no-prefill --no-attn --budget-s 80 --out "$w/peer" > "$w/peer.log" 2>&1
   log "peer rc=$?"
   python3 - "$w" "$first" <<'PY'
