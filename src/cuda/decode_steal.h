@@ -21,8 +21,9 @@
 //   (claimed_from_back).
 // - Every fetch_add moves front + stolen on by one, so the first `chunks` of them (in the order
 //   the word sees them) take the chunks, front ones in order from 0 and back ones from the end,
-//   and every later one takes none (a warp stops at its first). Fields only pass `chunks` by
-//   those void claims: at most one a warp.
+//   and every later one takes none (a warp stops claiming at its first void one; a thief's warp
+//   asks for its first two at once). Fields only pass `chunks` by those void claims: at most
+//   two a warp.
 // - Nobody stole (the owner's warps took all `chunks`): the owner merges in the CTA, as without
 //   stealing; the done count is not touched.
 // - Otherwise every participant publishes its lists into its slot and then adds to the done
@@ -45,7 +46,7 @@ inline constexpr int kStealSlots = 4;
 inline constexpr int kStealMaxThieves = kStealSlots - 1;
 
 // Word fields: front (chunks claimed from the front) bits 0-19, stolen 20-39, chunks 40-59,
-// thieves 60-63. front and stolen pass `chunks` by at most one void claim a warp, far below 2^20
+// thieves 60-63. front and stolen pass `chunks` by at most two void claims a warp, far below 2^20
 // for the chunk counts the plan allows (steal_chunks_fit).
 inline constexpr int kStealFieldBits = 20;
 inline constexpr uint64_t kStealFieldMask = (uint64_t{1} << kStealFieldBits) - 1;

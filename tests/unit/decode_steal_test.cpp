@@ -217,8 +217,12 @@ struct Protocol {
         const int tile = victim;
         if (tile < 0) return;
         const auto steal = [&] { return claimed_from_back(words[tile].fetch_add(kStealBackOne)); };
+        // The first two at once, as the kernel's warps ask for them before staging the queries.
         int chunk = w == 0 ? first_chunk : steal(), blocks = 0;
-        int next = chunk >= 0 ? steal() : -1;
+        int next = steal();
+        if (chunk < 0) {
+          EXPECT_LT(next, 0) << "a void first claim, then a chunk";
+        }
         while (chunk >= 0) {
           const int after_next = next >= 0 ? steal() : -1;
           blocks += stream(tile, chunk);
