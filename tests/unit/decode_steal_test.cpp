@@ -193,8 +193,9 @@ struct Protocol {
         }
         sync.arrive_and_wait();
       }
-      // A CTA without a tile of its own comes after the owners have begun (on the GPU, one that
-      // comes earlier finds the last step's taken words and ends: correct, only no help).
+      // A CTA without a tile of its own comes after the owners have begun. On the GPU it scans
+      // again for a while instead; one that gave up earlier would only have found the last
+      // step's taken words and ended: correct, only no help.
       if (cta >= tiles && w == 0) owners_started->wait();
       for (;;) { // a thief
         if (w == 0) {
