@@ -110,18 +110,8 @@ first="$side"
 if [ -d .peer ] && [ -n "$first" ] && [ "$peer" != 0 ]; then
   PYTHONPATH=.peer/vllm_shim timeout 120 python3 .peer/peer_bench.py --no-torch-timing --no-sanity --no-prefill --no-attn --budget-s 80 --out "$w/peer" > "$w/peer.log" 2>&1
   log "peer rc=$?"
-  python3 - "$w" "$first" <<'PY'
-import glob, json, os, sys
-w, v = sys.argv[1], sys.argv[2]
-merged, records = None, []
-for f in sorted(glob.glob(os.path.join(w, v + '_*_1.json'))):
-    j = json.load(open(f))
-    merged = merged or {k: x for k, x in j.items() if k != 'records'}
-    records += j['records']
-if merged:
-    merged['records'] = records
-    json.dump(merged, open(os.path.join(w, 'decode-m3sa-' + v + '.json'), 'w'), indent=1)
-PY
+  python3 bench/micro/round_table.py "$w" --variant "$first" --round 1 \
+    --json "$w/decode-m3sa-$first.json" > /dev/null
   python3 .peer/side_by_side.py "$w/decode-m3sa-$first.json" "$w/peer/peer_bench.json" > "$w/side_by_side.md" 2>&1
   cat "$w/side_by_side.md" >> "$w/run.txt"
   snap

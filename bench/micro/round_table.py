@@ -7,6 +7,7 @@ form bench/results/h200 keeps) and prints a markdown table: every case's time (u
 variant and round, and each variant's mean over its rounds minus main's (negative: faster).
 
   bench/micro/round_table.py <dir or round.tgz> --json out.json [--md out.md]
+                             [--variant V --round N]  (only those records: the side by side's input)
 """
 import argparse
 import glob
@@ -20,13 +21,17 @@ import tempfile
 NAME = re.compile(r"^(?P<variant>[A-Za-z0-9]+)_(?P<tag>.*)_(?P<round>\d+)\.json$")
 
 
-def load(directory):
-    """(meta, records) from the round's bench files: records gain variant and round."""
+def load(directory, variant=None, round_=None):
+    """(meta, records) from the round's bench files (those of `variant` / `round_` where given):
+    records gain variant and round."""
     meta, records = None, []
     for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
         m = NAME.match(os.path.basename(path))
         if not m:
             continue  # the peer's, or a merged file
+        if (variant is not None and m.group("variant") != variant) or \
+                (round_ is not None and int(m.group("round")) != round_):
+            continue
         with open(path) as f:
             j = json.load(f)
         if meta is None:
@@ -87,6 +92,8 @@ def main():
     parser.add_argument("source", help="the round's output directory or round.tgz")
     parser.add_argument("--json", required=True, help="the merged records")
     parser.add_argument("--md", help="the table (default: stdout only)")
+    parser.add_argument("--variant", help="only this variant's records")
+    parser.add_argument("--round", type=int, help="only this round's records")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         directory = args.source
@@ -97,7 +104,7 @@ def main():
                 except TypeError:  # Python without extraction filters (before 3.12)
                     tar.extractall(tmp)
             directory = tmp
-        meta, records = load(directory)
+        meta, records = load(directory, args.variant, args.round)
     if not records:
         sys.exit(f"round_table.py: no <variant>_<tag>_<round>.json in {args.source}")
     seen = []

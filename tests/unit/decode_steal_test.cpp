@@ -88,7 +88,7 @@ TEST(DecodeSteal, FrontAndBackMeetWithoutOverlap) {
 // The kernel's flow, a std::thread a warp. Per step each tile has a random length; CTA t < tiles
 // owns tile t, the others start as thieves.
 struct Protocol {
-  int tiles, warps, chunk_blocks, ctas;
+  int tiles, warps, chunk_blocks;
   std::vector<std::atomic<uint64_t>> words;
   std::vector<std::atomic<int>> done;
   // Per step:
@@ -100,10 +100,9 @@ struct Protocol {
   std::unique_ptr<std::latch> owners_started; // the CTAs without a tile wait for it
   std::atomic<int> steals{0};
 
-  Protocol(int tiles_, int warps_, int chunk_, int ctas_)
-      : tiles(tiles_), warps(warps_), chunk_blocks(chunk_), ctas(ctas_), words(tiles_),
-        done(tiles_), n(tiles_), streamed(tiles_), merges(tiles_), slot_blocks(tiles_),
-        merged_blocks(tiles_) {
+  Protocol(int tiles_, int warps_, int chunk_)
+      : tiles(tiles_), warps(warps_), chunk_blocks(chunk_), words(tiles_), done(tiles_), n(tiles_),
+        streamed(tiles_), merges(tiles_), slot_blocks(tiles_), merged_blocks(tiles_) {
     for (auto& w : words) w.store(0);
     for (auto& d : done) d.store(0);
   }
@@ -257,7 +256,7 @@ TEST(DecodeSteal, EveryBlockOnceEveryTileMergedOnceUnderThreads) {
   };
   for (const Shape shape : {Shape{3, 4, 2, 6, 200}, Shape{5, 2, 1, 5, 64}, Shape{2, 3, 3, 8, 120},
                             Shape{4, 4, 2, 4, 9}}) {
-    Protocol p(shape.tiles, shape.warps, shape.chunk_blocks, shape.ctas);
+    Protocol p(shape.tiles, shape.warps, shape.chunk_blocks);
     for (int step = 0; step < 12; ++step) {
       SCOPED_TRACE(::testing::Message() << "tiles " << shape.tiles << " warps " << shape.warps
                                         << " chunk " << shape.chunk_blocks << " step " << step);
