@@ -50,6 +50,23 @@ struct HostLists {
     std::fill(all.begin() + fill, all.end(), 0);
     return all;
   }
+  // The floor lists_floor promises: the fill-th largest of the keys its 32 lanes hold, 0 when
+  // fewer than fill lanes hold one - lane l the largest head of lists l, l + 32, ...; or, where
+  // few lists are sampled (the one-range finish) and there are fewer than 32, key l / count of
+  // list l % count.
+  uint64_t lanes_floor(int fill, bool sample_few_lists) {
+    if (fill <= 0) return 0;
+    std::vector<uint64_t> lanes(32, 0);
+    for (int lane = 0; lane < 32; ++lane) {
+      if (sample_few_lists && count > 0 && count < 32) {
+        if (lane / count < len) lanes[lane] = at(lane % count, lane / count);
+      } else {
+        for (int l = lane; l < count; l += 32) lanes[lane] = std::max(lanes[lane], at(l, 0));
+      }
+    }
+    std::sort(lanes.rbegin(), lanes.rend());
+    return lanes[fill - 1];
+  }
 };
 
 struct MergeResult {
@@ -58,7 +75,7 @@ struct MergeResult {
   bool ranked = false;
 };
 
-MergeResult run_probe(const HostLists& h, int fill, bool shared) {
+MergeResult run_probe(const HostLists& h, int fill, bool shared, bool sample_few_lists) {
   MergeResult r;
   HostTensor keys(DType::i64, {static_cast<int64_t>(h.keys.size())});
   std::copy(h.keys.begin(), h.keys.end(), keys.data<uint64_t>());
@@ -71,6 +88,7 @@ MergeResult run_probe(const HostLists& h, int fill, bool shared) {
   p.stride = h.stride();
   p.extent = static_cast<int64_t>(h.keys.size());
   p.count = h.count, p.len = h.len, p.fill = fill, p.shared = shared;
+  p.sample_few_lists = sample_few_lists;
   p.chosen = static_cast<uint64_t*>(chosen.data());
   p.floor = static_cast<uint64_t*>(floor.data());
   p.ranked = static_cast<int32_t*>(ranked.data());
@@ -85,23 +103,28 @@ MergeResult run_probe(const HostLists& h, int fill, bool shared) {
 
 enum class Path { any, survivors, fallback };
 
-// Runs both variants (global, shared) and checks the result, the floor (at or below the fill-th
-// largest key) and, where the lists were built for one, the path.
+// Runs every variant (global, shared; heads' floor, few lists sampled) and checks the result, the
+// floor (at or below the fill-th largest key, and exactly the lanes' one) and, where the lists
+// were built for one, the path (where the floor is the heads'; a sampled one keeps fewer survivors).
 void expect_merge(HostLists& h, int fill, Path path, const std::string& name) {
   const std::vector<uint64_t> want = h.best(fill);
-  for (bool shared : {false, true}) {
-    SCOPED_TRACE(name + (shared ? " staged" : " global"));
-    const MergeResult got = run_probe(h, fill, shared);
-    EXPECT_EQ(got.chosen, want);
-    if (fill > 0 && want[fill - 1] != 0) {
-      EXPECT_LE(got.floor, want[fill - 1]);
+  for (bool sample : {false, true})
+    for (bool shared : {false, true}) {
+      const std::string variant =
+          std::string(shared ? " staged" : " global") + (sample ? " sampled" : "");
+      SCOPED_TRACE(name + variant);
+      const MergeResult got = run_probe(h, fill, shared, sample);
+      EXPECT_EQ(got.chosen, want);
+      if (fill > 0 && want[fill - 1] != 0) {
+        EXPECT_LE(got.floor, want[fill - 1]);
+      }
+      EXPECT_EQ(got.floor, h.lanes_floor(fill, sample));
+      if (path != Path::any && (!sample || h.count >= 32)) {
+        EXPECT_EQ(got.ranked, path == Path::survivors);
+      }
+      std::printf("[ ListMerge %s%s ] %s\n", name.c_str(), variant.c_str(),
+                  got.ranked ? "survivors" : "fallback");
     }
-    if (path != Path::any) {
-      EXPECT_EQ(got.ranked, path == Path::survivors);
-    }
-    std::printf("[ ListMerge %s %s ] %s\n", name.c_str(), shared ? "staged" : "global",
-                got.ranked ? "survivors" : "fallback");
-  }
 }
 
 std::string shape(int count, int len, int gap, int fill) {
@@ -120,7 +143,8 @@ TEST(GpuListMergeSmall, RandomListsGiveTheFillLargestKeys) {
   const Shape shapes[] = {{1, 1, 3, 1},     {1, 16, 3, 14},   {3, 5, 3, 15},   {4, 15, 0, 14},
                           {31, 2, 3, 15},   {32, 1, 3, 14},   {33, 8, 3, 31},  {64, 1, 0, 14},
                           {132, 8, 3, 15},  {132, 15, 3, 14}, {528, 2, 0, 14}, {528, 15, 0, 15},
-                          {400, 31, 0, 31}, {16, 4, 0, 30},   {8, 32, 3, 32},  {264, 3, 0, 1}};
+                          {400, 31, 0, 31}, {16, 4, 0, 30},   {8, 32, 3, 32},  {264, 3, 0, 1},
+                          {8, 16, 0, 14},   {8, 15, 0, 15},   {4, 32, 0, 31},  {16, 8, 3, 15}};
   for (const Shape& s : shapes) {
     HostLists h(s.count, s.len, s.gap);
     std::set<uint64_t> used{0, ~uint64_t{0}};
@@ -135,6 +159,35 @@ TEST(GpuListMergeSmall, RandomListsGiveTheFillLargestKeys) {
       h.set(l, list);
     }
     expect_merge(h, s.fill, Path::any, "random " + shape(s.count, s.len, s.gap, s.fill));
+  }
+}
+
+// A batch-128 range's own lists (8 warps x 16 keys, fill 14 or 15, every list full): fewer lists
+// than lanes, so the heads alone leave the floor at 0 and all 128 keys survive, while the sampled
+// floor is the fill-th largest of the lists' first four keys and rank_survivors ranks a few more
+// than fill of them (s34 r2: ranking all 128 took 7K cycles).
+TEST(GpuListMergeSmall, FewFullListsSampledGiveAFloorAboveZero) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (int fill : {14, 15}) {
+    HostLists h(8, 16, 0);
+    std::set<uint64_t> used{0, ~uint64_t{0}};
+    for (int l = 0; l < 8; ++l) {
+      std::vector<uint64_t> list;
+      while (list.size() < 16) {
+        const uint64_t key = rng.next() | 1;
+        if (used.insert(key).second) list.push_back(key);
+      }
+      h.set(l, list);
+    }
+    EXPECT_EQ(h.lanes_floor(fill, false), 0u);
+    EXPECT_NE(h.lanes_floor(fill, true), 0u);
+    const MergeResult got = run_probe(h, fill, true, true);
+    EXPECT_TRUE(got.ranked);
+    EXPECT_EQ(got.chosen, h.best(fill));
+    EXPECT_EQ(got.floor, h.lanes_floor(fill, true));
   }
 }
 

@@ -1,5 +1,6 @@
 // One warp runs the decode indexer's list merge (decode_topk.cuh merge_row without the selection
-// write) on the probe's lists: lists_floor, then rank_survivors with the kernels' capacities, and
+// write) on the probe's lists: lists_floor (sampling few lists' first keys where asked, as the
+// one-range finish does), then rank_survivors with the kernels' capacities, and
 // where it declines, the register lists and merge_warp.
 #include "gpu/list_merge_probe.h"
 
@@ -13,7 +14,7 @@ using cuda::kMergeScratchKeys;
 using cuda::kSurvivorCapacity;
 using cuda::ListSet;
 
-template <bool kShared>
+template <bool kShared, bool kSampleFewLists>
 __global__ void __launch_bounds__(32) list_merge_probe_kernel(const ListMergeProbe p) {
   extern __shared__ __align__(16) uint64_t smem[]; // [kMergeScratchKeys] scratch, then the stage
   const int lane = threadIdx.x;
@@ -28,7 +29,7 @@ __global__ void __launch_bounds__(32) list_merge_probe_kernel(const ListMergePro
     base = stage;
   }
   const ListSet set{base, p.stride, p.count, p.len};
-  const uint64_t floor = cuda::lists_floor<kShared>(set, p.fill, lane);
+  const uint64_t floor = cuda::lists_floor<kShared, kSampleFewLists>(set, p.fill, lane);
   const bool ranked = cuda::rank_survivors<kShared>(
       set, p.fill, floor, survivors, kSurvivorCapacity, chosen, live, kLiveListCapacity, lane);
   uint64_t mine = ranked && lane < p.fill ? chosen[lane] : 0;
@@ -41,8 +42,8 @@ __global__ void __launch_bounds__(32) list_merge_probe_kernel(const ListMergePro
   if (lane == 0) *p.floor = floor, *p.ranked = ranked ? 1 : 0;
 }
 
-template <bool kShared> cudaError_t launch(const ListMergeProbe& p) {
-  const auto kernel = list_merge_probe_kernel<kShared>;
+template <bool kShared, bool kSampleFewLists> cudaError_t launch(const ListMergeProbe& p) {
+  const auto kernel = list_merge_probe_kernel<kShared, kSampleFewLists>;
   const int bytes = static_cast<int>((kMergeScratchKeys + (kShared ? p.extent : 0)) * 8);
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -56,7 +57,8 @@ template <bool kShared> cudaError_t launch(const ListMergeProbe& p) {
 cudaError_t run_list_merge_probe(const ListMergeProbe& p) {
   if (p.fill < 0 || p.fill > 32 || (p.shared && p.extent > kListMergeProbeMaxStagedKeys))
     return cudaErrorInvalidValue;
-  return p.shared ? launch<true>(p) : launch<false>(p);
+  if (p.sample_few_lists) return p.shared ? launch<true, true>(p) : launch<false, true>(p);
+  return p.shared ? launch<true, false>(p) : launch<false, false>(p);
 }
 
 } // namespace m3sa::testing

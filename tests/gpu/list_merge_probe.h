@@ -16,6 +16,7 @@ struct ListMergeProbe {
   int64_t extent;       // keys of `lists` the set spans (what the shared variant stages)
   int count, len, fill; // fill <= 32
   bool shared;          // stage the lists in shared memory first (the last CTA's staged path)
+  bool sample_few_lists; // lists_floor<kSampleFewLists>: the one-range finish's floor
   uint64_t* chosen;     // device [32]: the fill best keys, descending, 0 after the last
   uint64_t* floor;      // device [1]: lists_floor's bound
   int32_t* ranked;      // device [1]: 1 = rank_survivors served it, 0 = the register-list fallback

@@ -144,8 +144,9 @@ struct MergeMemory {
 // through the register lists when too many survive (keys built against the floor).
 // kWarpLists: the Hopper kernel's lists (one a warp of each range), every key at once, sorted in
 // registers where they are at most 64 (fill <= 32); the portable kernel keeps the path below (its
-// 168 registers would spill).
-template <int MaxK, bool kShared, bool kWarpLists>
+// 168 registers would spill). kOwnLists: a range's own warp lists (the one-range finish), fewer
+// than 32, whose floor lists_floor samples from their first keys.
+template <int MaxK, bool kShared, bool kWarpLists, bool kOwnLists = false>
 __device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const ListSet& set,
                                           uint64_t* scratch, int lane) {
   const int fill = t.fill;
@@ -165,7 +166,7 @@ __device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const Li
   }
   uint64_t* chosen = scratch + kSurvivorCapacity;
   int32_t* live = reinterpret_cast<int32_t*>(chosen + 32);
-  const uint64_t floor = lists_floor<kShared>(set, fill, lane);
+  const uint64_t floor = lists_floor<kShared, kOwnLists>(set, fill, lane);
   M3SA_DECODE_FINISH_STAMP(2);
   if (rank_survivors<kShared>(set, fill, floor, scratch, kSurvivorCapacity, chosen, live,
                               kLiveListCapacity, lane)) {
@@ -302,7 +303,7 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
         t.emit(row, true, lane < fill ? cta.lists[row * fill + lane] : 0, lane);
       } else {
         const ListSet set{cta.lists + row * fill, int64_t{cta.row_capacity} * fill, lists, len};
-        merge_row<MaxK, true, true>(t, row, set, scratch, lane);
+        merge_row<MaxK, true, true, true>(t, row, set, scratch, lane);
       }
     }
     return;

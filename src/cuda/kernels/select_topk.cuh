@@ -209,11 +209,22 @@ __device__ __forceinline__ void rank_lists(uint64_t (&best)[MaxK], const ListSet
 // maxima over the lists' heads (lane l: lists l, l + 32, ...), since the lanes holding the fill
 // largest maxima hold fill keys at least that large (as rank_floor; 0 when fewer than fill lanes
 // hold a list). Keys below it cannot be chosen. Uniform over the warp.
-template <bool kShared = false>
+// kSampleFewLists: with fewer lists than lanes, lane l holds key l / count of list l % count
+// instead (32 distinct keys, the same argument), so that a few long lists - a range's own 8 warp
+// lists of 16 at batch 128 - give a floor above 0 rather than every key a survivor (ranking all
+// 128 took 7K cycles after the slowest stream, bench/NOTES.md s34 r2). Only that merge site asks
+// for it: the same sampling at every site changed the whole kernel's code and cost batch 1
+// 0.3-0.9 us (s34 r3).
+template <bool kShared = false, bool kSampleFewLists = false>
 __device__ __forceinline__ uint64_t lists_floor(const ListSet& set, int fill, int lane) {
   if (fill <= 0) return 0;
   uint64_t mine = 0;
-  for (int l = lane; l < set.count; l += 32) mine = max(mine, list_key<kShared>(set.list(l)));
+  if (kSampleFewLists && set.count > 0 && set.count < 32) {
+    const int k = lane / set.count;
+    if (k < set.len) mine = list_key<kShared>(set.list(lane % set.count) + k);
+  } else {
+    for (int l = lane; l < set.count; l += 32) mine = max(mine, list_key<kShared>(set.list(l)));
+  }
   return fill_th_of_lanes(mine, fill, lane);
 }
 
