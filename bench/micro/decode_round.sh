@@ -17,7 +17,8 @@
 # run.txt and round.tgz come back, rewritten after each stage, so that a call cut short still
 # returns what it measured. Times on the H200: the whole suite ~95 s a variant, every decode case
 # ~60 s a variant a round, the peer ~60 s.
-#   bench/micro/decode_round.sh <name>:<patch> [<name>:<patch> ...]
+#   bench/micro/decode_round.sh <name>:<patch>[+<patch>...] [<name>:<patch>... ...]
+# (patches joined by + apply in order, so that a variant of a variant is a small patch on top)
 # e.g. TESTS=all bench/micro/decode_round.sh sf1:bench/patches/s34-one-range-sampled-floor.patch
 set -euo pipefail
 [[ $# -ge 1 ]] || { sed -n 2,18p "$0"; exit 2; }
@@ -30,13 +31,15 @@ rm -rf "$out" && mkdir -p "$out/main"
 cp "$root/build/tools/m3sa_cli/m3sa" "$root/build/tests/m3sa_gpu_tests" "$out/main/"
 names=(main)
 for spec in "$@"; do
-  name="${spec%%:*}" patch="$(realpath "${spec#*:}")"
+  name="${spec%%:*}" patches="${spec#*:}"
   [[ "$name" =~ ^[A-Za-z0-9]+$ && "$name" != main ]] ||
     { echo "decode_round.sh: variant names are letters and digits, not main: $name" >&2; exit 2; }
   tree="$(mktemp -d)"
   git -C "$root" archive HEAD | tar -x -C "$tree"
-  git -C "$tree" init -q && git -C "$tree" apply "$patch"
-  echo "[decode_round] building $name ($patch) in $tree" >&2
+  git -C "$tree" init -q
+  IFS=+ read -r -a chain <<< "$patches"
+  for patch in "${chain[@]}"; do git -C "$tree" apply "$(realpath "$patch")"; done
+  echo "[decode_round] building $name ($patches) in $tree" >&2
   cmake -S "$tree" -B "$tree/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DM3SA_ENABLE_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a-real > "$tree/configure.log" 2>&1 ||
     { cat "$tree/configure.log"; exit 1; }
