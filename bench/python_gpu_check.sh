@@ -12,8 +12,9 @@
 #   bash bench/python_gpu_check.sh            (run's carry: [".peer", ".pydeps"])
 # Without .pydeps the device's own nanobind / scikit-build-core build it; without .peer the vLLM
 # comparisons skip (M3SA_PEER_DIR overrides the folder).
-# M3SA_PYTHON_STAGES=structured: only the build and the structured-attention comparison (a kernel
-# round's check of issue 11's structured target, ~1.5 min).
+# M3SA_PYTHON_STAGES: the stages after the build, a comma list of tests, overhead, import and
+# structured (default: all four). "structured" alone is a kernel round's check of issue 11's
+# structured target (~1.5 min); "tests,overhead" a Python-layer round's (~4 min).
 #
 # What comes back ($OUT, at most 8 files): summary.txt, pytest.xml, gpu_report.jsonl,
 # python_overhead.json, python_import_time.json, structured_attention.json, logs.tgz (environment,
@@ -92,11 +93,10 @@ fi
 import_rc=$?
 if [ $import_rc -ne 0 ]; then rc=$import_rc; finish; fi
 
-if [ "${M3SA_PYTHON_STAGES:-all}" = structured ]; then
-  run_structured
-  finish
-fi
+stages=",${M3SA_PYTHON_STAGES:-tests,overhead,import,structured},"
+wanted() { [[ "$stages" == *",$1,"* ]]; }
 
+if wanted tests; then
 stage "pytest tests/python"
 export M3SA_PEER_DIR="${M3SA_PEER_DIR:-$PWD/.peer}"
 export M3SA_GPU_REPORT="$out/gpu_report.jsonl"
@@ -110,14 +110,18 @@ pytest_rc=$?
 summary "pytest rc=$pytest_rc: $(tail -1 "$logs/pytest.log")"
 grep -E "^(FAILED|ERROR|SKIPPED)" "$logs/pytest.log" | cut -c1-300 | tee -a "$out/summary.txt"
 [ $pytest_rc -ne 0 ] && rc=$pytest_rc
+fi
 
+if wanted overhead; then
 stage "per-call overhead"
 timeout 240 "$py" bench/python_overhead.py --out "$out/python_overhead.json" > "$logs/overhead.log" 2>&1
 overhead_rc=$?
 summary "overhead rc=$overhead_rc"
 tail -4 "$logs/overhead.log" | tee -a "$out/summary.txt"
 [ $overhead_rc -ne 0 ] && [ $rc -eq 0 ] && rc=$overhead_rc
+fi
 
+if wanted import; then
 stage "import time"
 repo="$PWD"
 (cd /tmp && timeout 120 "$py" "$repo/bench/python_import_time.py" --out "$out/python_import_time.json") \
@@ -126,6 +130,7 @@ import_rc=$?
 summary "import time rc=$import_rc"
 tee -a "$out/summary.txt" < "$logs/import_time.log"
 [ $import_rc -ne 0 ] && [ $rc -eq 0 ] && rc=$import_rc
+fi
 
-run_structured
+wanted structured && run_structured
 finish

@@ -456,6 +456,80 @@ def _attention(q, kv_cache, topk_idx, batch, num_reqs, num_kv_heads, output, k_s
          q, k_cache, v_cache, topk_idx, batch, output, k_scale=k_scale, v_scale=v_scale)
 
 
+# --- the uniform decode ops in one call ---------------------------------------------------------
+# An engine's eager decode step calls these once a layer, so their host time is on its critical
+# path at small batches: the general path's torch views of the combined cache, Batch object and
+# checks cost ~20 us a call against a ~7 us kernel (bench/python_overhead.py). Here the arguments
+# go to m3sa in one call (m3sa._core.vllm_*_decode splits the cache and builds the batch in C++)
+# after the checks only Python can make (vLLM's scalars, and the shapes a plan is keyed on);
+# m3sa validates the rest. Where it rejects an argument the op's general path runs instead, so
+# that the error names vLLM's argument as it always did (it raises the same error again where its
+# own checks pass).
+
+def _decode_plan(op, q, num_kv_heads, topk, init_blocks, local_blocks, seq_lens, block_table,
+                 decode_query_len, dtype):
+    """(plan, workspace, device, cu_q_lens) of a uniform decode call whose shapes agree, or None."""
+    if not (num_kv_heads > 0 and len(q.shape) == 3 and q.shape[1] % num_kv_heads == 0
+            and len(seq_lens.shape) == 1 and len(block_table.shape) == 2):
+        return None
+    total_q, num_reqs = q.shape[0], seq_lens.shape[0]
+    if not (total_q == num_reqs * decode_query_len):
+        return None
+    device = _device(q, "q")
+    plan, workspace = _plan(op, device, _index_config(num_kv_heads, topk, init_blocks,
+                                                      local_blocks),
+                            num_reqs, total_q, block_table.shape[1], dtype)
+    return plan, workspace, device, _decode_cu_q_lens(seq_lens, num_reqs, decode_query_len)
+
+
+def _index_decode_in_one_call(idx_q, index_kv_cache, block_table, seq_lens, topk, init_blocks,
+                              local_blocks, num_kv_heads, decode_query_len, max_decode_query_len):
+    """minimax_m3_index_decode's result, or None where its general path has to say what is wrong."""
+    if not (decode_query_len <= max_decode_query_len):
+        return None
+    try:
+        if not (len(idx_q.shape) == 3 and idx_q.shape[1] == num_kv_heads):
+            return None
+        planned = _decode_plan("index_topk", idx_q, num_kv_heads, topk, init_blocks, local_blocks,
+                               seq_lens, block_table, decode_query_len,
+                               _dtype(index_kv_cache, "index_kv_cache"))
+        if planned is None:
+            return None
+        plan, workspace, device, cu_q_lens = planned
+        topk_idx = _empty(idx_q, (num_kv_heads, idx_q.shape[0], topk), "int32")
+        _core.vllm_index_decode(plan, _dl(idx_q), _dl(index_kv_cache), _dl(block_table),
+                                _dl(seq_lens), _dl(cu_q_lens), _dl(topk_idx), decode_query_len,
+                                _dl(workspace), _stream(device))
+    except ValueError:
+        return None
+    return topk_idx
+
+
+def _attention_decode_in_one_call(q, kv_cache, topk_idx, block_table, seq_lens, num_kv_heads,
+                                  sm_scale, output, decode_query_len, k_scale, v_scale):
+    """True once minimax_m3_sparse_attn_decode (uniform) ran; False where its general path has to
+    say what is wrong."""
+    if not math.isclose(float(sm_scale), SOFTMAX_SCALE, rel_tol=1e-6):
+        return False
+    try:
+        dtype, k_scale, v_scale = _kv_scales(kv_cache, k_scale, v_scale)
+        if not (len(kv_cache.shape) == 4 and kv_cache.shape[1] == num_kv_heads
+                and len(topk_idx.shape) == 3 and topk_idx.shape[0] == num_kv_heads):
+            return False
+        planned = _decode_plan("sparse_attention", q, num_kv_heads, topk_idx.shape[2], 0, 1,
+                               seq_lens, block_table, decode_query_len, dtype)
+        if planned is None:
+            return False
+        plan, workspace, device, cu_q_lens = planned
+        _core.vllm_sparse_attn_decode(plan, _dl(q), _dl(kv_cache), _dl(topk_idx),
+                                      _dl(block_table), _dl(seq_lens), _dl(cu_q_lens),
+                                      _dl(output), decode_query_len, k_scale, v_scale,
+                                      _dl(workspace), _stream(device))
+    except ValueError:
+        return False
+    return True
+
+
 # --- the five ops -----------------------------------------------------------------------------
 
 def minimax_m3_index_score(
@@ -525,6 +599,11 @@ def minimax_m3_index_decode(
     max_decode_query_len: int,
 ):
     """topk_idx [num_kv_heads, total_q, topk] i32 for a uniform decode batch (score and top-k)."""
+    topk_idx = _index_decode_in_one_call(idx_q, index_kv_cache, block_table, seq_lens, topk,
+                                         init_blocks, local_blocks, num_kv_heads,
+                                         decode_query_len, max_decode_query_len)
+    if topk_idx is not None:
+        return topk_idx
     _check_head_dim(idx_q, "idx_q")
     _check_index_heads(idx_q, num_kv_heads)
     if not (decode_query_len <= max_decode_query_len):
@@ -580,6 +659,10 @@ def minimax_m3_sparse_attn_decode(
     token_to_req_indices=None,
 ) -> None:
     """Decode attention, uniform (decode_query_len per request) or ragged (query_start_loc)."""
+    if query_start_loc is None and _attention_decode_in_one_call(
+            q, kv_cache, topk_idx, block_table, seq_lens, num_kv_heads, sm_scale, output,
+            decode_query_len, k_scale, v_scale):
+        return
     _check_attention(q, kv_cache, topk_idx, num_kv_heads, sm_scale, output)
     total_q, num_reqs = q.shape[0], seq_lens.shape[0]
     if query_start_loc is None:

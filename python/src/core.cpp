@@ -10,12 +10,14 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "m3sa/m3sa.h"
@@ -135,6 +137,40 @@ struct Batch {
     return b;
   }
 };
+
+// vLLM's combined KV cache [pages, Hkv, 128, 2 x 128] (K then V in each token's row) as m3sa's K
+// and V caches [pages, 128, Hkv, 128]: two strided views of the one array, no copy.
+std::pair<TensorView, TensorView> split_combined_kv(const InputArray& kv_cache) {
+  const TensorView kv = to_view(kv_cache, "kv_cache");
+  if (kv.rank != 4 || kv.shape[2] != 128 || kv.shape[3] != 256)
+    throw nb::value_error(("kv_cache: expected [num_blocks, num_kv_heads, 128, 256] (K then V "
+                           "per row), got " +
+                           kv.describe())
+                              .c_str());
+  TensorView k = kv;
+  const int64_t shape[4] = {kv.shape[0], 128, kv.shape[1], 128};
+  const int64_t strides[4] = {kv.strides[0], kv.strides[2], kv.strides[1], kv.strides[3]};
+  std::copy(std::begin(shape), std::end(shape), k.shape);
+  std::copy(std::begin(strides), std::end(strides), k.strides);
+  TensorView v = k;
+  v.data = static_cast<char*>(kv.data) +
+           128 * kv.strides[3] * static_cast<int64_t>(dtype_size(kv.dtype));
+  return {k, v};
+}
+
+// The tokens of a [tokens, heads, 128] array (0 for a scalar: the op then rejects its rank).
+int leading_extent(const InputArray& array) {
+  return array.ndim() > 0 ? static_cast<int>(array.shape(0)) : 0;
+}
+
+// The uniform decode batch of vLLM's decode ops: num_requests = len(seq_lens) requests of
+// decode_q_len tokens, request-major (cu_q_lens: 0, q, 2 q, ...). The view borrows the arrays,
+// which the caller's arguments keep alive.
+BatchMetadata decode_batch(const InputArray& cu_q_lens, const InputArray& seq_lens,
+                           const InputArray& block_table, int num_tokens, int decode_q_len) {
+  const int num_requests = seq_lens.ndim() == 1 ? static_cast<int>(seq_lens.shape(0)) : 0;
+  return Batch{cu_q_lens, seq_lens, block_table, num_tokens, num_requests, decode_q_len}.view();
+}
 
 Workspace to_workspace(const OpPlan& plan, const std::optional<OutputArray>& buffer) {
   if (!buffer) return {};
@@ -423,6 +459,40 @@ NB_MODULE(_core, m) {
       "plan"_a, "q"_a, "k_cache"_a, "v_cache"_a, "topk"_a, "batch"_a, "out"_a, nb::kw_only(),
       "lse"_a = nb::none(), "kv_block_table"_a = nb::none(), "k_scale"_a = 1.f,
       "v_scale"_a = 1.f, "workspace"_a = nb::none(), "num_threads"_a = 0, "stream"_a = 0);
+
+  // m3sa.vllm's hot path (an engine's eager decode step): vLLM's decode arguments in one call,
+  // positional, the combined KV cache split and the batch built here - each torch view or Batch
+  // made in Python costs microseconds (bench/python_overhead.py). Validation is the op's own; the
+  // Python layer falls back to its checks, which name vLLM's arguments, when this raises.
+  m.def("vllm_index_decode", [](const OpPlan& plan, InputArray idx_q, InputArray index_kv_cache,
+                                InputArray block_table, InputArray seq_lens, InputArray cu_q_lens,
+                                OutputArray topk, int decode_q_len, OutputArray workspace,
+                                uintptr_t stream) {
+    const IndexTopkArgs args{
+        to_view(idx_q, "idx_q"), to_view(index_kv_cache, "index_kv_cache"),
+        decode_batch(cu_q_lens, seq_lens, block_table, leading_extent(idx_q), decode_q_len),
+        to_view(topk, "topk")};
+    run_op(&index_topk, plan, args, workspace, 0, stream);
+  });
+  m.def("vllm_sparse_attn_decode",
+        [](const OpPlan& plan, InputArray q, InputArray kv_cache, InputArray topk,
+           InputArray block_table, InputArray seq_lens, InputArray cu_q_lens, OutputArray out,
+           int decode_q_len, float k_scale, float v_scale, OutputArray workspace,
+           uintptr_t stream) {
+          const auto [k_cache, v_cache] = split_combined_kv(kv_cache);
+          const SparseAttentionArgs args{
+              to_view(q, "q"),
+              k_cache,
+              v_cache,
+              k_scale,
+              v_scale,
+              to_view(topk, "topk"),
+              decode_batch(cu_q_lens, seq_lens, block_table, leading_extent(q), decode_q_len),
+              TensorView{},
+              to_view(out, "out"),
+              TensorView{}};
+          run_op(&sparse_attention, plan, args, workspace, 0, stream);
+        });
 
   // The C++ loops of bench/python_overhead.py (time_calls above).
   m.def(

@@ -256,6 +256,82 @@ def test_kv_scales(attn_call):
         mv.minimax_m3_sparse_attn(**{**attn_call, "kv_cache": attn_call["kv_cache"].view(np.float16)})
 
 
+# --- the uniform decode ops in one call (m3sa.vllm's hot path) ------------------------------------
+
+def uniform_decode(seed, kv_dtype="bf16"):
+    """The arguments of vLLM's uniform decode (padding request included): the index decode's, then
+    the attention's on its selection."""
+    n = len(DECODE_SEQ_LENS)
+    b = VllmBatch(seed, (1,) * n, DECODE_SEQ_LENS)
+    index = (b.idx_q, b.index_kv_cache, b.block_table, b.seq_lens, b.max_seq_len, TOPK, INIT, LOCAL,
+             HEADS, 1, 1)
+    topk = mv.minimax_m3_index_decode(*index)
+    scales = (np.array([0.5], np.float32), np.array([0.25], np.float32))
+    attention = dict(q=random_bf16(b.rng, (n, HEADS * GQA, HEAD_DIM)), kv_cache=b.kv_cache(kv_dtype),
+                     topk_idx=topk, block_table=b.block_table, seq_lens=b.seq_lens,
+                     num_kv_heads=HEADS, sm_scale=SCALE, output=np.full((n, HEADS * GQA, HEAD_DIM),
+                                                                       0x7FC0, np.uint16),
+                     decode_query_len=1, k_scale=scales[0], v_scale=scales[1])
+    return index, attention
+
+
+def fail_if_called(name):
+    def called(*args, **kwargs):
+        raise AssertionError(f"the one-call path called {name}")
+    return called
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+def test_uniform_decode_runs_in_one_call_as_the_general_path(kv_dtype, monkeypatch):
+    index, attention = uniform_decode(12, kv_dtype)
+    with monkeypatch.context() as m:  # what the general path builds in Python
+        for name in ("_kv_views", "_batch", "_check_attention", "_attention", "_run"):
+            m.setattr(mv, name, fail_if_called(name))
+        topk = mv.minimax_m3_index_decode(*index)
+        mv.minimax_m3_sparse_attn_decode(**attention)
+        out = attention["output"].copy()
+    plans = mv.plan_cache()
+    assert len(plans) == 2
+    monkeypatch.setattr(mv, "_index_decode_in_one_call", lambda *args: None)
+    monkeypatch.setattr(mv, "_attention_decode_in_one_call", lambda *args: False)
+    np.testing.assert_array_equal(mv.minimax_m3_index_decode(*index), topk)
+    attention["output"][:] = 0x7FC0
+    mv.minimax_m3_sparse_attn_decode(**attention)
+    np.testing.assert_array_equal(attention["output"], out)  # the same op on the same plans
+    assert mv.plan_cache() == plans
+    assert (out[2] == 0).all() and not np.isnan(m3sa.from_bf16_bits(out)).any()
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(sm_scale=0.1), ValueError, "sm_scale: expected 1/sqrt"),
+    (dict(num_kv_heads=1), ValueError, "num_kv_heads"),
+    (dict(output=np.zeros((4, HEADS * GQA, 64), np.uint16)), ValueError, "output: expected q's shape"),
+    (dict(q=np.zeros((3, HEADS * GQA, HEAD_DIM), np.uint16),
+          output=np.zeros((3, HEADS * GQA, HEAD_DIM), np.uint16)), ValueError,
+     "q: expected num_reqs x decode_query_len"),
+    (dict(decode_query_len=2), ValueError, "q: expected num_reqs x decode_query_len"),
+    ("fp8 kv_cache without k_scale", ValueError, "both provided or both None"),
+    ("transposed kv_cache", ValueError, "kv_cache: expected .num_blocks, num_kv_heads, 128, 256"),
+    ("token-major topk_idx", ValueError, "topk_idx"),
+    ("descending topk_idx", ValueError, "topk"),
+    ("float16 kv_cache", TypeError, "kv_cache: dtype float16"),
+])
+def test_uniform_decode_attention_errors_name_vllms_arguments(change, error, match):
+    _, attention = uniform_decode(13)
+    if change == "transposed kv_cache":
+        change = dict(kv_cache=np.ascontiguousarray(attention["kv_cache"].transpose(0, 2, 1, 3)))
+    elif change == "token-major topk_idx":
+        change = dict(topk_idx=np.ascontiguousarray(attention["topk_idx"].transpose(1, 0, 2)))
+    elif change == "descending topk_idx":  # vLLM's own top-k order is not m3sa's format
+        change = dict(topk_idx=attention["topk_idx"][..., ::-1].copy())
+    elif change == "fp8 kv_cache without k_scale":
+        change = dict(kv_cache=uniform_decode(13, "fp8_e4m3")[1]["kv_cache"], k_scale=None)
+    elif change == "float16 kv_cache":
+        change = dict(kv_cache=attention["kv_cache"].view(np.float16))
+    with pytest.raises(error, match=match):
+        mv.minimax_m3_sparse_attn_decode(**{**attention, **change})
+
+
 def test_index_errors():
     b = VllmBatch(9, **PREFILL)
     with pytest.raises(ValueError, match="num_kv_heads"):
