@@ -1,8 +1,11 @@
 // The CUDA layer's shared host side: device capabilities, the SM80 requirements, and the control
 // area every CUDA workspace starts with.
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "cuda/control.h"
+#include "cuda/kernels/common.cuh"
 #include "cuda/launch.h"
 
 namespace m3sa::cuda {
@@ -13,6 +16,39 @@ constexpr int64_t kArrivalsOffset = 16;       // int32s: the counters start a 64
 constexpr unsigned char kPreparedByte = 0xa5; // prepare_workspace writes 8 of them
 
 } // namespace
+
+namespace {
+// What set_launch_attributes (kernels/common.cuh) has set, per kernel and device: a few dozen
+// entries at most (one per kernel instantiation a process launches, per device), so a vector.
+struct LaunchAttributes {
+  const void* kernel;
+  int device, smem;
+  bool nonportable_cluster;
+};
+std::mutex launch_attributes_mutex;
+std::vector<LaunchAttributes> launch_attributes;
+} // namespace
+
+bool launch_attributes_recorded(const void* kernel, int device, int smem,
+                                bool nonportable_cluster) {
+  const std::lock_guard<std::mutex> lock(launch_attributes_mutex);
+  for (const LaunchAttributes& a : launch_attributes)
+    if (a.kernel == kernel && a.device == device)
+      return a.smem >= smem && (a.nonportable_cluster || !nonportable_cluster);
+  return false;
+}
+
+void record_launch_attributes(const void* kernel, int device, int smem, bool nonportable_cluster) {
+  const std::lock_guard<std::mutex> lock(launch_attributes_mutex);
+  for (LaunchAttributes& a : launch_attributes)
+    if (a.kernel == kernel && a.device == device) {
+      // The shared-memory attribute is a maximum the launch may use: the last one set counts.
+      a.smem = smem;
+      a.nonportable_cluster = a.nonportable_cluster || nonportable_cluster;
+      return;
+    }
+  launch_attributes.push_back({kernel, device, smem, nonportable_cluster});
+}
 
 int visible_device_count() {
   int count = 0;

@@ -215,17 +215,32 @@ struct LaunchOptions {
   bool overlap_prior = false;
 };
 
+// Whether `kernel`'s attributes on `device` were already set for `smem` bytes of dynamic shared
+// memory (or more) and, with `nonportable_cluster`, clusters above 8 CTAs; and the record of a
+// successful set (control.cu: a small table under a mutex). cudaFuncSetAttribute is a driver call
+// (bench/micro/launch_cost.cu times it) and the attributes stay set in the device's context, so
+// a launch sets them once per kernel and device, not on every call - a batch-1 decode step is a
+// few microseconds of host time in all. (A cudaDeviceReset drops the context's attributes but
+// not this record: the next launch then fails with a CUDA error, returned as a Status.)
+bool launch_attributes_recorded(const void* kernel, int device, int smem, bool nonportable_cluster);
+void record_launch_attributes(const void* kernel, int device, int smem, bool nonportable_cluster);
+
 // Launches `kernel` with `smem` bytes of dynamic shared memory (above the 48 KB default, so the
 // attribute is set first; clusters above the portable 8 allowed), clusters and programmatic
 // dependent launch as `options` asks; returns the first error.
 // The kernel attributes a launch (or an occupancy query) with `smem` bytes of dynamic shared
 // memory in clusters of `cluster` CTAs needs: the shared-memory size above the 48 KB default, and
-// for clusters above the portable 8 the non-portable size.
+// for clusters above the portable 8 the non-portable size; set once per kernel and device.
 template <typename Params>
 cudaError_t set_launch_attributes(void (*kernel)(Params), int smem, int cluster) {
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  const void* key = reinterpret_cast<const void*>(kernel);
+  if (e != cudaSuccess || launch_attributes_recorded(key, device, smem, cluster > 8)) return e;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e == cudaSuccess && cluster > 8)
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (e == cudaSuccess) record_launch_attributes(key, device, smem, cluster > 8);
   return e;
 }
 
