@@ -34,6 +34,31 @@ except ImportError:
 from . import vllm as _vllm
 
 _LIB = "m3sa"
+_library = torch.library.Library(_LIB, "DEF")
+
+
+class _Op:
+    """A registered torch.ops.m3sa op; ``@op.register_fake`` gives it its fake (meta) kernel."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def register_fake(self, fake):
+        torch.library.register_fake(f"{_LIB}::{self.name}", fake, lib=_library)
+        return fake
+
+
+def _op(mutates_args=()):
+    """Registers the decorated function as torch.ops.m3sa.<its name> for CPU and CUDA tensors, its
+    schema inferred from the annotations: through Library.define / impl, as vLLM's own ops are
+    (direct_register_custom_op), since torch.library.custom_op's Python wrapper adds ~10 us to every
+    call (bench/python_overhead.py's torch_op layer), as much as a batch-1 decode kernel takes."""
+    def register(fn):
+        _library.define(fn.__name__ + torch.library.infer_schema(fn, mutates_args=mutates_args))
+        for dispatch_key in ("CPU", "CUDA"):
+            _library.impl(fn.__name__, fn, dispatch_key)
+        return _Op(fn.__name__)
+    return register
 
 
 def _score_width(max_seq_len: int) -> int:
@@ -41,7 +66,7 @@ def _score_width(max_seq_len: int) -> int:
     return -(-max_block // 16) * 16
 
 
-@torch.library.custom_op(f"{_LIB}::index_score", mutates_args=())
+@_op()
 def index_score(idx_q: torch.Tensor, index_kv_cache: torch.Tensor, block_table: torch.Tensor,
                 cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, prefix_lens: torch.Tensor,
                 max_query_len: int, max_seq_len: int, num_kv_heads: int) -> torch.Tensor:
@@ -56,7 +81,7 @@ def _(idx_q, index_kv_cache, block_table, cu_seqlens_q, seq_lens, prefix_lens, m
                            dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{_LIB}::index_topk", mutates_args=())
+@_op()
 def index_topk(score: torch.Tensor, cu_seqlens_q: torch.Tensor, prefix_lens: torch.Tensor,
                max_query_len: int, topk: int, init_blocks: int, local_blocks: int) -> torch.Tensor:
     return _vllm.minimax_m3_index_topk(score, cu_seqlens_q, prefix_lens, max_query_len, topk,
@@ -68,7 +93,7 @@ def _(score, cu_seqlens_q, prefix_lens, max_query_len, topk, init_blocks, local_
     return score.new_empty((score.shape[0], score.shape[1], topk), dtype=torch.int32)
 
 
-@torch.library.custom_op(f"{_LIB}::index_decode", mutates_args=())
+@_op()
 def index_decode(idx_q: torch.Tensor, index_kv_cache: torch.Tensor, block_table: torch.Tensor,
                  seq_lens: torch.Tensor, max_seq_len: int, topk: int, init_blocks: int,
                  local_blocks: int, num_kv_heads: int, decode_query_len: int,
@@ -84,7 +109,7 @@ def _(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len, topk, init_bloc
     return idx_q.new_empty((num_kv_heads, idx_q.shape[0], topk), dtype=torch.int32)
 
 
-@torch.library.custom_op(f"{_LIB}::sparse_attn", mutates_args=("output",))
+@_op(mutates_args=("output",))
 def sparse_attn(q: torch.Tensor, kv_cache: torch.Tensor, topk_idx: torch.Tensor,
                 block_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                 prefix_lens: torch.Tensor, max_query_len: int, num_kv_heads: int, sm_scale: float,
@@ -101,7 +126,7 @@ def _(q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens, prefix_lens, m
     return None
 
 
-@torch.library.custom_op(f"{_LIB}::sparse_attn_decode", mutates_args=("output",))
+@_op(mutates_args=("output",))
 def sparse_attn_decode(q: torch.Tensor, kv_cache: torch.Tensor, topk_idx: torch.Tensor,
                        block_table: torch.Tensor, seq_lens: torch.Tensor, num_kv_heads: int,
                        sm_scale: float, output: torch.Tensor, decode_query_len: int,
@@ -120,8 +145,7 @@ def _(q, kv_cache, topk_idx, block_table, seq_lens, num_kv_heads, sm_scale, outp
     return None
 
 
-@torch.library.custom_op(f"{_LIB}::norm_rope_insert",
-                         mutates_args=("q_out", "k_cache", "v_cache", "idx_q_out", "index_kv_cache"))
+@_op(mutates_args=("q_out", "k_cache", "v_cache", "idx_q_out", "index_kv_cache"))
 def norm_rope_insert(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx_q: torch.Tensor,
                      idx_k: torch.Tensor, positions: torch.Tensor, q_norm_weight: torch.Tensor,
                      k_norm_weight: torch.Tensor, idx_q_norm_weight: torch.Tensor,
@@ -144,7 +168,7 @@ def _(q, k, v, idx_q, idx_k, positions, q_norm_weight, k_norm_weight, idx_q_norm
     return None
 
 
-@torch.library.custom_op(f"{_LIB}::sparse_attention", mutates_args=("output",))
+@_op(mutates_args=("output",))
 def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      topk_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                      block_table: torch.Tensor, output: torch.Tensor, num_decode_requests: int = 0,
