@@ -15,9 +15,6 @@ constexpr int64_t kFlagOffset = 2;            // int32s
 constexpr int64_t kArrivalsOffset = 16;       // int32s: the counters start a 64-byte line
 constexpr unsigned char kPreparedByte = 0xa5; // prepare_workspace writes 8 of them
 
-} // namespace
-
-namespace {
 // What set_launch_attributes (kernels/common.cuh) has set, per kernel and device: a few dozen
 // entries at most (one per kernel instantiation a process launches, per device), so a vector.
 struct LaunchAttributes {
@@ -27,6 +24,7 @@ struct LaunchAttributes {
 };
 std::mutex launch_attributes_mutex;
 std::vector<LaunchAttributes> launch_attributes;
+
 } // namespace
 
 bool launch_attributes_recorded(const void* kernel, int device, int smem,

@@ -218,10 +218,10 @@ struct LaunchOptions {
 // Whether `kernel`'s attributes on `device` were already set for `smem` bytes of dynamic shared
 // memory (or more) and, with `nonportable_cluster`, clusters above 8 CTAs; and the record of a
 // successful set (control.cu: a small table under a mutex). cudaFuncSetAttribute is a driver call
-// (bench/micro/launch_cost.cu times it) and the attributes stay set in the device's context, so
-// a launch sets them once per kernel and device, not on every call - a batch-1 decode step is a
-// few microseconds of host time in all. (A cudaDeviceReset drops the context's attributes but
-// not this record: the next launch then fails with a CUDA error, returned as a Status.)
+// of ~0.2 us of host time (bench/micro/launch_cost.cu, H200), two of them before every cluster
+// launch of 16 CTAs (itself ~2.2 us), and the attributes stay set in the device's context, so a
+// launch sets them once per kernel and device. (A cudaDeviceReset drops the context's attributes
+// but not this record: the next launch then fails with a CUDA error, returned as a Status.)
 bool launch_attributes_recorded(const void* kernel, int device, int smem, bool nonportable_cluster);
 void record_launch_attributes(const void* kernel, int device, int smem, bool nonportable_cluster);
 
