@@ -153,10 +153,10 @@ def plan_cache():
 
 def _device(array, name):
     if _tensor_type is not None and isinstance(array, _tensor_type):  # without Tensor.__dlpack_device__
-        device = array.device
-        if device.type == "cuda":
-            return _DLPACK_CUDA, device.index
-        if device.type == "cpu":
+        # is_cuda / get_device(): a third of the time of Tensor.device's object (hot path)
+        if array.is_cuda:
+            return _DLPACK_CUDA, array.get_device()
+        if array.is_cpu:
             return _DLPACK_CPU, 0
     try:
         kind, ordinal = array.__dlpack_device__()
