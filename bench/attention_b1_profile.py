@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 import m3sa.vllm as mv
+from python_overhead import graph_time  # bench/ is the script's folder: on sys.path
 
 BLOCK, D, TOPK = 128, 128, 16
 
@@ -61,36 +62,16 @@ def kernel_durations(fn, calls):
     times = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            times.setdefault(event.name, []).append(getattr(event, "device_time", None) or event.cuda_time)
-    return {name[:80]: {"median_us": statistics.median(t), "count": len(t)} for name, t in times.items()}
-
-
-def graph_us(fn, calls, repeats=20):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
+            us = getattr(event, "device_time", None) or event.cuda_time
+            times.setdefault(event.name, []).append(us)
+    return {name[:80]: {"median_us": statistics.median(t), "count": len(t)}
+            for name, t in times.items()}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "attention_b1_profile.json"))
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
+                                                      "attention_b1_profile.json"))
     parser.add_argument("--seq-len", type=int, default=32768)
     parser.add_argument("--calls", type=int, default=64)
     args = parser.parse_args()
@@ -100,23 +81,26 @@ def main():
     for hq, hkv in ((16, 1), (64, 4)):
         q, kv, topk, table, seq_lens = inputs(args.seq_len, hq, hkv)
         out_m, out_v = torch.empty_like(q), torch.empty_like(q)
-        m3sa_call = lambda: mv.minimax_m3_sparse_attn_decode(q, kv, topk, table, seq_lens, hkv, scale, out_m, 1)
+        m3sa_call = lambda: mv.minimax_m3_sparse_attn_decode(q, kv, topk, table, seq_lens, hkv,
+                                                             scale, out_m, 1)
         vllm_call = lambda: vllm_decode(q, kv, topk, table, seq_lens, hkv, scale, out_v, 1)
         m3sa_call(), vllm_call()
         torch.cuda.synchronize()
         diff = (out_m.float() - out_v.float()).norm() / out_v.float().norm()
         case = {"rel_l2_m3sa_vs_vllm": float(diff)}
         for name, fn in (("m3sa", m3sa_call), ("vllm", vllm_call)):
-            case[name] = {"kernels": kernel_durations(fn, args.calls), "graph_us_per_call": graph_us(fn, args.calls)}
-            kernels = case[name]["kernels"]
-            case[name]["kernel_sum_us"] = sum(k["median_us"] * k["count"] / args.calls for k in kernels.values())
+            kernels = kernel_durations(fn, args.calls)
+            case[name] = {"kernels": kernels, "graph_us_per_call": graph_time(fn, args.calls, 20),
+                          "kernel_sum_us": sum(k["median_us"] * k["count"] / args.calls
+                                               for k in kernels.values())}
         result["cases"][f"{hq}/{hkv}"] = case
         print(f"B=1 S={args.seq_len // 1024}K {hq}/{hkv}: rel. L2 m3sa vs vLLM {diff:.1e}", flush=True)
         for name in ("m3sa", "vllm"):
             c = case[name]
-            print(f"  {name}: graph {c['graph_us_per_call']:.2f} us a call, kernels {c['kernel_sum_us']:.2f} us: " +
-                  "; ".join(f"{k} {v['median_us']:.2f} x{v['count'] // args.calls}" for k, v in c["kernels"].items()),
-                  flush=True)
+            kernels = "; ".join(f"{k} {v['median_us']:.2f} x{v['count'] // args.calls}"
+                                for k, v in c["kernels"].items())
+            print(f"  {name}: graph {c['graph_us_per_call']:.2f} us a call, kernels "
+                  f"{c['kernel_sum_us']:.2f} us: {kernels}", flush=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
 
