@@ -10,9 +10,9 @@ B=1, one query token, it times, in microseconds per call:
 - core: m3sa._core's Python binding, tensors as DLPack capsules, batch built once (nanobind +
   DLPack + C++);
 - vllm: m3sa.vllm's function, as vLLM would call it (a uniform decode: one call into m3sa);
-- vllm_general: the same call through m3sa.vllm's general path (the torch views of the combined
-  cache, a Batch and the checks built in Python, as every call was before the one-call path; the
-  ragged decode and prefill calls still take it);
+- vllm_general: the same call through m3sa.vllm's general path (a Batch and the checks built in
+  Python; the ragged decode and prefill calls take it; s37 r2 / r3 measured it while it still made
+  two torch views of the combined cache, since split in C++);
 - torch_op: torch.ops.m3sa's custom op around it;
 - triton: vLLM's Triton function (when the peer imports: M3SA_PEER_DIR), for scale.
 

@@ -243,10 +243,6 @@ def _host(array):
     return np.from_dlpack(array)
 
 
-def _permute(array, order):
-    return array.permute(*order) if _is_torch(array) else array.transpose(order)
-
-
 def _pow2(n):
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -394,12 +390,6 @@ def _index_config(num_kv_heads, topk=16, init_blocks=0, local_blocks=1):
             ("local_blocks", int(local_blocks)), ("num_index_heads", int(num_kv_heads)))
 
 
-def _kv_views(kv_cache):
-    """m3sa's K and V caches [pages, 128, Hkv, 128]: strided views of vLLM's combined cache."""
-    return (_permute(kv_cache[..., :HEAD_DIM], (0, 2, 1, 3)),
-            _permute(kv_cache[..., HEAD_DIM:], (0, 2, 1, 3)))
-
-
 def _scale(value, name):
     if value is None:
         return 1.0
@@ -447,20 +437,23 @@ def _check_attention(q, kv_cache, topk_idx, num_kv_heads, sm_scale, output):
 
 def _attention(q, kv_cache, topk_idx, batch, num_reqs, num_kv_heads, output, k_scale, v_scale,
                block_table):
+    """The attention over vLLM's combined cache, which m3sa._core.vllm_sparse_attn splits into
+    m3sa's K and V caches [pages, 128, Hkv, 128] (two strided views, no copy)."""
     dtype, k_scale, v_scale = _kv_scales(kv_cache, k_scale, v_scale)
-    k_cache, v_cache = _kv_views(kv_cache)
     device = _device(q, "q")
-    config = _index_config(num_kv_heads, topk=topk_idx.shape[2])
-    _run("sparse_attention", device,
-         (config, num_reqs, q.shape[0], block_table.shape[1], dtype),
-         q, k_cache, v_cache, topk_idx, batch, output, k_scale=k_scale, v_scale=v_scale)
+    plan, workspace = _plan("sparse_attention", device,
+                            _index_config(num_kv_heads, topk=topk_idx.shape[2]), num_reqs,
+                            q.shape[0], block_table.shape[1], dtype)
+    _core.vllm_sparse_attn(plan, _dl(q), _dl(kv_cache), _dl(topk_idx), batch, _dl(output),
+                           k_scale, v_scale, _dl(workspace), _stream(device))
 
 
 # --- the uniform decode ops in one call ---------------------------------------------------------
 # An engine's eager decode step calls these once a layer, so their host time is on its critical
-# path at small batches: the general path's torch views of the combined cache, Batch object and
-# checks cost ~20 us a call against a ~7 us kernel (bench/python_overhead.py). Here the arguments
-# go to m3sa in one call (m3sa._core.vllm_*_decode splits the cache and builds the batch in C++)
+# path at small batches: the general path's Batch object, checks and plan-keyed call cost a few
+# microseconds more a call (two torch views of the combined cache, now split in C++, were ~5 more;
+# bench/python_overhead.py). Here the arguments go to m3sa in one call
+# (m3sa._core.vllm_*_decode split the cache and build the batch in C++)
 # after the checks only Python can make (vLLM's scalars, and the shapes a plan is keyed on);
 # m3sa validates the rest. Where it rejects an argument the op's general path runs instead, so
 # that the error names vLLM's argument as it always did (it raises the same error again where its

@@ -158,6 +158,16 @@ std::pair<TensorView, TensorView> split_combined_kv(const InputArray& kv_cache) 
   return {k, v};
 }
 
+// sparse_attention's arguments over vLLM's combined KV cache (split_combined_kv), without lse or a
+// separate KV block table, as m3sa.vllm's attention functions pass them.
+SparseAttentionArgs combined_kv_attention(const InputArray& q, const InputArray& kv_cache,
+                                          const InputArray& topk, const BatchMetadata& batch,
+                                          const OutputArray& out, float k_scale, float v_scale) {
+  const auto [k_cache, v_cache] = split_combined_kv(kv_cache);
+  return {to_view(q, "q"), k_cache, v_cache, k_scale, v_scale, to_view(topk, "topk"), batch,
+          TensorView{},    to_view(out, "out"), TensorView{}};
+}
+
 // The tokens of a [tokens, heads, 128] array (0 for a scalar: the op then rejects its rank).
 int leading_extent(const InputArray& array) {
   return array.ndim() > 0 ? static_cast<int>(array.shape(0)) : 0;
@@ -460,6 +470,15 @@ NB_MODULE(_core, m) {
       "lse"_a = nb::none(), "kv_block_table"_a = nb::none(), "k_scale"_a = 1.f,
       "v_scale"_a = 1.f, "workspace"_a = nb::none(), "num_threads"_a = 0, "stream"_a = 0);
 
+  // m3sa.vllm's attention over vLLM's combined KV cache, split here (two torch views made in
+  // Python cost ~5 us a call): the batch as a Batch (prefill and ragged decode calls).
+  m.def("vllm_sparse_attn", [](const OpPlan& plan, InputArray q, InputArray kv_cache,
+                               InputArray topk, const Batch& batch, OutputArray out, float k_scale,
+                               float v_scale, OutputArray workspace, uintptr_t stream) {
+    run_op(&sparse_attention,
+           plan, combined_kv_attention(q, kv_cache, topk, batch.view(), out, k_scale, v_scale),
+           workspace, 0, stream);
+  });
   // m3sa.vllm's hot path (an engine's eager decode step): vLLM's decode arguments in one call,
   // positional, the combined KV cache split and the batch built here - each torch view or Batch
   // made in Python costs microseconds (bench/python_overhead.py). Validation is the op's own; the
@@ -479,19 +498,11 @@ NB_MODULE(_core, m) {
            InputArray block_table, InputArray seq_lens, InputArray cu_q_lens, OutputArray out,
            int decode_q_len, float k_scale, float v_scale, OutputArray workspace,
            uintptr_t stream) {
-          const auto [k_cache, v_cache] = split_combined_kv(kv_cache);
-          const SparseAttentionArgs args{
-              to_view(q, "q"),
-              k_cache,
-              v_cache,
-              k_scale,
-              v_scale,
-              to_view(topk, "topk"),
-              decode_batch(cu_q_lens, seq_lens, block_table, leading_extent(q), decode_q_len),
-              TensorView{},
-              to_view(out, "out"),
-              TensorView{}};
-          run_op(&sparse_attention, plan, args, workspace, 0, stream);
+          const BatchMetadata batch =
+              decode_batch(cu_q_lens, seq_lens, block_table, leading_extent(q), decode_q_len);
+          run_op(&sparse_attention, plan,
+                 combined_kv_attention(q, kv_cache, topk, batch, out, k_scale, v_scale), workspace,
+                 0, stream);
         });
 
   // The C++ loops of bench/python_overhead.py (time_calls above).
