@@ -5,40 +5,30 @@
 // with the decode attention's launch shape (batch 1, 64/4: 64 CTAs in clusters of 16, 128
 // threads, 100 KB of dynamic shared memory), so that the attributes' share of a B=1 decode
 // call's ~5.5 us of host time (bench/python_overhead.py, cpp_host_us) is known.
-//   nvcc -O2 -std=c++17 -arch=sm_90a bench/micro/launch_cost.cu -o /tmp/launch_cost && /tmp/launch_cost
-#include <cuda_runtime.h>
-
+//   bash bench/micro/build.sh launch_cost && .gpu/launch_cost (or nvcc -arch=sm_90a on the device)
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
+
+#include "micro_check.h"
 
 __global__ void empty_kernel(int) {}
 
-#define CHECK(call)                                                                                \
-  do {                                                                                             \
-    const cudaError_t e = (call);                                                                  \
-    if (e != cudaSuccess) {                                                                        \
-      std::printf("%s: %s\n", #call, cudaGetErrorString(e));                                      \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-
 template <typename F> double host_us(int calls, F&& f) {
   for (int i = 0; i < 100; ++i) f();
-  CHECK(cudaDeviceSynchronize());
+  CK(cudaDeviceSynchronize());
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < calls; ++i) f();
   const auto end = std::chrono::steady_clock::now();
-  CHECK(cudaDeviceSynchronize());
+  CK(cudaDeviceSynchronize());
   return std::chrono::duration<double, std::micro>(end - start).count() / calls;
 }
 
 int main() {
   constexpr int kSmem = 100 * 1024, kCluster = 16, kCalls = 20000;
   cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  CHECK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  CHECK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  CK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(64);
   config.blockDim = dim3(128);
@@ -53,16 +43,16 @@ int main() {
   config.attrs = attributes;
   config.numAttrs = 2;
   const auto set_smem = [] {
-    CHECK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    CK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   };
   const auto set_cluster = [] {
-    CHECK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   };
-  const auto launch = [&] { CHECK(cudaLaunchKernelEx(&config, empty_kernel, 0)); };
+  const auto launch = [&] { CK(cudaLaunchKernelEx(&config, empty_kernel, 0)); };
   int device = 0;
   const double smem_us = host_us(kCalls, set_smem);
   const double cluster_us = host_us(kCalls, set_cluster);
-  const double get_device_us = host_us(kCalls, [&] { CHECK(cudaGetDevice(&device)); });
+  const double get_device_us = host_us(kCalls, [&] { CK(cudaGetDevice(&device)); });
   const double launch_us = host_us(kCalls, launch);
   const double both_us = host_us(kCalls, [&] {
     set_smem();

@@ -1,6 +1,6 @@
 #pragma once
-// What the library-backed microbenchmarks (attend_rate, qgmma_error) share: a CUDA call check that
-// ends the program, and a 32-bit integer hash for deterministic data.
+// What the microbenchmarks (attend_rate, qgmma_error, wgmma_rate, launch_cost) share: a CUDA call
+// check that ends the program, and a 32-bit integer hash for deterministic data.
 #include <cuda_runtime.h>
 
 #include <cstdint>
