@@ -1,5 +1,6 @@
 #include "testing/host_tensor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -45,19 +46,6 @@ Status check_allocated(std::initializer_list<const HostTensor*> tensors, const c
   return {};
 }
 
-uint64_t Rng::next() {
-  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }
-
-int Rng::uniform_int(int lo, int hi) {
-  return lo + static_cast<int>(next() % static_cast<uint64_t>(hi - lo + 1));
-}
-
 float Rng::normal() { // Box-Muller
   const double u1 = uniform() + 0x1p-60, u2 = uniform();
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
@@ -81,6 +69,22 @@ void store(DType dtype, void* base, int64_t i, float value) {
     break;
   case DType::f32:
     static_cast<float*>(base)[i] = value;
+    break;
+  default:
+    break;
+  }
+}
+
+void fill_value(DType dtype, void* base, int64_t count, float value) {
+  switch (dtype) {
+  case DType::bf16:
+    std::fill_n(static_cast<uint16_t*>(base), count, float_to_bf16_bits(value));
+    break;
+  case DType::fp8_e4m3:
+    std::fill_n(static_cast<uint8_t*>(base), count, float_to_e4m3_bits(value));
+    break;
+  case DType::f32:
+    std::fill_n(static_cast<float*>(base), count, value);
     break;
   default:
     break;

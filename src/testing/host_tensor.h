@@ -52,12 +52,27 @@ inline bool same_bytes(const HostTensor& a, const HostTensor& b) {
 class Rng {
 public:
   explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next();
-  double uniform();                // [0, 1)
-  int uniform_int(int lo, int hi); // [lo, hi]
+  // One row's own stream, a function of (seed, stream, row) only: rows filled in parallel get the
+  // same data whatever the number of threads.
+  static Rng for_row(uint64_t seed, uint64_t stream, uint64_t row) {
+    return Rng(mix(seed ^ mix(stream * 0x100000001b3ull + row)));
+  }
+  // splitmix64; inline, since test data draws one number an element.
+  uint64_t next() { return mix(state_ += 0x9e3779b97f4a7c15ull); }
+  // [0, 1)
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }
+  // [lo, hi]
+  int uniform_int(int lo, int hi) {
+    return lo + static_cast<int>(next() % static_cast<uint64_t>(hi - lo + 1));
+  }
   float normal();
 
 private:
+  static uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
   uint64_t state_;
 };
 
@@ -66,6 +81,29 @@ uint64_t test_seed();
 
 // Stores `value` into element i of a bf16 / e4m3 / f32 buffer.
 void store(DType dtype, void* base, int64_t i, float value);
+// Elements [begin, begin + count) of a bf16 / e4m3 / f32 buffer: value(k) for the k-th, rounded
+// with store's rounding; the dtype is dispatched once, not per element.
+template <typename ValueFn>
+void store_run(DType dtype, void* base, int64_t begin, int64_t count, ValueFn&& value) {
+  const auto run = [&](auto* out, auto convert) {
+    for (int64_t k = 0; k < count; ++k) out[begin + k] = convert(value(k));
+  };
+  switch (dtype) {
+  case DType::bf16:
+    run(static_cast<uint16_t*>(base), float_to_bf16_bits);
+    break;
+  case DType::fp8_e4m3:
+    run(static_cast<uint8_t*>(base), float_to_e4m3_bits);
+    break;
+  case DType::f32:
+    run(static_cast<float*>(base), [](float v) { return v; });
+    break;
+  default:
+    break;
+  }
+}
+// Every element of a bf16 / e4m3 / f32 buffer of `count` elements set to `value` (rounded once).
+void fill_value(DType dtype, void* base, int64_t count, float value);
 float load(DType dtype, const void* base, int64_t i);
 
 } // namespace m3sa::testing

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 namespace m3sa::testing {
 
@@ -61,16 +63,44 @@ SyntheticBatch::SyntheticBatch(const BatchSpec& spec) : spec_(spec) {
 
   // NaN everywhere first: slots no request covers must never be read.
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t i = 0; i < index_k_cache.view().numel(); ++i)
-    store(spec.index_dtype, index_k_cache.view().data, i, nan);
+  fill_value(spec.index_dtype, index_k_cache.view().data, index_k_cache.view().numel(), nan);
   index_q.fill_bytes(0);
   if (spec.q_heads > 0) {
     for (HostTensor* cache : {&k_cache, &v_cache})
-      for (int64_t i = 0; i < cache->view().numel(); ++i)
-        store(spec.kv_dtype, cache->view().data, i, nan);
+      fill_value(spec.kv_dtype, cache->view().data, cache->view().numel(), nan);
     q.fill_bytes(0);
   }
 }
+
+namespace {
+
+// Rng::for_row's streams: each row of random test data draws from its own, keyed by what the row
+// is, so rows fill in parallel (the GPU suite's batches hold up to ~10^9 cache values) and the data
+// depends on the seed alone, not on the number of threads.
+enum RowStream : uint64_t { kIndexKeyRow = 1, kIndexQueryRow, kKeyValueRow, kQueryRow };
+uint64_t position_row(int r, int64_t j) { return (static_cast<uint64_t>(r) << 32) | j; }
+float uniform_pm2(Rng& rng) { return static_cast<float>(rng.uniform() * 4 - 2); }
+
+// row(r, j) for every cached position j of every request r, in parallel by 128-token block.
+template <typename RowFn> void for_each_cached_position(const BatchSpec& spec, RowFn&& row) {
+  std::vector<std::pair<int, int64_t>> blocks; // (request, first position)
+  for (int r = 0; r < static_cast<int>(spec.seq_lens.size()); ++r)
+    for (int64_t j = 0; j < spec.seq_lens[r]; j += kBlockTokens) blocks.emplace_back(r, j);
+#pragma omp parallel for schedule(dynamic, 8)
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const auto [r, first] = blocks[i];
+    for (int64_t j = first; j < std::min<int64_t>(first + kBlockTokens, spec.seq_lens[r]); ++j)
+      row(r, j);
+  }
+}
+
+// row(i) for i in [0, count), in parallel.
+template <typename RowFn> void for_each_row(int64_t count, RowFn&& row) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) row(i);
+}
+
+} // namespace
 
 BatchMetadata SyntheticBatch::batch() const {
   BatchMetadata b;
@@ -103,32 +133,43 @@ void SyntheticBatch::set_index_k(int r, int64_t j, int d, float value) {
         (page * kBlockTokens + j % kBlockTokens) * kHeadDim + d, value);
 }
 
-void SyntheticBatch::fill_index_random(uint64_t seed) {
-  Rng rng(seed);
-  fill_index([&](int, int64_t, int) { return static_cast<float>(rng.uniform() * 4 - 2); },
-             [&](int64_t, int, int) { return static_cast<float>(rng.uniform() * 4 - 2); });
+template <typename DrawFn> void SyntheticBatch::fill_index_rows(uint64_t seed, DrawFn&& draw) {
+  for_each_cached_position(spec_, [&](int r, int64_t j) {
+    Rng rng = Rng::for_row(seed, kIndexKeyRow, position_row(r, j));
+    const int64_t slot = int64_t{page(r, j / kBlockTokens)} * kBlockTokens + j % kBlockTokens;
+    store_run(spec_.index_dtype, index_k_cache.view().data, slot * kHeadDim, kHeadDim,
+              [&](int64_t) { return draw(rng); });
+  });
+  for_each_row(int64_t{num_tokens_} * spec_.index_heads, [&](int64_t row) {
+    Rng rng = Rng::for_row(seed, kIndexQueryRow, row);
+    store_run(spec_.index_dtype, index_q.view().data, row * kHeadDim, kHeadDim,
+              [&](int64_t) { return draw(rng); });
+  });
 }
 
+void SyntheticBatch::fill_index_random(uint64_t seed) { fill_index_rows(seed, uniform_pm2); }
+
 void SyntheticBatch::fill_index_integers(uint64_t seed, int lo, int hi) {
-  Rng rng(seed);
-  fill_index([&](int, int64_t, int) { return static_cast<float>(rng.uniform_int(lo, hi)); },
-             [&](int64_t, int, int) { return static_cast<float>(rng.uniform_int(lo, hi)); });
+  fill_index_rows(seed, [lo, hi](Rng& rng) { return static_cast<float>(rng.uniform_int(lo, hi)); });
 }
 
 void SyntheticBatch::fill_attention_random(uint64_t seed) {
-  Rng rng(seed);
-  const auto uniform = [&] { return static_cast<float>(rng.uniform() * 4 - 2); };
-  for (int64_t i = 0; i < q.view().numel(); ++i) store(DType::bf16, q.view().data, i, uniform());
-  const int64_t row = int64_t{spec_.kv_heads} * kHeadDim;
-  for (int r = 0; r < static_cast<int>(spec_.seq_lens.size()); ++r)
-    for (int64_t j = 0; j < spec_.seq_lens[r]; ++j) {
-      const int64_t page = kv_block_table.data<int32_t>()[r * width_ + j / kBlockTokens];
-      const int64_t base = (page * kBlockTokens + j % kBlockTokens) * row;
-      for (int64_t i = 0; i < row; ++i) {
-        store(spec_.kv_dtype, k_cache.view().data, base + i, uniform());
-        store(spec_.kv_dtype, v_cache.view().data, base + i, uniform());
-      }
-    }
+  if (spec_.q_heads <= 0) return; // no q or KV caches
+  const int64_t q_row = int64_t{spec_.q_heads} * kHeadDim;
+  for_each_row(num_tokens_, [&](int64_t t) {
+    Rng rng = Rng::for_row(seed, kQueryRow, t);
+    store_run(DType::bf16, q.view().data, t * q_row, q_row,
+              [&](int64_t) { return uniform_pm2(rng); });
+  });
+  const int64_t kv_row = int64_t{spec_.kv_heads} * kHeadDim;
+  for_each_cached_position(spec_, [&](int r, int64_t j) {
+    Rng rng = Rng::for_row(seed, kKeyValueRow, position_row(r, j));
+    const int64_t page = kv_block_table.data<int32_t>()[r * width_ + j / kBlockTokens];
+    const int64_t base = (page * kBlockTokens + j % kBlockTokens) * kv_row;
+    for (HostTensor* cache : {&k_cache, &v_cache})
+      store_run(spec_.kv_dtype, cache->view().data, base, kv_row,
+                [&](int64_t) { return uniform_pm2(rng); });
+  });
 }
 
 PlannedOp::PlannedOp(const PlanRequest& request) {

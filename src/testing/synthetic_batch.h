@@ -69,6 +69,9 @@ public:
   HostTensor q, k_cache, v_cache;    // [T, Hq, 128], [P, 128, Hkv, 128] x2
 
 private:
+  // Index-K rows and index-q rows from draw(rng), each row from its own stream (parallel).
+  template <typename DrawFn> void fill_index_rows(uint64_t seed, DrawFn&& draw);
+
   Status status_;
   BatchSpec spec_;
   int num_tokens_ = 0;
