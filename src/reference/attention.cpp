@@ -1,5 +1,6 @@
 // Reference block-sparse attention, contract §6: exact softmax over the selected blocks' keys,
 // token-level causal mask, double accumulation, one bf16 rounding of the output.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -12,20 +13,26 @@
 namespace m3sa::ref {
 namespace {
 
-double load_cache(const TensorView& cache, int64_t page, int64_t offset, int64_t head, int d) {
-  const int64_t i = cache.offset({page, offset, head, d});
-  if (cache.dtype == DType::bf16) return bf16_bits_to_float(cache.ptr<const uint16_t>()[i]);
-  return e4m3_bits_to_float(cache.ptr<const uint8_t>()[i]);
+// Row (page, offset, head) of a K or V cache, widened.
+void load_cache_row(const TensorView& cache, int64_t page, int64_t offset, int64_t head,
+                    double* row) {
+  const int64_t first = cache.offset({page, offset, head, 0});
+  for (int d = 0; d < kHeadDim; ++d) {
+    const int64_t i = first + d * cache.strides[3];
+    row[d] = cache.dtype == DType::bf16 ? bf16_bits_to_float(cache.ptr<const uint16_t>()[i])
+                                        : e4m3_bits_to_float(cache.ptr<const uint8_t>()[i]);
+  }
 }
 
 struct Scratch {
-  double* logits; // [K * 128] of one query row
+  double* logits; // [kMaxGqaGroup][K * 128]: a GQA group's query rows, key by key
   int64_t* keys;  // [K * 128] absolute key positions
 };
 
 // The one description of the workspace: sizes it at plan time, carves it at run time.
 Scratch carve(detail::WorkspaceCarver& carver, int64_t top_k) {
-  return {carver.take<double>(top_k * kBlockTokens), carver.take<int64_t>(top_k * kBlockTokens)};
+  return {carver.take<double>(kMaxGqaGroup * top_k * kBlockTokens),
+          carver.take<int64_t>(top_k * kBlockTokens)};
 }
 
 Status plan(const PlanRequest& request, const detail::DeviceCaps&, OpPlan* plan) {
@@ -36,6 +43,9 @@ Status plan(const PlanRequest& request, const detail::DeviceCaps&, OpPlan* plan)
   return {};
 }
 
+// Each query row's sums run in the contract's order (a logit over the dims, a weighted value over
+// the keys); the rows of a GQA group go together only so that each K / V row is widened once and
+// the group's independent sums overlap.
 Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Workspace workspace,
                         const ExecContext&) {
   const detail::HostBatch batch(args.batch);
@@ -49,7 +59,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
 
   detail::WorkspaceCarver carver(workspace.data);
   const Scratch scratch = carve(carver, plan.request.config.top_k);
-  double* logits = scratch.logits;
+  const int64_t max_keys = plan.request.config.top_k * int64_t{kBlockTokens};
   int64_t* keys = scratch.keys;
 
   for (int r = 0; r < batch.num_requests(); ++r) {
@@ -57,8 +67,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
     for (int64_t i = 0; i < q_len; ++i) {
       const int64_t t = batch.q_begin(r) + i;
       const int64_t p = seq_len == 0 ? -1 : seq_len - q_len + i;
-      for (int64_t qh = 0; qh < num_q_heads; ++qh) {
-        const int64_t g = qh / group;
+      for (int64_t g = 0; g < num_kv_heads; ++g) {
         int64_t num_keys = 0;
         for (int64_t slot = 0; slot < top_k; ++slot) {
           const int32_t b = args.topk.ptr<const int32_t>()[args.topk.offset({g, t, slot})];
@@ -67,37 +76,53 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
                ++j)
             keys[num_keys++] = j;
         }
-        double max_logit = -std::numeric_limits<double>::infinity();
+        double query[kMaxGqaGroup][kHeadDim], row[kHeadDim];
+        for (int64_t h = 0; h < group; ++h)
+          for (int d = 0; d < kHeadDim; ++d)
+            query[h][d] = bf16_bits_to_float(
+                args.q.ptr<const uint16_t>()[args.q.offset({t, g * group + h, d})]);
+        double max_logit[kMaxGqaGroup], denominator[kMaxGqaGroup];
+        std::fill_n(max_logit, group, -std::numeric_limits<double>::infinity());
         for (int64_t n = 0; n < num_keys; ++n) {
           const int64_t page = batch.page(kv_table, r, keys[n] / kBlockTokens);
-          double dot = 0;
-          for (int d = 0; d < kHeadDim; ++d) {
-            dot += bf16_bits_to_float(args.q.ptr<const uint16_t>()[args.q.offset({t, qh, d})]) *
-                   load_cache(args.k_cache, page, keys[n] % kBlockTokens, g, d) * args.k_scale;
+          load_cache_row(args.k_cache, page, keys[n] % kBlockTokens, g, row);
+          double dot[kMaxGqaGroup] = {};
+          for (int d = 0; d < kHeadDim; ++d)
+            for (int64_t h = 0; h < group; ++h) dot[h] += query[h][d] * row[d] * args.k_scale;
+          for (int64_t h = 0; h < group; ++h) {
+            double& logit = scratch.logits[h * max_keys + n];
+            logit = dot[h] * softmax_scale;
+            max_logit[h] = std::max(max_logit[h], logit);
           }
-          logits[n] = dot * softmax_scale;
-          max_logit = std::max(max_logit, logits[n]);
         }
-        double denominator = 0;
-        for (int64_t n = 0; n < num_keys; ++n) {
-          logits[n] = std::exp(logits[n] - max_logit); // from here on: unnormalised weights
-          denominator += logits[n];
-        }
-        for (int d = 0; d < kHeadDim; ++d) {
-          double acc = 0;
+        for (int64_t h = 0; h < group; ++h) {
+          double* weights = scratch.logits + h * max_keys; // from here on: unnormalised weights
+          denominator[h] = 0;
           for (int64_t n = 0; n < num_keys; ++n) {
-            const int64_t page = batch.page(kv_table, r, keys[n] / kBlockTokens);
-            acc += logits[n] * load_cache(args.v_cache, page, keys[n] % kBlockTokens, g, d) *
-                   args.v_scale;
+            weights[n] = std::exp(weights[n] - max_logit[h]);
+            denominator[h] += weights[n];
           }
-          const double value = num_keys == 0 ? 0.0 : acc / denominator;
-          args.out.ptr<uint16_t>()[args.out.offset({t, qh, d})] =
-              float_to_bf16_bits(static_cast<float>(value));
         }
-        if (args.lse.present()) {
-          args.lse.ptr<float>()[args.lse.offset({t, qh})] =
-              num_keys == 0 ? -std::numeric_limits<float>::infinity()
-                            : static_cast<float>(max_logit + std::log(denominator));
+        double acc[kMaxGqaGroup][kHeadDim] = {};
+        for (int64_t n = 0; n < num_keys; ++n) {
+          const int64_t page = batch.page(kv_table, r, keys[n] / kBlockTokens);
+          load_cache_row(args.v_cache, page, keys[n] % kBlockTokens, g, row);
+          for (int64_t h = 0; h < group; ++h)
+            for (int d = 0; d < kHeadDim; ++d)
+              acc[h][d] += scratch.logits[h * max_keys + n] * row[d] * args.v_scale;
+        }
+        for (int64_t h = 0; h < group; ++h) {
+          const int64_t qh = g * group + h;
+          for (int d = 0; d < kHeadDim; ++d) {
+            const double value = num_keys == 0 ? 0.0 : acc[h][d] / denominator[h];
+            args.out.ptr<uint16_t>()[args.out.offset({t, qh, d})] =
+                float_to_bf16_bits(static_cast<float>(value));
+          }
+          if (args.lse.present()) {
+            args.lse.ptr<float>()[args.lse.offset({t, qh})] =
+                num_keys == 0 ? -std::numeric_limits<float>::infinity()
+                              : static_cast<float>(max_logit[h] + std::log(denominator[h]));
+          }
         }
       }
     }
