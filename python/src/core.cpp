@@ -29,6 +29,8 @@ using namespace nb::literals;
 namespace m3sa {
 namespace {
 
+// Any DLPack or buffer-protocol array; the stubs call both m3sa._typing.Array (the nb::sig of each
+// function taking arrays below), as nanobind's numpy.typing.NDArray would reject torch tensors.
 using InputArray = nb::ndarray<nb::ro>; // read-only arrays are fine where m3sa only reads
 using OutputArray = nb::ndarray<>;      // written in place: must be writable
 using OptionalInput = std::optional<InputArray>;
@@ -293,8 +295,10 @@ NB_MODULE(_core, m) {
 
   nb::class_<Batch>(m, "Batch",
                     "The varlen paged batch (m3sa/batch.h): num_requests is len(seq_lens).")
-      .def(nb::init<InputArray, InputArray, InputArray, int, int, int>(), "cu_q_lens"_a,
-           "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_tokens"_a,
+      .def(nb::init<InputArray, InputArray, InputArray, int, int, int>(),
+           nb::sig("def __init__(self, cu_q_lens: Array, seq_lens: Array, block_table: Array, *, "
+                   "num_tokens: int, num_decode_requests: int = 0, decode_q_len: int = 1) -> None"),
+           "cu_q_lens"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_tokens"_a,
            "num_decode_requests"_a = 0, "decode_q_len"_a = 1)
       .def_ro("num_tokens", &Batch::num_tokens)
       .def_ro("num_decode_requests", &Batch::num_decode_requests)
@@ -342,6 +346,8 @@ NB_MODULE(_core, m) {
         raise_if_error(prepare_workspace(plan, to_workspace(plan, workspace),
                                          ExecContext{0, reinterpret_cast<void*>(stream)}));
       },
+      nb::sig("def prepare_workspace(plan: Plan, workspace: Array | None, stream: int = 0) "
+              "-> None"),
       "plan"_a, "workspace"_a.none(), "stream"_a = 0);
 
   // The device error flags a CUDA plan's runs left in this workspace (m3sa/ops.h: bits 1 page
@@ -361,6 +367,8 @@ NB_MODULE(_core, m) {
         raise_if_error(status);
         return flags;
       },
+      nb::sig("def read_device_errors(plan: Plan, workspace: Array | None, stream: int = 0) "
+              "-> int"),
       "plan"_a, "workspace"_a.none(), "stream"_a = 0);
 
   m.def("implementations", [] {
@@ -411,6 +419,9 @@ NB_MODULE(_core, m) {
                               to_view(index_k_cache, "index_k_cache")};
         run_op(&insert_index_k, plan, args, workspace, num_threads, stream);
       },
+      nb::sig("def insert_index_k(plan: Plan, index_k: Array, slot_mapping: Array, "
+              "index_k_cache: Array, *, workspace: Array | None = None, num_threads: int = 0, "
+              "stream: int = 0) -> None"),
       "plan"_a, "index_k"_a, "slot_mapping"_a, "index_k_cache"_a, nb::kw_only(),
       "workspace"_a = nb::none(), "num_threads"_a = 0, "stream"_a = 0);
 
@@ -423,6 +434,9 @@ NB_MODULE(_core, m) {
                              batch.view(), to_view(scores, "scores")};
         run_op(&score_blocks, plan, args, workspace, num_threads, stream);
       },
+      nb::sig("def score_blocks(plan: Plan, index_q: Array, index_k_cache: Array, batch: Batch, "
+              "scores: Array, *, workspace: Array | None = None, num_threads: int = 0, "
+              "stream: int = 0) -> None"),
       "plan"_a, "index_q"_a, "index_k_cache"_a, "batch"_a, "scores"_a, nb::kw_only(),
       "workspace"_a = nb::none(), "num_threads"_a = 0, "stream"_a = 0);
 
@@ -433,6 +447,8 @@ NB_MODULE(_core, m) {
         SelectTopkBlocksArgs args{to_view(scores, "scores"), batch.view(), to_view(topk, "topk")};
         run_op(&select_topk_blocks, plan, args, workspace, num_threads, stream);
       },
+      nb::sig("def select_topk_blocks(plan: Plan, scores: Array, batch: Batch, topk: Array, *, "
+              "workspace: Array | None = None, num_threads: int = 0, stream: int = 0) -> None"),
       "plan"_a, "scores"_a, "batch"_a, "topk"_a, nb::kw_only(), "workspace"_a = nb::none(),
       "num_threads"_a = 0, "stream"_a = 0);
 
@@ -445,6 +461,9 @@ NB_MODULE(_core, m) {
                            batch.view(), to_view(topk, "topk")};
         run_op(&index_topk, plan, args, workspace, num_threads, stream);
       },
+      nb::sig("def index_topk(plan: Plan, index_q: Array, index_k_cache: Array, batch: Batch, "
+              "topk: Array, *, workspace: Array | None = None, num_threads: int = 0, "
+              "stream: int = 0) -> None"),
       "plan"_a, "index_q"_a, "index_k_cache"_a, "batch"_a, "topk"_a, nb::kw_only(),
       "workspace"_a = nb::none(), "num_threads"_a = 0, "stream"_a = 0);
 
@@ -466,44 +485,60 @@ NB_MODULE(_core, m) {
                                  lse ? to_view(*lse, "lse") : TensorView{}};
         run_op(&sparse_attention, plan, args, workspace, num_threads, stream);
       },
+      nb::sig("def sparse_attention(plan: Plan, q: Array, k_cache: Array, v_cache: Array, "
+              "topk: Array, batch: Batch, out: Array, *, lse: Array | None = None, "
+              "kv_block_table: Array | None = None, k_scale: float = 1.0, v_scale: float = 1.0, "
+              "workspace: Array | None = None, num_threads: int = 0, stream: int = 0) -> None"),
       "plan"_a, "q"_a, "k_cache"_a, "v_cache"_a, "topk"_a, "batch"_a, "out"_a, nb::kw_only(),
       "lse"_a = nb::none(), "kv_block_table"_a = nb::none(), "k_scale"_a = 1.f,
       "v_scale"_a = 1.f, "workspace"_a = nb::none(), "num_threads"_a = 0, "stream"_a = 0);
 
   // m3sa.vllm's attention over vLLM's combined KV cache, split here (two torch views made in
   // Python cost ~5 us a call): the batch as a Batch (prefill and ragged decode calls).
-  m.def("vllm_sparse_attn", [](const OpPlan& plan, InputArray q, InputArray kv_cache,
-                               InputArray topk, const Batch& batch, OutputArray out, float k_scale,
-                               float v_scale, OutputArray workspace, uintptr_t stream) {
-    run_op(&sparse_attention,
-           plan, combined_kv_attention(q, kv_cache, topk, batch.view(), out, k_scale, v_scale),
-           workspace, 0, stream);
-  });
+  m.def(
+      "vllm_sparse_attn",
+      [](const OpPlan& plan, InputArray q, InputArray kv_cache, InputArray topk, const Batch& batch,
+         OutputArray out, float k_scale, float v_scale, OutputArray workspace, uintptr_t stream) {
+        run_op(&sparse_attention, plan,
+               combined_kv_attention(q, kv_cache, topk, batch.view(), out, k_scale, v_scale),
+               workspace, 0, stream);
+      },
+      nb::sig("def vllm_sparse_attn(plan: Plan, q: Array, kv_cache: Array, topk: Array, "
+              "batch: Batch, out: Array, k_scale: float, v_scale: float, workspace: Array, "
+              "stream: int, /) -> None"));
   // m3sa.vllm's hot path (an engine's eager decode step): vLLM's decode arguments in one call,
   // positional, the combined KV cache split and the batch built here - each torch view or Batch
   // made in Python costs microseconds (bench/python_overhead.py). Validation is the op's own; the
   // Python layer falls back to its checks, which name vLLM's arguments, when this raises.
-  m.def("vllm_index_decode", [](const OpPlan& plan, InputArray idx_q, InputArray index_kv_cache,
-                                InputArray block_table, InputArray seq_lens, InputArray cu_q_lens,
-                                OutputArray topk, int decode_q_len, OutputArray workspace,
-                                uintptr_t stream) {
-    const IndexTopkArgs args{
-        to_view(idx_q, "idx_q"), to_view(index_kv_cache, "index_kv_cache"),
-        decode_batch(cu_q_lens, seq_lens, block_table, leading_extent(idx_q), decode_q_len),
-        to_view(topk, "topk")};
-    run_op(&index_topk, plan, args, workspace, 0, stream);
-  });
-  m.def("vllm_sparse_attn_decode",
-        [](const OpPlan& plan, InputArray q, InputArray kv_cache, InputArray topk,
-           InputArray block_table, InputArray seq_lens, InputArray cu_q_lens, OutputArray out,
-           int decode_q_len, float k_scale, float v_scale, OutputArray workspace,
-           uintptr_t stream) {
-          const BatchMetadata batch =
-              decode_batch(cu_q_lens, seq_lens, block_table, leading_extent(q), decode_q_len);
-          run_op(&sparse_attention, plan,
-                 combined_kv_attention(q, kv_cache, topk, batch, out, k_scale, v_scale), workspace,
-                 0, stream);
-        });
+  m.def(
+      "vllm_index_decode",
+      [](const OpPlan& plan, InputArray idx_q, InputArray index_kv_cache, InputArray block_table,
+         InputArray seq_lens, InputArray cu_q_lens, OutputArray topk, int decode_q_len,
+         OutputArray workspace, uintptr_t stream) {
+        const IndexTopkArgs args{
+            to_view(idx_q, "idx_q"), to_view(index_kv_cache, "index_kv_cache"),
+            decode_batch(cu_q_lens, seq_lens, block_table, leading_extent(idx_q), decode_q_len),
+            to_view(topk, "topk")};
+        run_op(&index_topk, plan, args, workspace, 0, stream);
+      },
+      nb::sig("def vllm_index_decode(plan: Plan, idx_q: Array, index_kv_cache: Array, "
+              "block_table: Array, seq_lens: Array, cu_q_lens: Array, topk: Array, "
+              "decode_q_len: int, workspace: Array, stream: int, /) -> None"));
+  m.def(
+      "vllm_sparse_attn_decode",
+      [](const OpPlan& plan, InputArray q, InputArray kv_cache, InputArray topk,
+         InputArray block_table, InputArray seq_lens, InputArray cu_q_lens, OutputArray out,
+         int decode_q_len, float k_scale, float v_scale, OutputArray workspace, uintptr_t stream) {
+        const BatchMetadata batch =
+            decode_batch(cu_q_lens, seq_lens, block_table, leading_extent(q), decode_q_len);
+        run_op(&sparse_attention, plan,
+               combined_kv_attention(q, kv_cache, topk, batch, out, k_scale, v_scale), workspace, 0,
+               stream);
+      },
+      nb::sig("def vllm_sparse_attn_decode(plan: Plan, q: Array, kv_cache: Array, topk: Array, "
+              "block_table: Array, seq_lens: Array, cu_q_lens: Array, out: Array, "
+              "decode_q_len: int, k_scale: float, v_scale: float, workspace: Array, "
+              "stream: int, /) -> None"));
 
   // The C++ loops of bench/python_overhead.py (time_calls above).
   m.def(
@@ -514,6 +549,8 @@ NB_MODULE(_core, m) {
                            batch.view(), to_view(topk, "topk")};
         return time_calls(&index_topk, plan, args, workspace, stream, iterations);
       },
+      nb::sig("def time_index_topk(plan: Plan, index_q: Array, index_k_cache: Array, batch: Batch, "
+              "topk: Array, workspace: Array | None, stream: int, iterations: int) -> float"),
       "plan"_a, "index_q"_a, "index_k_cache"_a, "batch"_a, "topk"_a, "workspace"_a.none(),
       "stream"_a, "iterations"_a);
   m.def(
@@ -527,6 +564,9 @@ NB_MODULE(_core, m) {
                                  TensorView{}};
         return time_calls(&sparse_attention, plan, args, workspace, stream, iterations);
       },
+      nb::sig("def time_sparse_attention(plan: Plan, q: Array, k_cache: Array, v_cache: Array, "
+              "topk: Array, batch: Batch, out: Array, workspace: Array | None, stream: int, "
+              "iterations: int) -> float"),
       "plan"_a, "q"_a, "k_cache"_a, "v_cache"_a, "topk"_a, "batch"_a, "out"_a, "workspace"_a.none(),
       "stream"_a, "iterations"_a);
 
@@ -562,6 +602,13 @@ NB_MODULE(_core, m) {
         args.index_k_cache = to_view(index_k_cache, "index_k_cache");
         run_op(&norm_rope_insert, plan, args, workspace, num_threads, stream);
       },
+      nb::sig("def norm_rope_insert(plan: Plan, *, q: Array, k: Array, v: Array, index_q: Array, "
+              "index_k: Array, positions: Array, q_norm_weight: Array, k_norm_weight: Array, "
+              "index_q_norm_weight: Array, index_k_norm_weight: Array, slot_mapping: Array, "
+              "index_slot_mapping: Array, q_out: Array, k_cache: Array, v_cache: Array, "
+              "index_q_out: Array, index_k_cache: Array, cos_sin_cache: Array | None = None, "
+              "k_scale: float = 1.0, v_scale: float = 1.0, workspace: Array | None = None, "
+              "num_threads: int = 0, stream: int = 0) -> None"),
       "plan"_a, nb::kw_only(), "q"_a, "k"_a, "v"_a, "index_q"_a, "index_k"_a, "positions"_a,
       "q_norm_weight"_a, "k_norm_weight"_a, "index_q_norm_weight"_a, "index_k_norm_weight"_a,
       "slot_mapping"_a, "index_slot_mapping"_a, "q_out"_a, "k_cache"_a, "v_cache"_a,
