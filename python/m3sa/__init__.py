@@ -5,25 +5,29 @@ strides and never copies. dtypes map explicitly: float32, int32 and int64 as the
 torch.bfloat16 or as its bit patterns in a uint16 array (numpy has no bf16); fp8 e4m3 as
 torch.float8_e4m3fn or as bit patterns in a uint8 array. `to_bf16_bits` / `from_bf16_bits` convert.
 """
-from typing import NamedTuple, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 from . import _core
-from ._core import (  # noqa: F401  (the public API)
-    Batch,
-    Capacities,
-    Config,
-    Plan,
-    UnsupportedError,
-    index_topk,
-    insert_index_k,
-    make_plan,
-    norm_rope_insert,
-    prepare_workspace,
-    read_device_errors,
-    score_blocks,
-    select_topk_blocks,
-    sparse_attention,
+from ._core import (  # noqa: F401  (the public API; "X as X" re-exports it to type checkers)
+    Batch as Batch,
+    Capacities as Capacities,
+    Config as Config,
+    Plan as Plan,
+    UnsupportedError as UnsupportedError,
+    index_topk as index_topk,
+    insert_index_k as insert_index_k,
+    make_plan as make_plan,
+    norm_rope_insert as norm_rope_insert,
+    prepare_workspace as prepare_workspace,
+    read_device_errors as read_device_errors,
+    score_blocks as score_blocks,
+    select_topk_blocks as select_topk_blocks,
+    sparse_attention as sparse_attention,
 )
+
+if TYPE_CHECKING:  # numpy is optional: imported where it is used
+    import numpy as np
+    from numpy.typing import ArrayLike, NDArray
 
 __version__ = _core.version()
 build_commit = _core.build_commit
@@ -41,12 +45,12 @@ class Implementation(NamedTuple):
     description: str
 
 
-def implementations() -> list:
+def implementations() -> list[Implementation]:
     """Every implementation this build registers (m3sa/registry.h), whether or not it runs here."""
     return [Implementation(**entry) for entry in _core.implementations()]
 
 
-def backends() -> list:
+def backends() -> list[str]:
     """The backends with at least one registered implementation in this build."""
     return sorted({impl.backend for impl in implementations()})
 
@@ -69,7 +73,7 @@ def supports(backend: str, op: Optional[str] = None, config: Optional[Config] = 
     return Support(not reason, reason)
 
 
-def allocate_workspace(plan: Plan):
+def allocate_workspace(plan: Plan) -> "NDArray[np.uint8]":
     """A prepared, 64-byte aligned numpy uint8 workspace for a host (reference / cpu) plan."""
     import numpy as np
 
@@ -83,7 +87,7 @@ def allocate_workspace(plan: Plan):
     return workspace
 
 
-def to_bf16_bits(values):
+def to_bf16_bits(values: "ArrayLike") -> "NDArray[np.uint16]":
     """float32 values -> bf16 bit patterns (uint16), rounded to nearest even (NaN stays NaN)."""
     import numpy as np
 
@@ -93,7 +97,7 @@ def to_bf16_bits(values):
     return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
 
 
-def from_bf16_bits(bits):
+def from_bf16_bits(bits: "ArrayLike") -> "NDArray[np.float32]":
     """bf16 bit patterns (uint16) -> float32, exactly."""
     import numpy as np
 

@@ -23,7 +23,7 @@ tests/python/test_torch.py runs opcheck and compares with m3sa.vllm on CPU tenso
 installed; tests/python/test_gpu.py does the same on CUDA tensors, with CUDA graphs, torch.compile
 and vLLM's Triton ops (bench/python_gpu_check.sh runs it on the GPU machine).
 """
-from typing import Optional
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 try:
     import torch
@@ -35,25 +35,26 @@ from . import vllm as _vllm
 
 _LIB = "m3sa"
 _library = torch.library.Library(_LIB, "DEF")
+_Fake = TypeVar("_Fake", bound=Callable[..., Any])
 
 
 class _Op:
     """A registered torch.ops.m3sa op; ``@op.register_fake`` gives it its fake (meta) kernel."""
 
-    def __init__(self, name):
+    def __init__(self, name: str) -> None:
         self.name = name
 
-    def register_fake(self, fake):
+    def register_fake(self, fake: _Fake) -> _Fake:
         torch.library.register_fake(f"{_LIB}::{self.name}", fake, lib=_library)
         return fake
 
 
-def _op(mutates_args=()):
+def _op(mutates_args: Sequence[str] = ()) -> Callable[[Callable[..., Any]], _Op]:
     """Registers the decorated function as torch.ops.m3sa.<its name> for CPU and CUDA tensors, its
     schema inferred from the annotations: through Library.define / impl, as vLLM's own ops are
     (direct_register_custom_op), since torch.library.custom_op's Python wrapper adds ~10 us to every
     call (bench/python_overhead.py's torch_op layer), as much as a batch-1 decode kernel takes."""
-    def register(fn):
+    def register(fn: Callable[..., Any]) -> _Op:
         _library.define(fn.__name__ + torch.library.infer_schema(fn, mutates_args=mutates_args))
         for dispatch_key in ("CPU", "CUDA"):
             _library.impl(fn.__name__, fn, dispatch_key)

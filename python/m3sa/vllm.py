@@ -58,6 +58,7 @@ How vLLM's arguments map onto m3sa's contract (docs/contract.md):
   checked for consistency where that costs nothing (``decode_query_len <= max_decode_query_len``).
 """
 import math
+from typing import Any
 
 from . import _core
 from ._core import Batch, Capacities, Config, UnsupportedError
@@ -92,10 +93,10 @@ _DTYPES = {  # str(array.dtype) -> m3sa dtype name, numpy and torch spellings
     "int64": "i64", "torch.int64": "i64",
 }
 
-_plans = {}  # key -> (plan, workspace)
-_dtype_names = {}  # array dtype object -> m3sa dtype name
-_constants = {}  # cached index arrays (decode cu_q_lens) per (device, shape)
-_arena = []  # [buffer, next free byte] once set_workspace_buffer() named a caller's buffer
+_plans: dict[tuple, tuple[_core.Plan, Any]] = {}  # key -> (plan, workspace)
+_dtype_names: dict[Any, str] = {}  # array dtype object -> m3sa dtype name
+_constants: dict[tuple, Any] = {}  # cached index arrays (decode cu_q_lens) per (device, shape)
+_arena: list = []  # [buffer, next free byte] once set_workspace_buffer() named a caller's buffer
 
 # torch, bound on the first torch tensor seen (m3sa.vllm never imports torch itself): tensors cross
 # into m3sa._core as DLPack capsules from torch.utils.dlpack.to_dlpack (one C call), not through
@@ -107,7 +108,7 @@ _raw_stream = None
 _fp8 = _uint8 = None
 
 
-def clear_caches():
+def clear_caches() -> None:
     """Drops the cached plans, workspaces and index arrays (and rewinds a workspace buffer)."""
     _plans.clear()
     _constants.clear()
@@ -115,7 +116,7 @@ def clear_caches():
         _arena[1] = 0
 
 
-def set_workspace_buffer(buffer):
+def set_workspace_buffer(buffer: Any) -> None:
     """Plans made from now on carve their workspaces out of ``buffer``, a caller's contiguous 1-D
     uint8 array (a torch CUDA tensor for CUDA arrays, numpy for host ones), 64-byte aligned, in
     the order they are made; ``None`` goes back to allocating each. Drops the cached plans. A plan
@@ -130,7 +131,7 @@ def set_workspace_buffer(buffer):
     _arena.extend([buffer, 0])
 
 
-def device_errors():
+def device_errors() -> dict[tuple, int]:
     """{plan key: flags} for every cached CUDA plan whose runs set a device error flag (m3sa/ops.h:
     1 page id out of range, 2 seq_len beyond the block table or q_len > seq_len, 4 bad slot, 8
     decode q_len, 16 position), clearing them; {} when none did. Synchronises each plan's device's
@@ -144,7 +145,7 @@ def device_errors():
     return errors
 
 
-def plan_cache():
+def plan_cache() -> list[tuple]:
     """The cached plans (a copy of the keys: (op, backend, device, config, capacities, dtype))."""
     return list(_plans)
 
@@ -535,7 +536,7 @@ def minimax_m3_index_score(
     max_query_len: int,
     max_seq_len: int,
     num_kv_heads: int,
-):
+) -> Any:
     """score [num_kv_heads, total_q, round_up(cdiv(max_seq_len, 128), 16)] f32: per-block max q.k."""
     _check_head_dim(idx_q, "idx_q")
     _check_index_heads(idx_q, num_kv_heads)
@@ -563,7 +564,7 @@ def minimax_m3_index_topk(
     topk: int,
     init_blocks: int,
     local_blocks: int,
-):
+) -> Any:
     """topk_idx [num_idx_heads, total_q, topk] i32: ascending block ids, -1 padded (see above)."""
     num_heads, total_q, width = score.shape
     num_reqs = cu_seqlens_q.shape[0] - 1
@@ -590,7 +591,7 @@ def minimax_m3_index_decode(
     num_kv_heads: int,
     decode_query_len: int,
     max_decode_query_len: int,
-):
+) -> Any:
     """topk_idx [num_kv_heads, total_q, topk] i32 for a uniform decode batch (score and top-k)."""
     topk_idx = _index_decode_in_one_call(idx_q, index_kv_cache, block_table, seq_lens, topk,
                                          init_blocks, local_blocks, num_kv_heads,
