@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,7 @@ def test_wheel_installs_into_a_fresh_environment(tmp_path):
     assert Path(location).is_relative_to(env_dir) and not Path(location).is_relative_to(source_root)
     assert {"reference", "cpu"} <= set(backends.split(","))
     assert sys.version_info >= (3, 9)
+    # a typed package (PEP 561): the marker and the extension's stub (tests/python/test_typing.py)
+    typed = {"m3sa/py.typed", "m3sa/_core.pyi", "m3sa/_typing.pyi"}
+    assert typed <= set(zipfile.ZipFile(WHEEL).namelist())
+    assert all((Path(location).parent / name).is_file() for name in typed)
