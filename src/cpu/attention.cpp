@@ -21,7 +21,7 @@ constexpr int kValueChunk = 16; // value rows widened together and accumulated i
 
 struct AttentionScratch {
   float* q;      // [16, 128] the group's query rows
-  float* logits; // [K * 128, 16] key-major: one dot_rows call fills a key's column of heads
+  float* logits; // [K * 128, 16] key-major: a key's logits for the group's heads side by side
   float* rows;   // [kValueChunk, 128] key or value rows in fp32
   float* acc;    // [16, 128]
   int64_t* keys; // [K * 128] visible key positions
@@ -87,34 +87,43 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
         load_row(DType::bf16, row_address(args.q, {t, g * group + h}), softmax_scale,
                  s.q + h * kHeadDim);
 
-      for (int64_t n = 0; n < num_keys; ++n) {
-        const int64_t page = batch.page(kv_table, r, s.keys[n] / kBlockTokens);
-        load_row(args.k_cache.dtype, row_address(args.k_cache, {page, s.keys[n] % kBlockTokens, g}),
-                 args.k_scale, s.rows);
-        dot_rows(s.q, group, s.rows, s.logits + n * group);
+      // Keys [n0, n0 + chunk) of `cache` widened into s.rows, the next chunk's rows asked for:
+      // the selected blocks are scattered, and consecutive keys' rows are Hkv rows apart.
+      const auto load_chunk = [&](const TensorView& cache, float scale, int64_t n0, int chunk) {
+        const auto row_of = [&](int64_t key) {
+          return row_address(cache,
+                             {batch.page(kv_table, r, key / kBlockTokens), key % kBlockTokens, g});
+        };
+        for (int i = 0; i < chunk; ++i) {
+          load_row(cache.dtype, row_of(s.keys[n0 + i]), scale, s.rows + i * kHeadDim);
+          if (n0 + kValueChunk + i < num_keys)
+            prefetch_bytes(row_of(s.keys[n0 + kValueChunk + i]),
+                           kHeadDim * dtype_size(cache.dtype));
+        }
+      };
+      for (int64_t n0 = 0; n0 < num_keys; n0 += kValueChunk) {
+        const int chunk = static_cast<int>(std::min<int64_t>(kValueChunk, num_keys - n0));
+        load_chunk(args.k_cache, args.k_scale, n0, chunk);
+        dot_rows_keys(s.q, group, s.rows, chunk, {s.logits + n0 * group, 1, group});
       }
+      // Each head's maximum and sum run over the keys in order; the heads go side by side, so
+      // that the passes read the key-major logits contiguously.
       float max_logit[kMaxGqaGroup], denominator[kMaxGqaGroup];
-      for (int h = 0; h < group; ++h) {
-        max_logit[h] = -std::numeric_limits<float>::infinity();
-        for (int64_t n = 0; n < num_keys; ++n)
+      std::fill_n(max_logit, group, -std::numeric_limits<float>::infinity());
+      std::fill_n(denominator, group, 0.f);
+      for (int64_t n = 0; n < num_keys; ++n)
+        for (int h = 0; h < group; ++h)
           max_logit[h] = std::max(max_logit[h], s.logits[n * group + h]);
-        denominator[h] = 0.f;
-        for (int64_t n = 0; n < num_keys; ++n) {
+      for (int64_t n = 0; n < num_keys; ++n)
+        for (int h = 0; h < group; ++h) {
           float& w = s.logits[n * group + h];
           w = std::exp(w - max_logit[h]);
           denominator[h] += w;
         }
-      }
       std::fill(s.acc, s.acc + group * kHeadDim, 0.f);
       for (int64_t n0 = 0; n0 < num_keys; n0 += kValueChunk) {
         const int chunk = static_cast<int>(std::min<int64_t>(kValueChunk, num_keys - n0));
-        for (int i = 0; i < chunk; ++i) {
-          const int64_t key = s.keys[n0 + i];
-          load_row(args.v_cache.dtype,
-                   row_address(args.v_cache, {batch.page(kv_table, r, key / kBlockTokens),
-                                              key % kBlockTokens, g}),
-                   args.v_scale, s.rows + i * kHeadDim);
-        }
+        load_chunk(args.v_cache, args.v_scale, n0, chunk);
         accumulate_weighted_rows(s.acc, group, s.logits + n0 * group, group, s.rows, chunk);
       }
       for (int h = 0; h < group; ++h) {

@@ -1,5 +1,8 @@
-// CPU indexer. Scoring works on tiles of consecutive tokens of one request with all their index
-// heads, so each 128x128 key block is widened to fp32 once per tile instead of once per row.
+// CPU indexer. Scoring works on tiles (segments) of consecutive tokens of one request with all
+// their index heads, so each 128x128 key block is widened to fp32 once per tile instead of once
+// per row. Tiles go in waves of one per thread, and a wave's causal blocks are scored in ranges
+// spread over the threads, so that a batch of a few long decode rows keeps every thread busy (a
+// thread a tile left B=16 decode on one thread).
 // Selection keeps a running top-K per row (insertion into a sorted list), a different algorithm
 // from the reference's sort, so the two check each other.
 #include <omp.h>
@@ -28,7 +31,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 struct Scratch {
   float* q_rows;  // [kTileRows, 128]
   float* k_block; // [128, 128]
-  float* dots;    // [kTileRows]
+  float* dots;    // [kTileRows, 128]: the tile's rows by a block's keys
   float* scores;  // [kTileRows, W]
   float* reduced; // [W] max over heads (reduce_heads)
   uint32_t* keys; // [K] running top-K: rank keys
@@ -39,7 +42,7 @@ Scratch carve_thread(detail::WorkspaceCarver& carver, int64_t width, int top_k) 
   Scratch s;
   s.q_rows = carver.take<float>(kTileRows * kHeadDim);
   s.k_block = carver.take<float>(kBlockTokens * kHeadDim);
-  s.dots = carver.take<float>(kTileRows);
+  s.dots = carver.take<float>(kBlockTokens * kTileRows);
   s.scores = carver.take<float>(kTileRows * width);
   s.reduced = carver.take<float>(width);
   s.keys = carver.take<uint32_t>(top_k);
@@ -47,14 +50,30 @@ Scratch carve_thread(detail::WorkspaceCarver& carver, int64_t width, int top_k) 
   return s;
 }
 
-Scratch thread_scratch(Workspace workspace, int64_t width, int top_k) {
+// Scratch k of the workspace (thread k's, and the score rows of a wave's segment k).
+Scratch scratch_of(Workspace workspace, int64_t width, int top_k, int k) {
   detail::WorkspaceCarver carver(workspace.data);
   Scratch s{};
-  for (int i = 0; i <= omp_get_thread_num(); ++i) s = carve_thread(carver, width, top_k);
+  for (int i = 0; i <= k; ++i) s = carve_thread(carver, width, top_k);
   return s;
 }
 
 int tile_tokens(int heads) { return std::max(1, kTileRows / heads); }
+
+// Up to tile_tokens(H) consecutive tokens of one request, whose rows (token x head) are scored and
+// selected together.
+struct Segment {
+  int request;
+  int64_t t0, t1; // tokens [t0, t1)
+  int64_t p0;     // position of t0; -1 in a padding request (nothing visible)
+};
+
+// The workspace: a scratch per thread, then the segments of one wave (a segment per thread).
+Segment* carve_workspace(detail::WorkspaceCarver& carver, int64_t width, int top_k,
+                         int num_threads) {
+  for (int i = 0; i < num_threads; ++i) carve_thread(carver, width, top_k);
+  return carver.take<Segment>(num_threads);
+}
 
 // Orders scores as unsigned integers: larger is better, every NaN below -inf, -0 equal to +0.
 uint32_t rank_key(float score) {
@@ -121,70 +140,121 @@ void select_token(const MsaConfig& config, const float* scores, int64_t head_str
   }
 }
 
-// Scores tokens [t0, t1) of request r (positions p0, p0 + 1, ...) for all heads into
-// s.scores[(token - t0) * H + h][0..width).
-void score_tile(const MsaConfig& config, const HostBatch& batch, const TensorView& q,
-                const TensorView& cache, int r, int64_t t0, int64_t t1, int64_t p0, int64_t width,
-                const Scratch& s) {
+int64_t segment_blocks(const Segment& seg) {
+  return seg.p0 < 0 ? 0 : causal_blocks(seg.p0 + (seg.t1 - seg.t0) - 1);
+}
+
+// The scores of blocks [b0, b1) for the rows of `seg` ((token - t0) * H + h) into
+// scores[row * width + b]: the largest dot of the keys a row sees (up to its token's position),
+// NaN propagating (contract §4); -inf where it sees none. s: the calling thread's scratch.
+void score_block_range(const MsaConfig& config, const HostBatch& batch, const TensorView& q,
+                       const TensorView& cache, const Segment& seg, int64_t b0, int64_t b1,
+                       int64_t width, float* scores, const Scratch& s) {
   const int heads = config.num_index_heads;
-  const int rows = static_cast<int>((t1 - t0) * heads);
-  for (int64_t t = t0; t < t1; ++t)
+  const int rows = static_cast<int>((seg.t1 - seg.t0) * heads);
+  for (int64_t t = seg.t0; t < seg.t1; ++t)
     for (int h = 0; h < heads; ++h)
       load_row(q.dtype, static_cast<const char*>(q.data) + q.offset({t, h}) * dtype_size(q.dtype),
-               1.f, s.q_rows + ((t - t0) * heads + h) * kHeadDim);
-  std::fill(s.scores, s.scores + rows * width, kNegInf);
-  if (p0 < 0) return; // padding request: nothing is visible
-  const int64_t p_last = p0 + (t1 - t0) - 1;
-  const int64_t seq_len = batch.seq_len(static_cast<int>(r));
-  for (int64_t b = 0; b < causal_blocks(p_last); ++b) {
-    const int64_t page = batch.page(r, b);
+               1.f, s.q_rows + ((t - seg.t0) * heads + h) * kHeadDim);
+  const int64_t p_last = seg.p0 + (seg.t1 - seg.t0) - 1;
+  const int64_t seq_len = batch.seq_len(seg.request);
+  const int64_t row_bytes = kHeadDim * static_cast<int64_t>(dtype_size(cache.dtype));
+  const auto key_row = [&](int64_t page, int64_t j) {
+    return static_cast<const char*>(cache.data) + cache.offset({page, j}) * dtype_size(cache.dtype);
+  };
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t page = batch.page(seg.request, b);
+    const int64_t next_page = b + 1 < b1 ? batch.page(seg.request, b + 1) : -1;
     const int64_t first_key = b * kBlockTokens;
     const int64_t num_keys =
         std::min<int64_t>({kBlockTokens, seq_len - first_key, p_last - first_key + 1});
-    for (int64_t j = 0; j < num_keys; ++j)
-      load_row(cache.dtype,
-               static_cast<const char*>(cache.data) +
-                   cache.offset({page, j}) * dtype_size(cache.dtype),
-               1.f, s.k_block + j * kHeadDim);
     for (int64_t j = 0; j < num_keys; ++j) {
-      dot_rows(s.q_rows, rows, s.k_block + j * kHeadDim, s.dots);
-      // Key first_key + j is visible to the tokens at positions >= it. NaN propagates (contract
-      // §4).
-      const int64_t first_row = std::max<int64_t>(0, first_key + j - p0) * heads;
-      for (int64_t row = first_row; row < rows; ++row) {
-        float& best = s.scores[row * width + b];
-        const float dot = s.dots[row];
-        if (dot > best || std::isnan(dot)) best = std::isnan(best) ? best : dot;
-      }
+      load_row(cache.dtype, key_row(page, j), 1.f, s.k_block + j * kHeadDim);
+      // Pages are scattered, and the hardware prefetchers stop at every 4 KB: the next block's
+      // rows are asked for while this one's are scored.
+      if (next_page >= 0) prefetch_bytes(key_row(next_page, j), row_bytes);
+    }
+    dot_rows_keys(s.q_rows, rows, s.k_block, static_cast<int>(num_keys), {s.dots, kBlockTokens, 1});
+    for (int row = 0; row < rows; ++row) {
+      const int64_t visible = std::min(num_keys, seg.p0 + row / heads - first_key + 1);
+      scores[row * width + b] =
+          visible > 0 ? max_propagating_nan(s.dots + row * kBlockTokens, static_cast<int>(visible))
+                      : kNegInf;
     }
   }
-  if (config.score_scale != 1.f)
-    for (int64_t i = 0; i < rows * width; ++i) s.scores[i] *= config.score_scale;
 }
 
-// Runs fn(request, t0, t1, p0, scratch) over tiles of tokens that never cross a request, in
-// parallel.
-template <typename Fn>
-void for_each_tile(const MsaConfig& config, const HostBatch& batch, Workspace workspace,
-                   int64_t width, int num_threads, Fn&& fn) {
+// After every range of `seg` is scored: -inf past its causal blocks, then the score scale.
+void finish_scores(const MsaConfig& config, const Segment& seg, int64_t width, float* scores) {
+  const int64_t rows = (seg.t1 - seg.t0) * config.num_index_heads, blocks = segment_blocks(seg);
+  for (int64_t row = 0; row < rows; ++row)
+    std::fill(scores + row * width + blocks, scores + (row + 1) * width, kNegInf);
+  if (config.score_scale != 1.f)
+    for (int64_t i = 0; i < rows * width; ++i) scores[i] *= config.score_scale;
+}
+
+// What the scoring ops score; absent for select_topk_blocks.
+struct ScoringInputs {
+  const TensorView& q;
+  const TensorView& cache;
+};
+
+constexpr int kItemsPerThread = 4;    // block ranges a thread takes in a wave, for balance
+constexpr int64_t kMinItemBlocks = 4; // blocks a range scores at least (its q rows are reloaded)
+
+// Runs finish(segment, score rows, thread scratch) for every segment of the batch, request by
+// request. Segments go in waves of one per thread, each with its score rows in workspace scratch
+// k; with `scoring`, a wave's causal blocks are first scored in ranges spread over the threads,
+// so that a few long decode rows keep every thread busy, and not one thread a segment.
+template <typename Finish>
+void run_segments(const MsaConfig& config, const HostBatch& batch, const ScoringInputs* scoring,
+                  Workspace workspace, int64_t width, int num_threads, Finish&& finish) {
+  const int top_k = config.top_k;
   const int64_t tile = tile_tokens(config.num_index_heads);
-  const int64_t num_tiles = (batch.num_tokens() + tile - 1) / tile;
+  detail::WorkspaceCarver carver(workspace.data);
+  Segment* wave = carve_workspace(carver, width, top_k, num_threads);
+  int r = 0;
+  int64_t t = batch.num_requests() > 0 ? batch.q_begin(0) : 0;
+  for (;;) {
+    int count = 0;
+    int64_t wave_blocks = 0;
+    for (; count < num_threads && r < batch.num_requests(); ++count) {
+      while (r < batch.num_requests() && t >= batch.q_begin(r) + batch.q_len(r))
+        if (++r < batch.num_requests()) t = batch.q_begin(r);
+      if (r == batch.num_requests()) break;
+      const int64_t end = std::min<int64_t>(t + tile, batch.q_begin(r) + batch.q_len(r));
+      const int64_t seq_len = batch.seq_len(r);
+      wave[count] = {r, t, end,
+                     seq_len == 0 ? -1 : seq_len - batch.q_len(r) + (t - batch.q_begin(r))};
+      wave_blocks += segment_blocks(wave[count]);
+      t = end;
+    }
+    if (count == 0) return;
+    const int64_t item_blocks =
+        std::max<int64_t>(kMinItemBlocks, (wave_blocks + kItemsPerThread * num_threads - 1) /
+                                              (kItemsPerThread * num_threads));
+    const auto ranges = [&](int k) {
+      return (segment_blocks(wave[k]) + item_blocks - 1) / item_blocks;
+    };
+    int64_t items = 0;
+    if (scoring)
+      for (int k = 0; k < count; ++k) items += ranges(k);
 #pragma omp parallel num_threads(num_threads)
-  {
-    const Scratch s = thread_scratch(workspace, width, config.top_k);
+    {
+      const Scratch own = scratch_of(workspace, width, top_k, omp_get_thread_num());
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t g = 0; g < num_tiles; ++g) {
-      int64_t t = g * tile;
-      const int64_t end = std::min<int64_t>(batch.num_tokens(), t + tile);
-      int r = batch.request_of_token(t);
-      while (t < end) {
-        while (batch.q_begin(r) + batch.q_len(r) <= t) ++r;
-        const int64_t stop = std::min<int64_t>(end, batch.q_begin(r) + batch.q_len(r));
-        const int64_t seq_len = batch.seq_len(r);
-        const int64_t p0 = seq_len == 0 ? -1 : seq_len - batch.q_len(r) + (t - batch.q_begin(r));
-        fn(r, t, stop, p0, s);
-        t = stop;
+      for (int64_t item = 0; item < items; ++item) {
+        int k = 0;
+        int64_t range = item;
+        while (range >= ranges(k)) range -= ranges(k++);
+        const int64_t b0 = range * item_blocks;
+        score_block_range(config, batch, scoring->q, scoring->cache, wave[k], b0,
+                          std::min(b0 + item_blocks, segment_blocks(wave[k])), width,
+                          scratch_of(workspace, width, top_k, k).scores, own);
       }
+#pragma omp for schedule(dynamic, 1)
+      for (int k = 0; k < count; ++k)
+        finish(wave[k], scratch_of(workspace, width, top_k, k).scores, own);
     }
   }
 }
@@ -194,8 +264,8 @@ Status plan(const PlanRequest& request, const detail::DeviceCaps&, OpPlan* plan)
   plan->num_threads = plan_threads(request);
   detail::WorkspaceCarver carver;
   if (request.op != OpKind::insert_index_k)
-    for (int i = 0; i < plan->num_threads; ++i)
-      carve_thread(carver, request.capacities.max_blocks_per_request, request.config.top_k);
+    carve_workspace(carver, request.capacities.max_blocks_per_request, request.config.top_k,
+                    plan->num_threads);
   plan->workspace_bytes = carver.bytes_used();
   return {};
 }
@@ -230,18 +300,19 @@ Status score_blocks(const OpPlan& plan, const ScoreBlocksArgs& args, Workspace w
   const HostBatch batch(args.batch);
   const int64_t width = batch.block_table_width();
   const TensorView& out = args.scores;
-  for_each_tile(config, batch, workspace, width, num_threads,
-                [&](int r, int64_t t0, int64_t t1, int64_t p0, const Scratch& s) {
-                  score_tile(config, batch, args.index_q, args.index_k_cache, r, t0, t1, p0, width,
-                             s);
-                  for (int64_t t = t0; t < t1; ++t)
-                    for (int h = 0; h < config.num_index_heads; ++h) {
-                      const float* row = s.scores + ((t - t0) * config.num_index_heads + h) * width;
-                      float* dst = out.ptr<float>() + out.offset({h, t});
-                      for (int64_t b = 0; b < out.shape[2]; ++b)
-                        dst[b * out.strides[2]] = b < width ? row[b] : kNegInf;
-                    }
-                });
+  const ScoringInputs scoring{args.index_q, args.index_k_cache};
+  run_segments(config, batch, &scoring, workspace, width, num_threads,
+               [&](const Segment& seg, float* scores, const Scratch&) {
+                 finish_scores(config, seg, width, scores);
+                 for (int64_t t = seg.t0; t < seg.t1; ++t)
+                   for (int h = 0; h < config.num_index_heads; ++h) {
+                     const float* row =
+                         scores + ((t - seg.t0) * config.num_index_heads + h) * width;
+                     float* dst = out.ptr<float>() + out.offset({h, t});
+                     for (int64_t b = 0; b < out.shape[2]; ++b)
+                       dst[b * out.strides[2]] = b < width ? row[b] : kNegInf;
+                   }
+               });
   return {};
 }
 
@@ -252,14 +323,14 @@ Status index_topk(const OpPlan& plan, const IndexTopkArgs& args, Workspace works
   const HostBatch batch(args.batch);
   const int64_t width = batch.block_table_width();
   const int heads = config.num_index_heads;
-  for_each_tile(config, batch, workspace, width, num_threads,
-                [&](int r, int64_t t0, int64_t t1, int64_t p0, const Scratch& s) {
-                  score_tile(config, batch, args.index_q, args.index_k_cache, r, t0, t1, p0, width,
-                             s);
-                  for (int64_t t = t0; t < t1; ++t)
-                    select_token(config, s.scores + (t - t0) * heads * width, width,
-                                 p0 < 0 ? -1 : p0 + (t - t0), args.topk, t, s);
-                });
+  const ScoringInputs scoring{args.index_q, args.index_k_cache};
+  run_segments(config, batch, &scoring, workspace, width, num_threads,
+               [&](const Segment& seg, float* scores, const Scratch& s) {
+                 finish_scores(config, seg, width, scores);
+                 for (int64_t t = seg.t0; t < seg.t1; ++t)
+                   select_token(config, scores + (t - seg.t0) * heads * width, width,
+                                seg.p0 < 0 ? -1 : seg.p0 + (t - seg.t0), args.topk, t, s);
+               });
   return {};
 }
 
@@ -271,17 +342,17 @@ Status select_topk_blocks(const OpPlan& plan, const SelectTopkBlocksArgs& args, 
   const int64_t width = batch.block_table_width();
   const TensorView& in = args.scores;
   const int heads = config.num_index_heads;
-  for_each_tile(config, batch, workspace, width, num_threads,
-                [&](int, int64_t t0, int64_t t1, int64_t p0, const Scratch& s) {
-                  for (int64_t t = t0; t < t1; ++t) {
-                    const int64_t n = causal_blocks(p0 < 0 ? -1 : p0 + (t - t0));
-                    for (int h = 0; h < heads; ++h) // gather the strided input into contiguous rows
-                      for (int64_t b = 0; b < n; ++b)
-                        s.scores[h * width + b] = in.ptr<const float>()[in.offset({h, t, b})];
-                    select_token(config, s.scores, width, p0 < 0 ? -1 : p0 + (t - t0), args.topk, t,
-                                 s);
-                  }
-                });
+  run_segments(config, batch, nullptr, workspace, width, num_threads,
+               [&](const Segment& seg, float* scores, const Scratch& s) {
+                 for (int64_t t = seg.t0; t < seg.t1; ++t) {
+                   const int64_t position = seg.p0 < 0 ? -1 : seg.p0 + (t - seg.t0);
+                   const int64_t n = causal_blocks(position);
+                   for (int h = 0; h < heads; ++h) // gather the strided input into contiguous rows
+                     for (int64_t b = 0; b < n; ++b)
+                       scores[h * width + b] = in.ptr<const float>()[in.offset({h, t, b})];
+                   select_token(config, scores, width, position, args.topk, t, s);
+                 }
+               });
   return {};
 }
 
@@ -295,7 +366,7 @@ int plan_threads(const PlanRequest& request) {
 
 namespace m3sa::detail {
 namespace {
-constexpr const char* kDescription = "OpenMP over row tiles, fp32, AVX2 clones";
+constexpr const char* kDescription = "OpenMP over row tiles and block ranges, fp32, AVX2 clones";
 } // namespace
 
 extern const Implementation kCpuInsertIndexK, kCpuScoreBlocks, kCpuSelectTopkBlocks, kCpuIndexTopk;

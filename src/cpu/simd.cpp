@@ -1,33 +1,71 @@
 #include "cpu/simd.h"
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
 #include "m3sa/numeric.h"
 
 namespace m3sa::cpu {
 namespace {
 
-struct E4m3Table {
-  float value[256];
-  E4m3Table() {
-    for (int i = 0; i < 256; ++i) value[i] = e4m3_bits_to_float(static_cast<uint8_t>(i));
-  }
-};
-const E4m3Table kE4m3;
+// fp32 from its bits, in a form GCC vectorises inside a loop (a 4-byte memcpy is a plain load).
+[[gnu::always_inline]] inline float float_from_bits(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
 
-// `count` is a compile-time width so that each caller's loop vectorises.
-template <int count> void load_values(DType dtype, const void* row, float scale, float* out) {
+// e4m3_bits_to_float without branches or a table, so that a row's conversions vectorise
+// (tests/unit/cpu_simd_test.cpp checks every code): a normal code's exponent and mantissa move into
+// fp32's fields (bias 7 -> 127: + 120 << 3 on the 7-bit magnitude); a subnormal one (magnitude <
+// 8) is m 2^-9 from an integer conversion, so no fp32 subnormal arises that a caller's
+// flush-to-zero mode could change; 0x7f / 0xff are the one NaN e4m3_bits_to_float gives.
+[[gnu::always_inline]] inline float e4m3_to_float(uint8_t code) {
+  const uint32_t magnitude = code & 0x7fu, sign = static_cast<uint32_t>(code & 0x80u) << 24;
+  const uint32_t normal = ((magnitude + (120u << 3)) << 20) | sign;
+  const float small = static_cast<float>(static_cast<int32_t>(magnitude)) * 0x1p-9f;
+  uint32_t subnormal;
+  std::memcpy(&subnormal, &small, sizeof subnormal);
+  subnormal |= sign;
+  const uint32_t is_subnormal = 0u - static_cast<uint32_t>(magnitude < 8u);
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(magnitude == 0x7fu);
+  const uint32_t bits = (subnormal & is_subnormal) | (normal & ~is_subnormal);
+  return float_from_bits((bits & ~is_nan) | (0x7fffffffu & is_nan));
+}
+
+// `count` is a compile-time width so that each caller's loop vectorises; inlined, so that it
+// compiles for its caller's clone.
+template <int count>
+[[gnu::always_inline]] inline void load_values(DType dtype, const void* row, float scale,
+                                               float* out) {
   if (dtype == DType::bf16) {
     const uint16_t* src = static_cast<const uint16_t*>(row);
 #pragma omp simd
-    for (int d = 0; d < count; ++d) out[d] = bf16_bits_to_float(src[d]) * scale;
+    for (int d = 0; d < count; ++d)
+      out[d] = float_from_bits(static_cast<uint32_t>(src[d]) << 16) * scale;
   } else if (dtype == DType::fp8_e4m3) {
     const uint8_t* src = static_cast<const uint8_t*>(row);
-    for (int d = 0; d < count; ++d) out[d] = kE4m3.value[src[d]] * scale;
+#pragma omp simd
+    for (int d = 0; d < count; ++d) out[d] = e4m3_to_float(src[d]) * scale;
   } else {
     const float* src = static_cast<const float*>(row);
 #pragma omp simd
     for (int d = 0; d < count; ++d) out[d] = src[d] * scale;
   }
 }
+
+// Eight floats in one register (AVX2; two SSE registers in the default clone): GCC and Clang's
+// vector extension, since arrays of accumulators under `omp simd` were kept on the stack. Memory
+// goes through an unaligned, aliasing variant of the type (a memcpy into an array of them became
+// two 16-byte stack stores that each 32-byte operand then failed to forward from). No function
+// takes or returns one: the default clone's ABI differs.
+using Float8 = float __attribute__((vector_size(32)));
+using Bits8 = uint32_t __attribute__((vector_size(32)));
+using UnalignedFloat8 = float __attribute__((vector_size(32), aligned(4), may_alias));
 
 } // namespace
 
@@ -39,52 +77,107 @@ void load_rotary_row(DType dtype, const void* row, float* out) {
   load_values<kRotaryDim>(dtype, row, 1.f, out);
 }
 
-M3SA_CPU_CLONES void dot_rows(const float* rows, int num_rows, const float* key, float* out) {
-  int i = 0;
-  // Four rows per pass: four independent accumulation chains share each load of `key`.
-  for (; i + 4 <= num_rows; i += 4) {
-    const float* r0 = rows + (i + 0) * kHeadDim;
-    const float* r1 = rows + (i + 1) * kHeadDim;
-    const float* r2 = rows + (i + 2) * kHeadDim;
-    const float* r3 = rows + (i + 3) * kHeadDim;
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-    for (int d = 0; d < kHeadDim; ++d) {
-      s0 += r0[d] * key[d];
-      s1 += r1[d] * key[d];
-      s2 += r2[d] * key[d];
-      s3 += r3[d] * key[d];
+namespace {
+
+// The dots of R rows with J keys: lane l of each accumulator sums the dims d = l (mod 8) in order,
+// then the lanes add up. R x J accumulators (2 x 4 or 1 x 4: at most 8 AVX2 registers) stay in
+// registers, so each loaded chunk of a row or key feeds J or R FMAs instead of one.
+template <int R, int J>
+[[gnu::always_inline]] inline void dot_tile(const float* rows, const float* keys, DotLayout out) {
+  Float8 acc[R][J] = {};
+  for (int d0 = 0; d0 < kHeadDim; d0 += 8) {
+    for (int i = 0; i < R; ++i) {
+      const Float8 row = *reinterpret_cast<const UnalignedFloat8*>(rows + i * kHeadDim + d0);
+      for (int j = 0; j < J; ++j)
+        acc[i][j] += row * *reinterpret_cast<const UnalignedFloat8*>(keys + j * kHeadDim + d0);
     }
-    out[i] = s0, out[i + 1] = s1, out[i + 2] = s2, out[i + 3] = s3;
   }
-  for (; i < num_rows; ++i) {
-    const float* r = rows + i * kHeadDim;
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int d = 0; d < kHeadDim; ++d) s += r[d] * key[d];
-    out[i] = s;
-  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < J; ++j) {
+      const Float8 a = acc[i][j];
+      out.data[i * out.row_stride + j * out.key_stride] =
+          ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+    }
 }
+
+} // namespace
+
+M3SA_CPU_CLONES void dot_rows_keys(const float* rows, int num_rows, const float* keys, int num_keys,
+                                   DotLayout out) {
+  const auto at = [&](int i, int j) {
+    return DotLayout{out.data + i * out.row_stride + j * out.key_stride, out.row_stride,
+                     out.key_stride};
+  };
+  int j = 0;
+  for (; j + 4 <= num_keys; j += 4) {
+    const float* k = keys + j * kHeadDim;
+    int i = 0;
+    for (; i + 2 <= num_rows; i += 2) dot_tile<2, 4>(rows + i * kHeadDim, k, at(i, j));
+    if (i < num_rows) dot_tile<1, 4>(rows + i * kHeadDim, k, at(i, j));
+  }
+  for (; j < num_keys; ++j)
+    for (int i = 0; i < num_rows; ++i)
+      dot_tile<1, 1>(rows + i * kHeadDim, keys + j * kHeadDim, at(i, j));
+}
+
+M3SA_CPU_CLONES float max_propagating_nan(const float* values, int count) {
+  Float8 largest = -std::numeric_limits<float>::infinity() + Float8{};
+  Bits8 any_nan = {};
+  int i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const Float8 v = *reinterpret_cast<const UnalignedFloat8*>(values + i);
+    any_nan |= std::bit_cast<Bits8>(v != v);
+    largest = v > largest ? v : largest;
+  }
+  float result = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+  for (int l = 0; l < 8; ++l) {
+    nan |= any_nan[l] != 0;
+    result = std::max(result, largest[l]);
+  }
+  for (; i < count; ++i) {
+    nan |= std::isnan(values[i]);
+    result = std::max(result, values[i]);
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : result;
+}
+
+namespace {
+
+// Rows [i0, i0 + R) and dims [d0, d0 + 32) of acc: R x 4 accumulators (8 AVX2 registers), each
+// summing its values in order, so each loaded chunk of a value row feeds R FMAs.
+template <int R>
+[[gnu::always_inline]] inline void accumulate_tile(float* acc, const float* weights,
+                                                   int64_t weight_stride, const float* values,
+                                                   int num_values, int i0, int d0) {
+  constexpr int kSlices = 4;
+  Float8 sum[R][kSlices];
+  for (int i = 0; i < R; ++i)
+    for (int k = 0; k < kSlices; ++k)
+      sum[i][k] = *reinterpret_cast<const UnalignedFloat8*>(acc + (i0 + i) * kHeadDim + d0 + 8 * k);
+  for (int n = 0; n < num_values; ++n) {
+    const float* v = values + n * kHeadDim + d0;
+    for (int i = 0; i < R; ++i) {
+      const float w = weights[n * weight_stride + i0 + i];
+      for (int k = 0; k < kSlices; ++k)
+        sum[i][k] += w * *reinterpret_cast<const UnalignedFloat8*>(v + 8 * k);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int k = 0; k < kSlices; ++k)
+      *reinterpret_cast<UnalignedFloat8*>(acc + (i0 + i) * kHeadDim + d0 + 8 * k) = sum[i][k];
+}
+
+} // namespace
 
 M3SA_CPU_CLONES void accumulate_weighted_rows(float* acc, int num_rows, const float* weights,
                                               int64_t weight_stride, const float* values,
                                               int num_values) {
-  constexpr int kSlice = 32; // four AVX2 registers of accumulators per pass over the values
-  for (int i = 0; i < num_rows; ++i) {
-    for (int d0 = 0; d0 < kHeadDim; d0 += kSlice) {
-      float sum[kSlice];
-      float* a = acc + i * kHeadDim + d0;
-#pragma omp simd
-      for (int d = 0; d < kSlice; ++d) sum[d] = a[d];
-      for (int n = 0; n < num_values; ++n) {
-        const float w = weights[n * weight_stride + i];
-        const float* v = values + n * kHeadDim + d0;
-#pragma omp simd
-        for (int d = 0; d < kSlice; ++d) sum[d] += w * v[d];
-      }
-#pragma omp simd
-      for (int d = 0; d < kSlice; ++d) a[d] = sum[d];
-    }
+  for (int d0 = 0; d0 < kHeadDim; d0 += 32) {
+    int i = 0;
+    for (; i + 2 <= num_rows; i += 2)
+      accumulate_tile<2>(acc, weights, weight_stride, values, num_values, i, d0);
+    if (i < num_rows) accumulate_tile<1>(acc, weights, weight_stride, values, num_values, i, d0);
   }
 }
 

@@ -1,13 +1,16 @@
 #pragma once
 // Row kernels shared by the CPU ops. No -march flags: hot functions carry target clones so one
-// binary uses AVX2+FMA where the machine has it and plain SSE2 elsewhere.
+// binary uses AVX2+FMA where the machine has it and plain SSE2 elsewhere. The clone is chosen by
+// ISA level (x86-64-v3: AVX2, FMA, BMI2, ...), not "arch=haswell", which GCC's resolver takes on a
+// Haswell-model CPU only, so that every other AVX2 machine (Zen, Skylake, Sapphire Rapids) ran the
+// SSE2 clone.
 #include <cstdint>
 
 #include "m3sa/config.h"
 #include "m3sa/types.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define M3SA_CPU_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define M3SA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define M3SA_CPU_CLONES
 #endif
@@ -19,8 +22,24 @@ void load_row(DType dtype, const void* row, float scale, float* out);
 // One 64-wide rotary row (a cos_sin_cache row: 32 cos, then 32 sin) to fp32.
 void load_rotary_row(DType dtype, const void* row, float* out);
 
-// out[i] = dot(rows[i], key) for i < num_rows; rows are [num_rows][128] contiguous.
-void dot_rows(const float* rows, int num_rows, const float* key, float* out);
+// Where dot_rows_keys writes the dot of row i and key j: data[i * row_stride + j * key_stride].
+struct DotLayout {
+  float* data;
+  int64_t row_stride, key_stride;
+};
+// The dots of rows [num_rows][128] and keys [num_keys][128] (both contiguous) into `out`, each a
+// sum in fp32 over eight lanes of dims.
+void dot_rows_keys(const float* rows, int num_rows, const float* keys, int num_keys, DotLayout out);
+
+// Asks for the cache lines of [p, p + bytes) ahead of their use.
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  for (int64_t offset = 0; offset < bytes; offset += 64)
+    __builtin_prefetch(static_cast<const char*>(p) + offset);
+}
+
+// The largest of values[0, count), NaN if any is NaN (a block score's maximum, contract §4), -inf
+// for none.
+float max_propagating_nan(const float* values, int count);
 
 // acc[i][:] += sum over n < num_values of weights[n * weight_stride + i] * values[n][:], for
 // i < num_rows. acc is [num_rows][128], values [num_values][128]: each acc row is loaded and stored

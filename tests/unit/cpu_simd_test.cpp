@@ -1,0 +1,101 @@
+// The CPU backend's row kernels (src/cpu/simd.h) against plain scalar code. (That its results do
+// not depend on the thread count, which sizes its scoring's block ranges, is CpuThreads' test.)
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "cpu/simd.h"
+#include "m3sa/numeric.h"
+#include "testing/host_tensor.h"
+
+namespace m3sa::testing {
+namespace {
+
+uint32_t bits_of(float x) { return std::bit_cast<uint32_t>(x); }
+
+// load_row's widening equals the scalar conversion times the scale, bit for bit, for every e4m3
+// code (subnormals, zeros of both signs, 0x7f / 0xff NaN) at each offset of a 128-wide row.
+TEST(CpuRowKernels, LoadRowWidensEveryE4m3CodeAsTheScalarConversion) {
+  for (float scale : {1.f, 0.5f, 3.f, 1e-3f, -2.f}) {
+    for (int shift = 0; shift < 256; shift += 128) {
+      uint8_t row[kHeadDim];
+      for (int d = 0; d < kHeadDim; ++d) row[d] = static_cast<uint8_t>(d + shift);
+      float out[kHeadDim];
+      cpu::load_row(DType::fp8_e4m3, row, scale, out);
+      for (int d = 0; d < kHeadDim; ++d)
+        ASSERT_EQ(bits_of(out[d]), bits_of(e4m3_bits_to_float(row[d]) * scale))
+            << "code " << int{row[d]} << ", scale " << scale;
+    }
+  }
+}
+
+TEST(CpuRowKernels, LoadRowWidensBf16AsTheScalarConversion) {
+  Rng rng(11);
+  for (float scale : {1.f, 0.25f, 7.f}) {
+    uint16_t row[kHeadDim];
+    for (int d = 0; d < kHeadDim; ++d) row[d] = static_cast<uint16_t>(rng.next());
+    row[0] = 0x7fc0, row[1] = 0xff80, row[2] = 0x0001, row[3] = 0x8000; // NaN, -inf, subnormal, -0
+    float out[kHeadDim];
+    cpu::load_row(DType::bf16, row, scale, out);
+    for (int d = 0; d < kHeadDim; ++d)
+      ASSERT_EQ(bits_of(out[d]), bits_of(bf16_bits_to_float(row[d]) * scale)) << "bits " << row[d];
+  }
+}
+
+// Every register tile and remainder path (rows 1..17, keys 1..9) in both output layouts, against
+// double-precision dots (fp32 sums over 128 terms: within 2^-17 of the sum of |terms|).
+TEST(CpuRowKernels, DotRowsKeysMatchesDoubleDotsInBothLayouts) {
+  Rng rng(12);
+  for (int num_rows = 1; num_rows <= 17; ++num_rows)
+    for (int num_keys = 1; num_keys <= 9; ++num_keys) {
+      std::vector<float> rows(num_rows * kHeadDim), keys(num_keys * kHeadDim);
+      for (float& v : rows) v = static_cast<float>(rng.uniform() * 4 - 2);
+      for (float& v : keys) v = static_cast<float>(rng.uniform() * 4 - 2);
+      std::vector<float> key_major(num_rows * num_keys, NAN), row_major(num_rows * num_keys, NAN);
+      cpu::dot_rows_keys(rows.data(), num_rows, keys.data(), num_keys,
+                         {key_major.data(), 1, num_rows});
+      cpu::dot_rows_keys(rows.data(), num_rows, keys.data(), num_keys,
+                         {row_major.data(), num_keys, 1});
+      for (int i = 0; i < num_rows; ++i)
+        for (int j = 0; j < num_keys; ++j) {
+          double dot = 0, magnitude = 0;
+          for (int d = 0; d < kHeadDim; ++d) {
+            const double term = double{rows[i * kHeadDim + d]} * keys[j * kHeadDim + d];
+            dot += term, magnitude += std::fabs(term);
+          }
+          const double bound = magnitude * 0x1p-17;
+          EXPECT_NEAR(key_major[j * num_rows + i], dot, bound) << i << ", " << j;
+          EXPECT_EQ(bits_of(row_major[i * num_keys + j]), bits_of(key_major[j * num_rows + i]));
+        }
+    }
+}
+
+// The block maximum: the largest value, NaN wherever one is (in the vector part or the tail),
+// -inf for none.
+TEST(CpuRowKernels, MaxPropagatingNanIsTheLargestOrNan) {
+  Rng rng(13);
+  EXPECT_EQ(cpu::max_propagating_nan(nullptr, 0), -std::numeric_limits<float>::infinity());
+  for (int count = 1; count <= 40; ++count) {
+    std::vector<float> values(count);
+    for (float& v : values) v = static_cast<float>(rng.uniform() * 8 - 6);
+    float want = values[0];
+    for (float v : values) want = std::max(want, v);
+    EXPECT_EQ(cpu::max_propagating_nan(values.data(), count), want) << count;
+    std::vector<float> all_low(count, -std::numeric_limits<float>::infinity());
+    EXPECT_EQ(cpu::max_propagating_nan(all_low.data(), count),
+              -std::numeric_limits<float>::infinity());
+    for (int at = 0; at < count; ++at) {
+      std::vector<float> with_nan = values;
+      with_nan[at] = std::numeric_limits<float>::quiet_NaN();
+      EXPECT_TRUE(std::isnan(cpu::max_propagating_nan(with_nan.data(), count)))
+          << count << ", NaN at " << at;
+    }
+  }
+}
+
+} // namespace
+} // namespace m3sa::testing
