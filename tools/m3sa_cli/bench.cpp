@@ -62,11 +62,9 @@ int run_bench(const BenchOptions& options) {
     if (!options.json_path.empty()) write_json(options.json_path, run, ceilings, records, false);
     return s.ok();
   };
-  // "^text": names that start with it ("^decode " is the decode indexer, not attention decode).
+  // "^decode " is the decode indexer, not attention decode.
   const auto selected = [&](const std::string& name) {
-    if (!options.filter.empty() && options.filter[0] == '^')
-      return name.compare(0, options.filter.size() - 1, options.filter, 1) == 0;
-    return name.find(options.filter) != std::string::npos;
+    return name_selected(options.filter, name);
   };
   for (Case c : cases(options.set)) {
     c.pages_in_order = options.index_pages_in_order;

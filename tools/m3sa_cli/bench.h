@@ -22,10 +22,16 @@ struct BenchOptions {
   // Index-cache pages of the indexer and context-parallel cases: shuffled over the pool (the
   // peer's randperm) or in order (a fresh request's pages from an empty allocator).
   bool index_pages_in_order = false;
+  std::string backend = "cuda"; // cuda | cpu (bench_cpu.cpp)
 };
 
 // 0: ran; 1: a case failed to run; 2: no CUDA backend or device.
 int run_bench(const BenchOptions& options);
+// The CPU backend's cases (bench_cpu.cpp): 0 ran, 1 a case failed.
+int run_cpu_bench(const BenchOptions& options);
+// Whether a case runs under --filter: names that contain it, or with "^text" names that start with
+// "text".
+bool name_selected(const std::string& filter, const std::string& name);
 
 namespace bench {
 

@@ -101,3 +101,13 @@ bool write_json(const std::string& path, const RunInfo& run, const Ceilings& cei
 }
 
 } // namespace m3sa::cli::bench
+
+namespace m3sa::cli {
+
+bool name_selected(const std::string& filter, const std::string& name) {
+  if (!filter.empty() && filter[0] == '^')
+    return name.compare(0, filter.size() - 1, filter, 1) == 0;
+  return name.find(filter) != std::string::npos;
+}
+
+} // namespace m3sa::cli

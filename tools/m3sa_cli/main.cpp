@@ -79,8 +79,9 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--seed", demo.seed, "data seed");
 
   m3sa::cli::BenchOptions bench;
-  CLI::App* bench_cmd = app.add_subcommand(
-      "bench", "Time the CUDA indexer ops against ceilings measured in the same run");
+  CLI::App* bench_cmd =
+      app.add_subcommand("bench", "Time the ops against ceilings measured in the same run (the "
+                                  "CUDA backend, or --backend cpu)");
   bench_cmd->add_option("--set", bench.set, "full or quick")
       ->check(CLI::IsMember({"full", "quick"}));
   bench_cmd->add_option("--json", bench.json_path,
@@ -94,6 +95,11 @@ int main(int argc, char** argv) {
           "index-cache pages of the indexer and context-parallel cases: shuffled (default, as "
           "the peer's) or in-order")
       ->check(CLI::IsMember({"shuffled", "in-order"}));
+  bench_cmd
+      ->add_option("--backend", bench.backend,
+                   "cuda (the GPU cases, against vLLM's in bench/results/h200) or cpu (the CPU "
+                   "backend's decode and prefill cases)")
+      ->check(CLI::IsMember({"cuda", "cpu"}));
   bench_cmd
       ->add_option("--kv-pool-gib", bench.kv_pool_gib,
                    "cap of a decode attention case's K|V page pool, GiB (as the peer's)")
@@ -114,6 +120,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (demo_cmd->parsed()) return m3sa::cli::run_demo(demo);
-  if (bench_cmd->parsed()) return m3sa::cli::run_bench(bench);
+  if (bench_cmd->parsed())
+    return bench.backend == "cpu" ? m3sa::cli::run_cpu_bench(bench) : m3sa::cli::run_bench(bench);
   return print_info();
 }
