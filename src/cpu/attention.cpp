@@ -106,20 +106,14 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
         load_chunk(args.k_cache, args.k_scale, n0, chunk);
         dot_rows_keys(s.q, group, s.rows, chunk, {s.logits + n0 * group, 1, group});
       }
-      // Each head's maximum and sum run over the keys in order; the heads go side by side, so
-      // that the passes read the key-major logits contiguously.
+      // Each head's maximum runs over the keys in order; the heads go side by side, so that the
+      // pass reads the key-major logits contiguously.
       float max_logit[kMaxGqaGroup], denominator[kMaxGqaGroup];
       std::fill_n(max_logit, group, -std::numeric_limits<float>::infinity());
-      std::fill_n(denominator, group, 0.f);
       for (int64_t n = 0; n < num_keys; ++n)
         for (int h = 0; h < group; ++h)
           max_logit[h] = std::max(max_logit[h], s.logits[n * group + h]);
-      for (int64_t n = 0; n < num_keys; ++n)
-        for (int h = 0; h < group; ++h) {
-          float& w = s.logits[n * group + h];
-          w = std::exp(w - max_logit[h]);
-          denominator[h] += w;
-        }
+      softmax_weights(s.logits, num_keys, group, max_logit, denominator);
       std::fill(s.acc, s.acc + group * kHeadDim, 0.f);
       for (int64_t n0 = 0; n0 < num_keys; n0 += kValueChunk) {
         const int chunk = static_cast<int>(std::min<int64_t>(kValueChunk, num_keys - n0));

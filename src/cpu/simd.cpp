@@ -65,6 +65,7 @@ template <int count>
 // takes or returns one: the default clone's ABI differs.
 using Float8 = float __attribute__((vector_size(32)));
 using Bits8 = uint32_t __attribute__((vector_size(32)));
+using Int8 = int32_t __attribute__((vector_size(32)));
 using UnalignedFloat8 = float __attribute__((vector_size(32), aligned(4), may_alias));
 
 } // namespace
@@ -140,6 +141,47 @@ M3SA_CPU_CLONES float max_propagating_nan(const float* values, int count) {
     result = std::max(result, values[i]);
   }
   return nan ? std::numeric_limits<float>::quiet_NaN() : result;
+}
+
+M3SA_CPU_CLONES void softmax_weights(float* values, int64_t num_keys, int group,
+                                     const float* max_logit, float* denominator) {
+  const int64_t count = num_keys * group;
+  int64_t i = 0;
+  if (8 % group == 0 || group % 8 == 0) {
+    // Lane l of the k-th vector of a group's run subtracts max_logit[(8 k + l) % group].
+    const int patterns = std::max(1, group / 8);
+    Float8 pattern[kMaxGqaGroup / 8];
+    for (int k = 0; k < patterns; ++k)
+      for (int l = 0; l < 8; ++l) pattern[k][l] = max_logit[(8 * k + l) % group];
+    // Cephes' expf: x = n ln2 + r (ln2 in two parts), e^r by a degree-6 polynomial, 2^n into the
+    // exponent field; x within [-87.3, 88] keeps 2^n a normal float.
+    constexpr float kLow = -87.33654f, kHigh = 88.f;
+    for (; i + 8 <= count; i += 8) {
+      const Float8 x =
+          *reinterpret_cast<const UnalignedFloat8*>(values + i) - pattern[(i / 8) % patterns];
+      Float8 clamped = x < kLow ? kLow + Float8{} : x;
+      clamped = clamped > kHigh ? kHigh + Float8{} : clamped;
+      const Float8 t = clamped * 1.44269504088896341f + 0.5f;
+      Float8 n = __builtin_convertvector(__builtin_convertvector(t, Int8), Float8); // truncated
+      n = n > t ? n - 1.f : n;                                                      // floor
+      const Float8 r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+      Float8 p = 1.9875691500e-4f + Float8{};
+      p = p * r + 1.3981999507e-3f;
+      p = p * r + 8.3334519073e-3f;
+      p = p * r + 4.1665795894e-2f;
+      p = p * r + 1.6666665459e-1f;
+      p = p * r + 5.0000001201e-1f;
+      p = p * r * r + r + 1.f;
+      const Int8 two_to_n = (__builtin_convertvector(n, Int8) + 127) << 23;
+      const Float8 e = p * std::bit_cast<Float8>(two_to_n);
+      *reinterpret_cast<UnalignedFloat8*>(values + i) =
+          x != x ? x : (x < kLow ? 0.f + Float8{} : e);
+    }
+  }
+  for (; i < count; ++i) values[i] = std::exp(values[i] - max_logit[i % group]);
+  std::fill_n(denominator, group, 0.f);
+  for (int64_t n = 0; n < num_keys; ++n)
+    for (int h = 0; h < group; ++h) denominator[h] += values[n * group + h];
 }
 
 namespace {

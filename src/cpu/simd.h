@@ -37,6 +37,13 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
     __builtin_prefetch(static_cast<const char*>(p) + offset);
 }
 
+// Softmax weights in place: values[n * group + h] = exp(values[n * group + h] - max_logit[h]) for
+// n < num_keys, h < group, then denominator[h] = the sum of head h's weights in key order. The
+// exponential is a vector polynomial (within 2 ulp of std::exp; below e^-87 it gives 0, and NaN
+// stays NaN) where the group divides or is a multiple of 8, std::exp otherwise.
+void softmax_weights(float* values, int64_t num_keys, int group, const float* max_logit,
+                     float* denominator);
+
 // The largest of values[0, count), NaN if any is NaN (a block score's maximum, contract §4), -inf
 // for none.
 float max_propagating_nan(const float* values, int count);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cpu/simd.h"
@@ -95,6 +96,41 @@ TEST(CpuRowKernels, MaxPropagatingNanIsTheLargestOrNan) {
           << count << ", NaN at " << at;
     }
   }
+}
+
+// Softmax weights for every GQA group size (the vector path where 8 and the group divide, std::exp
+// otherwise): each within 2 ulp of std::exp of (logit - max) where that is a normal float, 0 or
+// below 2^-126 where it is not, NaN for NaN; the denominators the weights' sums in key order.
+TEST(CpuRowKernels, SoftmaxWeightsAreExpWithin2UlpAndSummedInKeyOrder) {
+  Rng rng(14);
+  for (int group = 1; group <= kMaxGqaGroup; ++group)
+    for (int64_t num_keys : {1, 7, 64, 333}) {
+      std::vector<float> logits(num_keys * group), max_logit(group, -INFINITY);
+      for (float& v : logits) v = static_cast<float>(rng.uniform() * 120 - 110);
+      logits[0] = std::numeric_limits<float>::quiet_NaN(); // head 0's first key
+      for (int64_t n = 0; n < num_keys; ++n)
+        for (int h = 0; h < group; ++h)
+          max_logit[h] = std::max(max_logit[h], logits[n * group + h]);
+      std::vector<float> weights = logits, denominator(group, NAN);
+      cpu::softmax_weights(weights.data(), num_keys, group, max_logit.data(), denominator.data());
+      for (int64_t i = 0; i < num_keys * group; ++i) {
+        const float want = std::exp(logits[i] - max_logit[i % group]);
+        SCOPED_TRACE("group " + std::to_string(group) + ", value " + std::to_string(i));
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(weights[i]));
+        } else if (want < std::numeric_limits<float>::min()) {
+          EXPECT_LT(weights[i], std::numeric_limits<float>::min());
+          EXPECT_GE(weights[i], 0.f);
+        } else {
+          EXPECT_LE(std::abs(static_cast<int64_t>(bits_of(weights[i])) - bits_of(want)), 2);
+        }
+      }
+      for (int h = 0; h < group; ++h) {
+        float sum = 0.f;
+        for (int64_t n = 0; n < num_keys; ++n) sum += weights[n * group + h];
+        EXPECT_EQ(bits_of(denominator[h]), bits_of(sum)) << "head " << h;
+      }
+    }
 }
 
 } // namespace
