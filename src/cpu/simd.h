@@ -9,8 +9,11 @@
 #include "m3sa/config.h"
 #include "m3sa/types.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 #define M3SA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Before GCC 12 (whose resolver dispatches on ISA levels): the AVX2 feature bit, without FMA.
+#define M3SA_CPU_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define M3SA_CPU_CLONES
 #endif
