@@ -13,7 +13,6 @@ int run_bench(const BenchOptions&) {
 }
 } // namespace m3sa::cli
 #else
-#include <ctime>
 #include <string>
 #include <vector>
 
@@ -21,13 +20,6 @@ int run_bench(const BenchOptions&) {
 
 namespace m3sa::cli {
 namespace {
-
-std::string iso_date() {
-  char text[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(text, sizeof text, "%Y-%m-%d", std::gmtime(&now));
-  return text;
-}
 
 // False, with the reason on stderr, where `s` failed.
 bool succeeded(const std::string& what, const Status& s) {

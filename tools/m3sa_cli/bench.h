@@ -38,6 +38,10 @@ namespace bench {
 struct Timing {
   double median_us = 0, cv = 0;
 };
+// Median and coefficient of variation of `us` (sorted in place; not empty).
+Timing summarize(std::vector<double>& us);
+// Today's date (UTC) as YYYY-MM-DD, for a run's records.
+std::string iso_date();
 
 struct Ceilings {
   double copy_gbps = 0, bf16_gemm_tflops = 0, fp8_gemm_tflops = 0;

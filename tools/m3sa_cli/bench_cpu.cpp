@@ -8,9 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <string>
 #include <vector>
 
@@ -40,12 +38,7 @@ template <typename Fn> Timing time_runs(Fn&& fn) {
     fn();
     t = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   }
-  std::vector<double> sorted = us;
-  std::sort(sorted.begin(), sorted.end());
-  double mean = 0, var = 0;
-  for (double t : us) mean += t / kRuns;
-  for (double t : us) var += (t - mean) * (t - mean) / kRuns;
-  return {sorted[kRuns / 2], mean > 0 ? std::sqrt(var) / mean : 0};
+  return summarize(us);
 }
 
 // GB/s of all threads reading their slices of a 1 GiB buffer (the best of 5 passes).
@@ -183,11 +176,8 @@ Status run_cpu_case(const CpuCase& c, const Ceilings& ceilings, std::vector<Reco
 } // namespace
 
 int run_cpu_bench(const BenchOptions& options) {
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   const RunInfo run{"CPU, " + std::to_string(omp_get_max_threads()) + " threads", 0, build_commit(),
-                    date};
+                    iso_date()};
   Ceilings ceilings;
   ceilings.copy_gbps = host_read_gbps();
   std::printf("# m3sa bench --backend cpu on %s, commit %s, %s\n\nceiling measured in this run: "

@@ -1,7 +1,10 @@
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 
 #include "bench.h"
@@ -23,6 +26,21 @@ double gbps(const Record& r) { return r.bytes / (r.t.median_us * 1e3); }
 double tflops(const Record& r) { return r.flops / (r.t.median_us * 1e6); }
 
 } // namespace
+
+Timing summarize(std::vector<double>& us) {
+  std::sort(us.begin(), us.end());
+  double mean = 0, var = 0;
+  for (double v : us) mean += v / us.size();
+  for (double v : us) var += (v - mean) * (v - mean) / us.size();
+  return {us[us.size() / 2], mean > 0 ? std::sqrt(var) / mean : 0};
+}
+
+std::string iso_date() {
+  char text[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(text, sizeof text, "%Y-%m-%d", std::gmtime(&now));
+  return text;
+}
 
 void print_header(const RunInfo& run, const Ceilings& ceilings, bool have_bf16_gemm,
                   bool have_fp8_gemm) {

@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -17,15 +16,6 @@
 namespace m3sa::cli::bench {
 
 using testing::DeviceBuffer;
-
-// Median and coefficient of variation of `us` (sorted in place; not empty).
-inline Timing summarize(std::vector<double>& us) {
-  std::sort(us.begin(), us.end());
-  double mean = 0, var = 0;
-  for (double v : us) mean += v / us.size();
-  for (double v : us) var += (v - mean) * (v - mean) / us.size();
-  return {us[us.size() / 2], mean > 0 ? std::sqrt(var) / mean : 0};
-}
 
 // How many copies of a `bytes` data set a timed graph rotates over (its launch i reads copy
 // i % sets): enough to pass 240 MiB, about twice the L2, so each launch starts from a cold L2
