@@ -14,7 +14,8 @@ seconds="${1:?usage: scripts/run_fuzz.sh <seconds-per-harness> [harness ...]}"
 shift
 harnesses=("$@")
 if ((${#harnesses[@]} == 0)); then
-  harnesses=(fuzz_insert_index_k fuzz_indexer fuzz_sparse_attention fuzz_norm_rope_insert fuzz_plan)
+  harnesses=(fuzz_insert_index_k fuzz_indexer fuzz_sparse_attention fuzz_norm_rope_insert fuzz_plan
+             fuzz_c_api)
 fi
 parallel="${M3SA_FUZZ_PARALLEL:-2}"
 source scripts/env.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds everything (every .cu included where nvcc exists, bench/micro's standalone programs too),
-# checks that a consumer project builds against the installed package and that the CUDA-free
+# checks that consumer projects (C++17, and C on the C API) build against the installed package and that the CUDA-free
 # configuration builds, then runs all tests
 # (the Python package's through scripts/run_python_tests.sh), and the CPU suite again under
 # AddressSanitizer + UBSan (the asan preset; any report is fatal) and under ThreadSanitizer (the
@@ -19,6 +19,7 @@ cmake --install build --prefix build/_install >/dev/null
 { cmake -S tests/consumer -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/_install" && cmake --build build/consumer; } \
     > build/consumer.log 2>&1 || { cat build/consumer.log; exit 1; }
 ./build/consumer/m3sa_consumer
+./build/consumer/m3sa_c_consumer
 
 if command -v nvcc >/dev/null 2>&1; then
   echo "[m3sa] CUDA-free configuration (-DM3SA_ENABLE_CUDA=OFF)" >&2

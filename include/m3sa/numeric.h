@@ -2,18 +2,29 @@
 // Host conversions between fp32 and the storage types m3sa reads and writes. They reproduce the
 // CUDA toolkit's conversions bit for bit (tests/unit/numeric_test.cpp checks every code against
 // cuda_bf16.h / cuda_fp8.h) so that a CUDA-free build computes exactly what the GPU stores.
-#include <bit>
+// C++17, as every public header: engines built as C++17 (llama.cpp, TensorRT-LLM) include them.
 #include <cstdint>
+#include <cstring>
 
 namespace m3sa {
 
+namespace detail {
+// std::bit_cast is C++20; a memcpy between same-sized objects compiles to the same move.
+template <typename To, typename From> inline To bits_as(From value) {
+  static_assert(sizeof(To) == sizeof(From), "bits_as reinterprets objects of one size");
+  To out;
+  std::memcpy(&out, &value, sizeof(To));
+  return out;
+}
+} // namespace detail
+
 inline float bf16_bits_to_float(uint16_t bits) {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+  return detail::bits_as<float>(static_cast<uint32_t>(bits) << 16);
 }
 
 // Round to nearest even; every NaN becomes the canonical 0x7FFF (as __float2bfloat16_rn does).
 inline uint16_t float_to_bf16_bits(float value) {
-  const uint32_t x = std::bit_cast<uint32_t>(value);
+  const uint32_t x = detail::bits_as<uint32_t>(value);
   if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
   const uint32_t upper = x >> 16;
   const uint32_t remainder = x & 0xffffu;
@@ -27,17 +38,17 @@ inline float e4m3_bits_to_float(uint8_t bits) {
   const uint32_t exponent = (bits >> 3) & 0xfu;
   const uint32_t mantissa = bits & 0x7u;
   if (exponent == 0xfu && mantissa == 0x7u)
-    return std::bit_cast<float>(0x7fffffffu); // NaN, as CUDA decodes it
+    return detail::bits_as<float>(0x7fffffffu); // NaN, as CUDA decodes it
   if (exponent == 0) return sign * static_cast<float>(mantissa) * 0x1p-9f; // subnormal: m * 2^-9
   // Normal: build the fp32 bit pattern directly (exponent rebias 7 -> 127), exact.
   const uint32_t f32 = ((bits & 0x80u) << 24) | ((exponent + 120u) << 23) | (mantissa << 20);
-  return std::bit_cast<float>(f32);
+  return detail::bits_as<float>(f32);
 }
 
 // Contract §3: round to nearest even once from fp32, saturate to +-448, every NaN becomes 0x7F,
 // i.e. CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3).
 inline uint8_t float_to_e4m3_bits(float value) {
-  const uint32_t x = std::bit_cast<uint32_t>(value);
+  const uint32_t x = detail::bits_as<uint32_t>(value);
   const uint8_t sign = static_cast<uint8_t>((x >> 31) << 7);
   const uint32_t magnitude = x & 0x7fffffffu;
   if (magnitude > 0x7f800000u) return 0x7fu; // NaN

@@ -12,7 +12,11 @@ enum class DeviceKind : uint8_t { cpu, cuda };
 struct Device {
   DeviceKind kind = DeviceKind::cpu;
   int ordinal = 0;
-  friend bool operator==(const Device&, const Device&) = default;
+  // Spelled out rather than defaulted: defaulted comparisons are C++20, the headers C++17.
+  friend bool operator==(const Device& a, const Device& b) {
+    return a.kind == b.kind && a.ordinal == b.ordinal;
+  }
+  friend bool operator!=(const Device& a, const Device& b) { return !(a == b); }
 };
 const char* to_string(DeviceKind kind);
 

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 harnesses=("$@")
 if ((${#harnesses[@]} == 0)); then
-  harnesses=(fuzz_insert_index_k fuzz_indexer fuzz_sparse_attention fuzz_norm_rope_insert fuzz_plan)
+  harnesses=(fuzz_insert_index_k fuzz_indexer fuzz_sparse_attention fuzz_norm_rope_insert fuzz_plan
+             fuzz_c_api)
 fi
 mkdir -p tests/fuzz/corpus
 for harness in "${harnesses[@]}"; do
