@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU round on the device machine (binaries built on the build machine, carried in .gpu/):
+# One GPU round on the device machine (binaries built on the build machine, carried in .gpu/ with
+# build/src/libm3sa_c.so.0.1, which the test binaries load from beside them):
 # the gpu suite, compute-sanitizer on its small cases (label `small`), the demo, the benchmark and,
 # where ../shared/peer was copied into .peer/ (and carried), vLLM's Triton kernels in the same call
 # with the side-by-side table. QUICK=1 leaves out the sanitizer and the demo; BENCH_SET /
