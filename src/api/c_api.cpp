@@ -238,10 +238,16 @@ Status convert(const m3sa_insert_index_k_args& a, InsertIndexKArgs* out) {
   return to_view(a.index_k_cache, "index_k_cache", &out->index_k_cache);
 }
 
-Status convert(const m3sa_score_blocks_args& a, ScoreBlocksArgs* out) {
+// score_blocks and index_topk read the same inputs; only their outputs differ.
+template <typename CArgs, typename CppArgs>
+Status convert_scoring_inputs(const CArgs& a, CppArgs* out) {
   M3SA_RETURN_IF_ERROR(to_view(a.index_q, "index_q", &out->index_q));
   M3SA_RETURN_IF_ERROR(to_view(a.index_k_cache, "index_k_cache", &out->index_k_cache));
-  M3SA_RETURN_IF_ERROR(to_batch(a.batch, &out->batch));
+  return to_batch(a.batch, &out->batch);
+}
+
+Status convert(const m3sa_score_blocks_args& a, ScoreBlocksArgs* out) {
+  M3SA_RETURN_IF_ERROR(convert_scoring_inputs(a, out));
   return to_view(a.scores, "scores", &out->scores);
 }
 
@@ -252,9 +258,7 @@ Status convert(const m3sa_select_topk_blocks_args& a, SelectTopkBlocksArgs* out)
 }
 
 Status convert(const m3sa_index_topk_args& a, IndexTopkArgs* out) {
-  M3SA_RETURN_IF_ERROR(to_view(a.index_q, "index_q", &out->index_q));
-  M3SA_RETURN_IF_ERROR(to_view(a.index_k_cache, "index_k_cache", &out->index_k_cache));
-  M3SA_RETURN_IF_ERROR(to_batch(a.batch, &out->batch));
+  M3SA_RETURN_IF_ERROR(convert_scoring_inputs(a, out));
   return to_view(a.topk, "topk", &out->topk);
 }
 
@@ -454,41 +458,19 @@ m3sa_status m3sa_prepare_workspace(const m3sa_plan* plan, m3sa_workspace workspa
   });
 }
 
-m3sa_status m3sa_norm_rope_insert(const m3sa_plan* plan, const m3sa_norm_rope_insert_args* args,
-                                  m3sa_workspace workspace, const m3sa_exec_context* ctx) {
-  return run_op(OpKind::norm_rope_insert, plan, args, "m3sa_norm_rope_insert_args*", workspace, ctx,
-                &norm_rope_insert);
-}
-
-m3sa_status m3sa_insert_index_k(const m3sa_plan* plan, const m3sa_insert_index_k_args* args,
-                                m3sa_workspace workspace, const m3sa_exec_context* ctx) {
-  return run_op(OpKind::insert_index_k, plan, args, "m3sa_insert_index_k_args*", workspace, ctx,
-                &insert_index_k);
-}
-
-m3sa_status m3sa_score_blocks(const m3sa_plan* plan, const m3sa_score_blocks_args* args,
-                              m3sa_workspace workspace, const m3sa_exec_context* ctx) {
-  return run_op(OpKind::score_blocks, plan, args, "m3sa_score_blocks_args*", workspace, ctx,
-                &score_blocks);
-}
-
-m3sa_status m3sa_select_topk_blocks(const m3sa_plan* plan, const m3sa_select_topk_blocks_args* args,
-                                    m3sa_workspace workspace, const m3sa_exec_context* ctx) {
-  return run_op(OpKind::select_topk_blocks, plan, args, "m3sa_select_topk_blocks_args*", workspace,
-                ctx, &select_topk_blocks);
-}
-
-m3sa_status m3sa_index_topk(const m3sa_plan* plan, const m3sa_index_topk_args* args,
-                            m3sa_workspace workspace, const m3sa_exec_context* ctx) {
-  return run_op(OpKind::index_topk, plan, args, "m3sa_index_topk_args*", workspace, ctx,
-                &index_topk);
-}
-
-m3sa_status m3sa_sparse_attention(const m3sa_plan* plan, const m3sa_sparse_attention_args* args,
-                                  m3sa_workspace workspace, const m3sa_exec_context* ctx) {
-  return run_op(OpKind::sparse_attention, plan, args, "m3sa_sparse_attention_args*", workspace, ctx,
-                &sparse_attention);
-}
+// The six runs, each m3sa_<op>(plan, args, workspace, ctx) over run_op.
+#define M3SA_C_RUN(op)                                                                             \
+  m3sa_status m3sa_##op(const m3sa_plan* plan, const m3sa_##op##_args* args,                       \
+                        m3sa_workspace workspace, const m3sa_exec_context* ctx) {                  \
+    return run_op(OpKind::op, plan, args, "m3sa_" #op "_args*", workspace, ctx, &op);              \
+  }
+M3SA_C_RUN(norm_rope_insert)
+M3SA_C_RUN(insert_index_k)
+M3SA_C_RUN(score_blocks)
+M3SA_C_RUN(select_topk_blocks)
+M3SA_C_RUN(index_topk)
+M3SA_C_RUN(sparse_attention)
+#undef M3SA_C_RUN
 
 m3sa_status m3sa_read_device_errors(const m3sa_plan* plan, m3sa_workspace workspace,
                                     const m3sa_exec_context* ctx, int32_t* flags) {

@@ -225,46 +225,40 @@ TEST(CApi, EveryOpWritesTheBytesTheCppOpWrites) {
     sb.fill_attention_random(seed + 1);
     const RunOptions options{Backend::cpu, 2};
 
-    // index_topk
-    HostTensor want_topk;
+    // The C call of `op` on its own C plan into a poisoned tensor shaped like `like`.
+    const auto c_result = [&](OpKind op, const HostTensor& like, auto&& call) {
+      HostTensor got = HostTensor::shaped_like(like.view());
+      got.fill_bytes(0xa5);
+      CPlanned p(plan_request(op, config, sb, options));
+      EXPECT_EQ(p.status, M3SA_OK) << m3sa_last_error_message();
+      EXPECT_EQ(call(p, got.view()), M3SA_OK) << to_string(op) << ": " << m3sa_last_error_message();
+      return got;
+    };
+    HostTensor want_topk, want_scores, want_selected;
     M3SA_ASSERT_OK(run_index_topk(config, sb, options, &want_topk));
-    HostTensor got_topk = HostTensor::shaped_like(want_topk.view());
-    got_topk.fill_bytes(0xa5);
-    {
-      CPlanned p(plan_request(OpKind::index_topk, config, sb, options));
-      ASSERT_C_OK(p.status);
-      const m3sa_index_topk_args args = c_args(
-          IndexTopkArgs{sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), got_topk.view()});
-      ASSERT_C_OK(m3sa_index_topk(&p.plan, &args, p.ws(), nullptr));
-    }
-    EXPECT_TRUE(same_bytes(want_topk, got_topk));
-
-    // score_blocks, then select_topk_blocks on those scores
-    HostTensor want_scores;
+    EXPECT_TRUE(same_bytes(
+        want_topk, c_result(OpKind::index_topk, want_topk, [&](const CPlanned& p, TensorView out) {
+          const m3sa_index_topk_args args =
+              c_args(IndexTopkArgs{sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), out});
+          return m3sa_index_topk(&p.plan, &args, p.ws(), nullptr);
+        })));
     M3SA_ASSERT_OK(run_score_blocks(config, sb, options, &want_scores));
-    HostTensor got_scores = HostTensor::shaped_like(want_scores.view());
-    got_scores.fill_bytes(0xa5);
-    {
-      CPlanned p(plan_request(OpKind::score_blocks, config, sb, options));
-      ASSERT_C_OK(p.status);
-      const m3sa_score_blocks_args args = {c_view(sb.index_q.view()),
-                                           c_view(sb.index_k_cache.view()), c_batch(sb.batch()),
-                                           c_view(got_scores.view())};
-      ASSERT_C_OK(m3sa_score_blocks(&p.plan, &args, p.ws(), nullptr));
-    }
-    EXPECT_TRUE(same_bytes(want_scores, got_scores));
-    HostTensor want_selected;
+    EXPECT_TRUE(same_bytes(
+        want_scores,
+        c_result(OpKind::score_blocks, want_scores, [&](const CPlanned& p, TensorView out) {
+          const m3sa_score_blocks_args args = {c_view(sb.index_q.view()),
+                                               c_view(sb.index_k_cache.view()), c_batch(sb.batch()),
+                                               c_view(out)};
+          return m3sa_score_blocks(&p.plan, &args, p.ws(), nullptr);
+        })));
     M3SA_ASSERT_OK(run_select_topk_blocks(config, sb, want_scores, options, &want_selected));
-    HostTensor got_selected = HostTensor::shaped_like(want_selected.view());
-    got_selected.fill_bytes(0xa5);
-    {
-      CPlanned p(plan_request(OpKind::select_topk_blocks, config, sb, options));
-      ASSERT_C_OK(p.status);
-      const m3sa_select_topk_blocks_args args = {c_view(want_scores.view()), c_batch(sb.batch()),
-                                                 c_view(got_selected.view())};
-      ASSERT_C_OK(m3sa_select_topk_blocks(&p.plan, &args, p.ws(), nullptr));
-    }
-    EXPECT_TRUE(same_bytes(want_selected, got_selected));
+    EXPECT_TRUE(same_bytes(
+        want_selected,
+        c_result(OpKind::select_topk_blocks, want_selected, [&](const CPlanned& p, TensorView out) {
+          const m3sa_select_topk_blocks_args args = {c_view(want_scores.view()),
+                                                     c_batch(sb.batch()), c_view(out)};
+          return m3sa_select_topk_blocks(&p.plan, &args, p.ws(), nullptr);
+        })));
 
     // sparse_attention with its own KV block table, lse and scales (k 0.5, v 2)
     HostTensor want_out(DType::bf16, {sb.num_tokens(), 8, kHeadDim});
