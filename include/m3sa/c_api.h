@@ -17,7 +17,8 @@
  * - Enum-typed fields are int32_t, so every struct has one layout whatever the compiler's enum
  *   size. The layouts change only with M3SA_C_API_VERSION, which m3sa_c_api_version() reports
  *   for the library actually loaded.
- * - Semantics, shapes and dtypes are those of the C++ API: docs/contract.md and m3sa/ops.h.
+ * - Semantics, shapes and dtypes are those of the C++ API: docs/contract.md and m3sa/ops.h. The
+ *   context-parallel decode indexer (m3sa/context_parallel.h: CUDA and NCCL) is C++ only.
  */
 #include <stddef.h>
 #include <stdint.h>
