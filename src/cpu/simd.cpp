@@ -121,6 +121,94 @@ M3SA_CPU_CLONES void dot_rows_keys(const float* rows, int num_rows, const float*
       dot_tile<1, 1>(rows + i * kHeadDim, keys + j * kHeadDim, at(i, j));
 }
 
+namespace {
+
+// The 8 x 8 transpose of eight key chunks (key k, dims d0..d0+7) into eight dim chunks (dim d,
+// keys k0..k0+7): unpack pairs, then quads, then the 128-bit halves.
+[[gnu::always_inline]] inline void transpose8(Float8 (&r)[8]) {
+  Float8 t[8], u[8];
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = __builtin_shufflevector(r[k], r[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[k + 1] = __builtin_shufflevector(r[k], r[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int k = 0; k < 8; k += 4)
+    for (int h = 0; h < 2; ++h) {
+      u[k + 2 * h] = __builtin_shufflevector(t[k + h], t[k + 2 + h], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[k + 2 * h + 1] =
+          __builtin_shufflevector(t[k + h], t[k + 2 + h], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  // u[0..3]: dims (0, 4), (1, 5), (2, 6), (3, 7) of keys 0-3; u[4..7] the same of keys 4-7.
+  for (int d = 0; d < 4; ++d) {
+    r[d] = __builtin_shufflevector(u[d], u[4 + d], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[4 + d] = __builtin_shufflevector(u[d], u[4 + d], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
+// Rows [i0, i0 + R) by keys [j0, j0 + 8 V): R x V accumulators of eight keys each, a row's value
+// at dim d broadcast against the keys' chunk at d.
+template <int R, int V>
+[[gnu::always_inline]] inline void transposed_tile(const float* rows, const float* keys_t,
+                                                   float* out, int64_t out_stride) {
+  Float8 acc[R][V] = {};
+  for (int d = 0; d < kHeadDim; ++d) {
+    Float8 key[V];
+    for (int v = 0; v < V; ++v)
+      key[v] = *reinterpret_cast<const UnalignedFloat8*>(keys_t + d * kBlockTokens + 8 * v);
+    for (int i = 0; i < R; ++i) {
+      const float q = rows[i * kHeadDim + d];
+      for (int v = 0; v < V; ++v) acc[i][v] += q * key[v];
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < V; ++v)
+      *reinterpret_cast<UnalignedFloat8*>(out + i * out_stride + 8 * v) = acc[i][v];
+}
+
+// Rows in tiles of R, keys in steps of 8 V, then of 16.
+template <int R, int V>
+[[gnu::always_inline]] inline void transposed_rows(const float* rows, const float* keys_t,
+                                                   int num_keys, float* out, int64_t out_stride) {
+  int j = 0;
+  for (; j + 8 * V <= num_keys; j += 8 * V)
+    transposed_tile<R, V>(rows, keys_t + j, out + j, out_stride);
+  for (; j < num_keys; j += 16) transposed_tile<R, 2>(rows, keys_t + j, out + j, out_stride);
+}
+
+} // namespace
+
+M3SA_CPU_CLONES void widen_keys_transposed(DType dtype, const void* keys, int64_t key_stride,
+                                           int num_keys, float* out, float* rows8) {
+  const char* base = static_cast<const char*>(keys);
+  const int padded = (num_keys + 15) / 16 * 16;
+  for (int k0 = 0; k0 < padded; k0 += 8) {
+    for (int k = 0; k < 8; ++k) {
+      if (k0 + k < num_keys)
+        load_values<kHeadDim>(dtype, base + (k0 + k) * key_stride, 1.f, rows8 + k * kHeadDim);
+      else
+        std::fill_n(rows8 + k * kHeadDim, kHeadDim, 0.f);
+    }
+    for (int d0 = 0; d0 < kHeadDim; d0 += 8) {
+      Float8 chunk[8];
+      for (int k = 0; k < 8; ++k)
+        chunk[k] = *reinterpret_cast<const UnalignedFloat8*>(rows8 + k * kHeadDim + d0);
+      transpose8(chunk);
+      for (int d = 0; d < 8; ++d)
+        *reinterpret_cast<UnalignedFloat8*>(out + (d0 + d) * kBlockTokens + k0) = chunk[d];
+    }
+  }
+}
+
+M3SA_CPU_CLONES void dot_rows_transposed_keys(const float* rows, int num_rows, const float* keys_t,
+                                              int num_keys, float* out, int64_t out_stride) {
+  int i = 0;
+  for (; i + 4 <= num_rows; i += 4)
+    transposed_rows<4, 2>(rows + i * kHeadDim, keys_t, num_keys, out + i * out_stride, out_stride);
+  for (; i + 2 <= num_rows; i += 2)
+    transposed_rows<2, 4>(rows + i * kHeadDim, keys_t, num_keys, out + i * out_stride, out_stride);
+  for (; i < num_rows; ++i)
+    transposed_rows<1, 8>(rows + i * kHeadDim, keys_t, num_keys, out + i * out_stride, out_stride);
+}
+
 M3SA_CPU_CLONES float max_propagating_nan(const float* values, int count) {
   Float8 largest = -std::numeric_limits<float>::infinity() + Float8{};
   Bits8 any_nan = {};

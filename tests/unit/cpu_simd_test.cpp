@@ -75,6 +75,66 @@ TEST(CpuRowKernels, DotRowsKeysMatchesDoubleDotsInBothLayouts) {
     }
 }
 
+// The transposed widening: out[d][j] is load_row's value of key j at dim d, bit for bit, for every
+// dtype and key count (every 8-key group, the 16-key padding with zeros), keys strided apart.
+TEST(CpuRowKernels, WidenKeysTransposedIsLoadRowTransposed) {
+  Rng rng(15);
+  std::vector<float> out(kBlockTokens * kHeadDim), rows8(8 * kHeadDim), row(kHeadDim);
+  for (DType dtype : {DType::bf16, DType::fp8_e4m3, DType::f32})
+    for (int num_keys : {1, 7, 8, 9, 15, 16, 17, 63, 100, 127, 128}) {
+      const int64_t key_stride = kHeadDim * static_cast<int64_t>(dtype_size(dtype)) + 32;
+      std::vector<uint8_t> keys(key_stride * num_keys);
+      for (uint8_t& byte : keys) byte = static_cast<uint8_t>(rng.next());
+      std::fill(out.begin(), out.end(), NAN);
+      cpu::widen_keys_transposed(dtype, keys.data(), key_stride, num_keys, out.data(),
+                                 rows8.data());
+      const int padded = (num_keys + 15) / 16 * 16;
+      for (int j = 0; j < padded; ++j) {
+        if (j < num_keys) cpu::load_row(dtype, keys.data() + j * key_stride, 1.f, row.data());
+        for (int d = 0; d < kHeadDim; ++d) {
+          const float want = j < num_keys ? row[d] : 0.f;
+          const float got = out[d * kBlockTokens + j];
+          ASSERT_TRUE(bits_of(got) == bits_of(want) || (std::isnan(got) && std::isnan(want)))
+              << to_string(dtype) << ", " << num_keys << " keys: key " << j << " dim " << d;
+        }
+      }
+      for (int d = 0; d < kHeadDim; ++d) // nothing past the padding
+        for (int j = padded; j < kBlockTokens; ++j)
+          ASSERT_TRUE(std::isnan(out[d * kBlockTokens + j])) << d << ", " << j;
+    }
+}
+
+// The keys-in-lanes dots for every row tile and remainder (rows 1..9, and 64) and key count (16 ..
+// 128), against double-precision dots (one fp32 sum of 128 products: within 2^-17 of the sum of
+// |terms|); nothing written past num_keys.
+TEST(CpuRowKernels, DotRowsTransposedKeysMatchesDoubleDots) {
+  Rng rng(16);
+  std::vector<float> keys_t(kBlockTokens * kHeadDim);
+  for (float& v : keys_t) v = static_cast<float>(rng.uniform() * 4 - 2);
+  for (int num_rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 64})
+    for (int num_keys = 16; num_keys <= kBlockTokens; num_keys += 16) {
+      std::vector<float> rows(num_rows * kHeadDim);
+      for (float& v : rows) v = static_cast<float>(rng.uniform() * 4 - 2);
+      const int64_t out_stride = kBlockTokens;
+      std::vector<float> out(num_rows * out_stride, NAN);
+      cpu::dot_rows_transposed_keys(rows.data(), num_rows, keys_t.data(), num_keys, out.data(),
+                                    out_stride);
+      for (int i = 0; i < num_rows; ++i) {
+        for (int j = 0; j < num_keys; ++j) {
+          double dot = 0, magnitude = 0;
+          for (int d = 0; d < kHeadDim; ++d) {
+            const double term = double{rows[i * kHeadDim + d]} * keys_t[d * kBlockTokens + j];
+            dot += term, magnitude += std::fabs(term);
+          }
+          ASSERT_NEAR(out[i * out_stride + j], dot, magnitude * 0x1p-17)
+              << num_rows << " rows, " << num_keys << " keys: " << i << ", " << j;
+        }
+        for (int j = num_keys; j < out_stride; ++j)
+          ASSERT_TRUE(std::isnan(out[i * out_stride + j])) << i << ", " << j;
+      }
+    }
+}
+
 // The block maximum: the largest value, NaN wherever one is (in the vector part or the tail),
 // -inf for none.
 TEST(CpuRowKernels, MaxPropagatingNanIsTheLargestOrNan) {
