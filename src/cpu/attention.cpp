@@ -21,6 +21,7 @@ constexpr int kValueChunk = 16; // value rows widened together and accumulated i
 
 struct AttentionScratch {
   float* q;      // [16, 128] the group's query rows
+  float* q_t;    // [128, group] the same transposed (groups of 8 and 16)
   float* logits; // [K * 128, 16] key-major: a key's logits for the group's heads side by side
   float* rows;   // [kValueChunk, 128] key or value rows in fp32
   float* acc;    // [16, 128]
@@ -30,6 +31,7 @@ struct AttentionScratch {
 AttentionScratch carve_thread(detail::WorkspaceCarver& carver, int top_k) {
   AttentionScratch s;
   s.q = carver.take<float>(kMaxGqaGroup * kHeadDim);
+  s.q_t = carver.take<float>(kMaxGqaGroup * kHeadDim);
   s.logits = carver.take<float>(int64_t{top_k} * kBlockTokens * kMaxGqaGroup);
   s.rows = carver.take<float>(kValueChunk * kHeadDim);
   s.acc = carver.take<float>(kMaxGqaGroup * kHeadDim);
@@ -86,6 +88,12 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
       for (int h = 0; h < group; ++h)
         load_row(DType::bf16, row_address(args.q, {t, g * group + h}), softmax_scale,
                  s.q + h * kHeadDim);
+      // Groups of 8 and 16 (M3: 16) take their logits with the queries in lanes (no sums across
+      // lanes; the whole op 1.1x faster, s39); others dot rows by keys. The fp32 orders differ.
+      const bool queries_in_lanes = group == 8 || group == kMaxGqaGroup;
+      if (queries_in_lanes)
+        for (int h = 0; h < group; ++h)
+          for (int d = 0; d < kHeadDim; ++d) s.q_t[d * group + h] = s.q[h * kHeadDim + d];
 
       // Keys [n0, n0 + chunk) of `cache` widened into s.rows, the next chunk's rows asked for:
       // the selected blocks are scattered, and consecutive keys' rows are Hkv rows apart.
@@ -104,7 +112,10 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& args, Wor
       for (int64_t n0 = 0; n0 < num_keys; n0 += kValueChunk) {
         const int chunk = static_cast<int>(std::min<int64_t>(kValueChunk, num_keys - n0));
         load_chunk(args.k_cache, args.k_scale, n0, chunk);
-        dot_rows_keys(s.q, group, s.rows, chunk, {s.logits + n0 * group, 1, group});
+        if (queries_in_lanes)
+          dot_keys_queries_in_lanes(s.q_t, group, s.rows, chunk, s.logits + n0 * group);
+        else
+          dot_rows_keys(s.q, group, s.rows, chunk, {s.logits + n0 * group, 1, group});
       }
       // Each head's maximum runs over the keys in order; the heads go side by side, so that the
       // pass reads the key-major logits contiguously.

@@ -209,6 +209,49 @@ M3SA_CPU_CLONES void dot_rows_transposed_keys(const float* rows, int num_rows, c
     transposed_rows<1, 8>(rows + i * kHeadDim, keys_t, num_keys, out + i * out_stride, out_stride);
 }
 
+namespace {
+
+// Keys [j0, j0 + J) by the group's V x 8 queries: J x V accumulators, a key's value at dim d
+// broadcast against the queries' chunk at d.
+template <int J, int V>
+[[gnu::always_inline]] inline void queries_in_lanes_tile(const float* queries_t, const float* keys,
+                                                         float* out) {
+  Float8 acc[J][V] = {};
+  for (int d = 0; d < kHeadDim; ++d) {
+    Float8 q[V];
+    for (int v = 0; v < V; ++v)
+      q[v] = *reinterpret_cast<const UnalignedFloat8*>(queries_t + d * 8 * V + 8 * v);
+    for (int j = 0; j < J; ++j) {
+      const float k = keys[j * kHeadDim + d];
+      for (int v = 0; v < V; ++v) acc[j][v] += k * q[v];
+    }
+  }
+  for (int j = 0; j < J; ++j)
+    for (int v = 0; v < V; ++v)
+      *reinterpret_cast<UnalignedFloat8*>(out + j * 8 * V + 8 * v) = acc[j][v];
+}
+
+template <int V>
+[[gnu::always_inline]] inline void queries_in_lanes(const float* queries_t, const float* keys,
+                                                    int num_keys, float* out) {
+  constexpr int J = 8 / V;
+  int j = 0;
+  for (; j + J <= num_keys; j += J)
+    queries_in_lanes_tile<J, V>(queries_t, keys + j * kHeadDim, out + j * 8 * V);
+  for (; j < num_keys; ++j)
+    queries_in_lanes_tile<1, V>(queries_t, keys + j * kHeadDim, out + j * 8 * V);
+}
+
+} // namespace
+
+M3SA_CPU_CLONES void dot_keys_queries_in_lanes(const float* queries_t, int group, const float* keys,
+                                               int num_keys, float* out) {
+  if (group == 16)
+    queries_in_lanes<2>(queries_t, keys, num_keys, out);
+  else
+    queries_in_lanes<1>(queries_t, keys, num_keys, out);
+}
+
 M3SA_CPU_CLONES float max_propagating_nan(const float* values, int count) {
   Float8 largest = -std::numeric_limits<float>::infinity() + Float8{};
   Bits8 any_nan = {};

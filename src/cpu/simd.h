@@ -48,6 +48,13 @@ void widen_keys_transposed(DType dtype, const void* keys, int64_t key_stride, in
 void dot_rows_transposed_keys(const float* rows, int num_rows, const float* keys_t, int num_keys,
                               float* out, int64_t out_stride);
 
+// The attention's form, queries in lanes: out[j * group + i] = the sum over d in order of
+// queries_t[d * group + i] * keys[j][d], for i < group (8 or 16) and j < num_keys (keys [num_keys]
+// [128], fp32): a GQA group's logits of a key side by side, each summed in one lane, with no sums
+// across lanes and no transpose of the keys (the group's queries are transposed once).
+void dot_keys_queries_in_lanes(const float* queries_t, int group, const float* keys, int num_keys,
+                               float* out);
+
 // Asks for the cache lines of [p, p + bytes) ahead of their use.
 inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t offset = 0; offset < bytes; offset += 64)

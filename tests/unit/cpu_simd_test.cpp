@@ -135,6 +135,34 @@ TEST(CpuRowKernels, DotRowsTransposedKeysMatchesDoubleDots) {
     }
 }
 
+// The attention's logits with the queries in lanes, for groups of 8 and 16 and every key tile and
+// remainder (1..17 keys), against double-precision dots; each key's group of logits side by side.
+TEST(CpuRowKernels, DotKeysQueriesInLanesMatchesDoubleDots) {
+  Rng rng(17);
+  for (int group : {8, 16})
+    for (int num_keys = 1; num_keys <= 17; ++num_keys) {
+      std::vector<float> queries(group * kHeadDim), queries_t(group * kHeadDim),
+          keys(num_keys * kHeadDim), out(num_keys * group + 8, NAN);
+      for (float& v : queries) v = static_cast<float>(rng.uniform() * 4 - 2);
+      for (float& v : keys) v = static_cast<float>(rng.uniform() * 4 - 2);
+      for (int i = 0; i < group; ++i)
+        for (int d = 0; d < kHeadDim; ++d) queries_t[d * group + i] = queries[i * kHeadDim + d];
+      cpu::dot_keys_queries_in_lanes(queries_t.data(), group, keys.data(), num_keys, out.data());
+      for (int j = 0; j < num_keys; ++j)
+        for (int i = 0; i < group; ++i) {
+          double dot = 0, magnitude = 0;
+          for (int d = 0; d < kHeadDim; ++d) {
+            const double term = double{queries[i * kHeadDim + d]} * keys[j * kHeadDim + d];
+            dot += term, magnitude += std::fabs(term);
+          }
+          ASSERT_NEAR(out[j * group + i], dot, magnitude * 0x1p-17)
+              << "group " << group << ", " << num_keys << " keys: key " << j << " row " << i;
+        }
+      for (int k = num_keys * group; k < num_keys * group + 8; ++k)
+        ASSERT_TRUE(std::isnan(out[k])) << "written past the keys: " << k;
+    }
+}
+
 // The block maximum: the largest value, NaN wherever one is (in the vector part or the tail),
 // -inf for none.
 TEST(CpuRowKernels, MaxPropagatingNanIsTheLargestOrNan) {
