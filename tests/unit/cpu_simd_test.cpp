@@ -18,6 +18,21 @@ namespace {
 
 uint32_t bits_of(float x) { return std::bit_cast<uint32_t>(x); }
 
+// A dot of 128 terms a[d * a_step] * b[d * b_step] in double, and the bound an fp32 sum of them in
+// any order keeps to (2^-17 of the sum of |terms|).
+struct DoubleDot {
+  double value = 0, bound = 0;
+};
+DoubleDot double_dot(const float* a, int64_t a_step, const float* b, int64_t b_step) {
+  DoubleDot dot;
+  for (int d = 0; d < kHeadDim; ++d) {
+    const double term = double{a[d * a_step]} * b[d * b_step];
+    dot.value += term, dot.bound += std::fabs(term);
+  }
+  dot.bound *= 0x1p-17;
+  return dot;
+}
+
 // load_row's widening equals the scalar conversion times the scale, bit for bit, for every e4m3
 // code (subnormals, zeros of both signs, 0x7f / 0xff NaN) at each offset of a 128-wide row.
 TEST(CpuRowKernels, LoadRowWidensEveryE4m3CodeAsTheScalarConversion) {
@@ -63,13 +78,9 @@ TEST(CpuRowKernels, DotRowsKeysMatchesDoubleDotsInBothLayouts) {
                          {row_major.data(), num_keys, 1});
       for (int i = 0; i < num_rows; ++i)
         for (int j = 0; j < num_keys; ++j) {
-          double dot = 0, magnitude = 0;
-          for (int d = 0; d < kHeadDim; ++d) {
-            const double term = double{rows[i * kHeadDim + d]} * keys[j * kHeadDim + d];
-            dot += term, magnitude += std::fabs(term);
-          }
-          const double bound = magnitude * 0x1p-17;
-          EXPECT_NEAR(key_major[j * num_rows + i], dot, bound) << i << ", " << j;
+          const DoubleDot dot =
+              double_dot(rows.data() + i * kHeadDim, 1, keys.data() + j * kHeadDim, 1);
+          EXPECT_NEAR(key_major[j * num_rows + i], dot.value, dot.bound) << i << ", " << j;
           EXPECT_EQ(bits_of(row_major[i * num_keys + j]), bits_of(key_major[j * num_rows + i]));
         }
     }
@@ -121,12 +132,9 @@ TEST(CpuRowKernels, DotRowsTransposedKeysMatchesDoubleDots) {
                                     out_stride);
       for (int i = 0; i < num_rows; ++i) {
         for (int j = 0; j < num_keys; ++j) {
-          double dot = 0, magnitude = 0;
-          for (int d = 0; d < kHeadDim; ++d) {
-            const double term = double{rows[i * kHeadDim + d]} * keys_t[d * kBlockTokens + j];
-            dot += term, magnitude += std::fabs(term);
-          }
-          ASSERT_NEAR(out[i * out_stride + j], dot, magnitude * 0x1p-17)
+          const DoubleDot dot =
+              double_dot(rows.data() + i * kHeadDim, 1, keys_t.data() + j, kBlockTokens);
+          ASSERT_NEAR(out[i * out_stride + j], dot.value, dot.bound)
               << num_rows << " rows, " << num_keys << " keys: " << i << ", " << j;
         }
         for (int j = num_keys; j < out_stride; ++j)
@@ -150,12 +158,9 @@ TEST(CpuRowKernels, DotKeysQueriesInLanesMatchesDoubleDots) {
       cpu::dot_keys_queries_in_lanes(queries_t.data(), group, keys.data(), num_keys, out.data());
       for (int j = 0; j < num_keys; ++j)
         for (int i = 0; i < group; ++i) {
-          double dot = 0, magnitude = 0;
-          for (int d = 0; d < kHeadDim; ++d) {
-            const double term = double{queries[i * kHeadDim + d]} * keys[j * kHeadDim + d];
-            dot += term, magnitude += std::fabs(term);
-          }
-          ASSERT_NEAR(out[j * group + i], dot, magnitude * 0x1p-17)
+          const DoubleDot dot =
+              double_dot(queries.data() + i * kHeadDim, 1, keys.data() + j * kHeadDim, 1);
+          ASSERT_NEAR(out[j * group + i], dot.value, dot.bound)
               << "group " << group << ", " << num_keys << " keys: key " << j << " row " << i;
         }
       for (int k = num_keys * group; k < num_keys * group + 8; ++k)
