@@ -144,24 +144,33 @@ namespace {
   }
 }
 
-// Rows [i0, i0 + R) by keys [j0, j0 + 8 V): R x V accumulators of eight keys each, a row's value
-// at dim d broadcast against the keys' chunk at d.
+// The one tile of both lane forms: out[i * out_stride + l] = the sum over d in order of
+// scalars[i][d] * lanes[d * lane_stride + l], for i < R and l < 8 V. R x V accumulators; each
+// scalar (a row's or a key's value at dim d) is broadcast against the 8 V lanes at d (keys of the
+// block scorer, queries of a GQA group).
 template <int R, int V>
-[[gnu::always_inline]] inline void transposed_tile(const float* rows, const float* keys_t,
-                                                   float* out, int64_t out_stride) {
+[[gnu::always_inline]] inline void lanes_tile(const float* scalars, const float* lanes,
+                                              int64_t lane_stride, float* out, int64_t out_stride) {
   Float8 acc[R][V] = {};
   for (int d = 0; d < kHeadDim; ++d) {
-    Float8 key[V];
+    Float8 lane[V];
     for (int v = 0; v < V; ++v)
-      key[v] = *reinterpret_cast<const UnalignedFloat8*>(keys_t + d * kBlockTokens + 8 * v);
+      lane[v] = *reinterpret_cast<const UnalignedFloat8*>(lanes + d * lane_stride + 8 * v);
     for (int i = 0; i < R; ++i) {
-      const float q = rows[i * kHeadDim + d];
-      for (int v = 0; v < V; ++v) acc[i][v] += q * key[v];
+      const float x = scalars[i * kHeadDim + d];
+      for (int v = 0; v < V; ++v) acc[i][v] += x * lane[v];
     }
   }
   for (int i = 0; i < R; ++i)
     for (int v = 0; v < V; ++v)
       *reinterpret_cast<UnalignedFloat8*>(out + i * out_stride + 8 * v) = acc[i][v];
+}
+
+// Rows [i0, i0 + R) by keys [j0, j0 + 8 V) of the transposed block.
+template <int R, int V>
+[[gnu::always_inline]] inline void transposed_tile(const float* rows, const float* keys_t,
+                                                   float* out, int64_t out_stride) {
+  lanes_tile<R, V>(rows, keys_t, kBlockTokens, out, out_stride);
 }
 
 // Rows in tiles of R, keys in steps of 8 V, then of 16.
@@ -211,24 +220,11 @@ M3SA_CPU_CLONES void dot_rows_transposed_keys(const float* rows, int num_rows, c
 
 namespace {
 
-// Keys [j0, j0 + J) by the group's V x 8 queries: J x V accumulators, a key's value at dim d
-// broadcast against the queries' chunk at d.
+// Keys [j0, j0 + J) by the group's V x 8 queries (transposed: 8 V lanes a dim).
 template <int J, int V>
 [[gnu::always_inline]] inline void queries_in_lanes_tile(const float* queries_t, const float* keys,
                                                          float* out) {
-  Float8 acc[J][V] = {};
-  for (int d = 0; d < kHeadDim; ++d) {
-    Float8 q[V];
-    for (int v = 0; v < V; ++v)
-      q[v] = *reinterpret_cast<const UnalignedFloat8*>(queries_t + d * 8 * V + 8 * v);
-    for (int j = 0; j < J; ++j) {
-      const float k = keys[j * kHeadDim + d];
-      for (int v = 0; v < V; ++v) acc[j][v] += k * q[v];
-    }
-  }
-  for (int j = 0; j < J; ++j)
-    for (int v = 0; v < V; ++v)
-      *reinterpret_cast<UnalignedFloat8*>(out + j * 8 * V + 8 * v) = acc[j][v];
+  lanes_tile<J, V>(keys, queries_t, 8 * V, out, 8 * V);
 }
 
 template <int V>
