@@ -2,7 +2,8 @@
 # Builds a diagnostic variant of the m3sa CLI and of the GPU test binary: the named library
 # sources recompiled with extra defines (the M3SA_* diagnostic switches in the kernel and host
 # files), swapped into a copy of libm3sa.a, and linked as .gpu/m3sa_<name> and
-# .gpu/m3sa_gpu_tests_<name>. Needs the default preset built (build/).
+# .gpu/m3sa_gpu_tests_<name>. Needs the default preset built (build/). The test binary loads
+# libm3sa_c.so.0.1 (the default build's: the C API's test runs those kernels) from beside it.
 #   bench/micro/variant_m3sa.sh <name> "<defines>" <source.cu>...
 # e.g. bench/micro/variant_m3sa.sh no_clusters "-DM3SA_ATTENTION_DECODE_MIN_CLUSTER=32" \
 #        src/cuda/attention.cu
@@ -34,5 +35,5 @@ g++ -O3 -o "$root/.gpu/m3sa_$name" "$build"/tools/m3sa_cli/CMakeFiles/m3sa_cli.d
   "$build/src/libm3sa_testing.a" "$tmp/libm3sa_variant.a" "${libs[@]}"
 g++ -O3 -o "$root/.gpu/m3sa_gpu_tests_$name" "$build"/tests/CMakeFiles/m3sa_gpu_tests.dir/*/*.o \
   "$build/src/libm3sa_testing.a" /usr/lib/x86_64-linux-gnu/libgtest_main.a "$tmp/libm3sa_variant.a" \
-  /usr/lib/x86_64-linux-gnu/libgtest.a "${libs[@]}"
+  /usr/lib/x86_64-linux-gnu/libgtest.a "$build/src/libm3sa_c.so" -Wl,-rpath,'$ORIGIN' "${libs[@]}"
 echo "built $root/.gpu/m3sa_$name and $root/.gpu/m3sa_gpu_tests_$name"
