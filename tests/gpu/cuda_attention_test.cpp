@@ -216,6 +216,14 @@ const AttentionCase kCases[] = {
     {"DecodeFp8Scales", spec({1, 1, 1}, {4000, 20000, 300}, 3, 1, 64, 4, DType::fp8_e4m3), 16, 0.5f,
      2.f, true},
     {"DecodeFp8Batch1", spec({1}, {70000}, 1, 1, 16, 1, DType::fp8_e4m3), 16, 1.5f, 0.75f},
+    // Batch 1 with one selected block a CTA (the decode kernel's one-pass path): the token's own
+    // block visible only in its first 64 keys (warps 2-3 of that CTA attend no key), and a short
+    // context whose selection is mostly -1 padding.
+    {"DecodeBatch1OwnBlockFirstHalf", spec({1}, {32950}, 1, 1, 64, 4), 16, 1, 1, true},
+    {"DecodeFp8Batch1OwnBlockFirstHalf", spec({1}, {69900}, 1, 1, 64, 4, DType::fp8_e4m3), 16,
+     0.5f, 2.f},
+    {"DecodeFp8Batch1ShortPadded", spec({1}, {300}, 1, 1, 16, 1, DType::fp8_e4m3), 16, 1.5f, 0.75f,
+     true},
     // 48 (token, KV head) pairs: more than the clusters an sm90 plan takes, so its TMA kernel
     // splits the selections and merge_decode_splits_kernel merges them; short, padded and
     // one-token contexts leave ranges without keys.

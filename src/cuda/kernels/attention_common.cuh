@@ -96,20 +96,38 @@ __device__ __forceinline__ void widen_rows(const unsigned char* src, unsigned ch
 // -1 when the slot holds no visible key: padding (-1), a block past the token's causal blocks,
 // a block past the block table (flagged: seq_len beyond the table) or a page id out of range
 // (flagged). The selections are the caller's (contract: ascending, causal); the device only
-// refuses to read what it must not.
-__device__ __forceinline__ int64_t selected_page(const SparseAttentionParams& p, int request,
-                                                 int position, int32_t block) {
+// refuses to read what it must not. checked_page takes `entry`, the table's entry for the block
+// as loaded before the position was known (table_entry; any value where the block fails the
+// position's checks, which come first); selected_page reads it after them.
+__device__ __forceinline__ int64_t checked_page(const SparseAttentionParams& p, int position,
+                                                int32_t block, int64_t entry) {
   if (block < 0 || position < 0 || block > position / 128) return -1;
   if (block >= p.block_table_width) {
     atomicOr(p.error_flags, kSeqLenBeyondTable);
     return -1;
   }
-  const int64_t page = p.block_table[request * p.block_table_stride + block];
-  if (page < 0 || page >= p.num_pages) {
+  if (entry < 0 || entry >= p.num_pages) {
     atomicOr(p.error_flags, kPageOutOfRange);
     return -1;
   }
-  return page;
+  return entry;
+}
+__device__ __forceinline__ int64_t selected_page(const SparseAttentionParams& p, int request,
+                                                 int position, int32_t block) {
+  const bool visible = block >= 0 && position >= 0 && block <= position / 128;
+  return checked_page(p, position, block,
+                      visible && block < p.block_table_width
+                          ? p.block_table[request * p.block_table_stride + block]
+                          : -1);
+}
+// Request r's block-table entry for `block` where the table has one (-1 elsewhere), loaded at once
+// (load_before_branch), before the token's position is known: an in-bounds read of the table
+// whatever the block, whose page checked_page checks.
+__device__ __forceinline__ int64_t table_entry(const SparseAttentionParams& p, int request,
+                                               int32_t block) {
+  return block >= 0 && block < p.block_table_width
+             ? load_before_branch(p.block_table + request * p.block_table_stride + block)
+             : -1;
 }
 
 // Position of packed token t of `request`, or -1 (padding, or q_len > seq_len: flagged when
@@ -306,24 +324,48 @@ __device__ __forceinline__ void accumulate_values(RowState& st, const uint32_t (
   }
 }
 
-// Logits, online softmax and P·V for the 16 keys at row `key_row` of the staged bf16 K and V
-// tiles; keys past `last_key` (block-relative, like key_row) are masked.
+// attend_keys in two halves over 16 x kKeySteps keys, for a caller that fills the V rows only
+// once K's are read (e4m3's widened tile, one block in one pass): the logits and softmax, whose
+// weights key_weights returns, then P·V. Two k-steps in one pass make one chain of dependent
+// latencies where two passes of one k-step made two: a warp's pass is latency-bound (s9 r3).
+template <int kKeySteps, typename KTile>
+__device__ __forceinline__ void key_weights(RowState& st, const uint32_t (&q)[8][4],
+                                            const KTile& k_tile, int key_row, int last_key,
+                                            float logit_scale, uint32_t (&p_hi)[kKeySteps][4],
+                                            uint32_t (&p_lo)[kKeySteps][4]) {
+  const int lane = threadIdx.x & 31, matrix = lane >> 3;
+  float chains[2][2 * kKeySteps][4] = {}; // [k-step % 2]
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int h = 0; h < kKeySteps; ++h) {
+      uint32_t b[4];
+      ldmatrix_x4(b, k_tile.chunk(key_row + 16 * h + (matrix >> 1) * 8 + (lane & 7),
+                                  2 * ks + (matrix & 1)));
+      mma_bf16_16816(chains[ks & 1][2 * h], q[ks], b[0], b[1]);
+      mma_bf16_16816(chains[ks & 1][2 * h + 1], q[ks], b[2], b[3]);
+    }
+  softmax_weights<2 * kKeySteps>(st, chains, key_row, last_key, logit_scale, p_hi, p_lo);
+}
+template <bool kMaskValues, int kKeySteps, typename VTile>
+__device__ __forceinline__ void accumulate_key_steps(RowState& st,
+                                                     const uint32_t (&p_hi)[kKeySteps][4],
+                                                     const uint32_t (&p_lo)[kKeySteps][4],
+                                                     const VTile& v_tile, int key_row,
+                                                     int last_key) {
+#pragma unroll
+  for (int h = 0; h < kKeySteps; ++h)
+    accumulate_values<kMaskValues>(st, p_hi[h], p_lo[h], v_tile, key_row + 16 * h, last_key);
+}
+// Logits, online softmax and P·V for the 16 keys at row `key_row` of the staged K and V tiles;
+// keys past `last_key` (block-relative, like key_row) are masked.
 template <bool kMaskValues = false, typename KTile, typename VTile>
 __device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8][4],
                                             const KTile& k_tile, const VTile& v_tile, int key_row,
                                             int last_key, float logit_scale) {
-  const int lane = threadIdx.x & 31, matrix = lane >> 3;
-  float chains[2][2][4] = {}; // [k-step % 2]
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
-    uint32_t b[4];
-    ldmatrix_x4(b, k_tile.chunk(key_row + (matrix >> 1) * 8 + (lane & 7), 2 * ks + (matrix & 1)));
-    mma_bf16_16816(chains[ks & 1][0], q[ks], b[0], b[1]);
-    mma_bf16_16816(chains[ks & 1][1], q[ks], b[2], b[3]);
-  }
   uint32_t p_hi[1][4], p_lo[1][4];
-  softmax_weights<2>(st, chains, key_row, last_key, logit_scale, p_hi, p_lo);
-  accumulate_values<kMaskValues>(st, p_hi[0], p_lo[0], v_tile, key_row, last_key);
+  key_weights<1>(st, q, k_tile, key_row, last_key, logit_scale, p_hi, p_lo);
+  accumulate_key_steps<kMaskValues, 1>(st, p_hi, p_lo, v_tile, key_row, last_key);
 }
 // The cp.async kernels' form: padded bf16 rows.
 __device__ __forceinline__ void attend_keys(RowState& st, const uint32_t (&q)[8][4],
@@ -469,6 +511,46 @@ __device__ __forceinline__ MergedRow merge_rows(const void* first, int64_t strid
         float4& o = merged.o[d];
         o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
       }
+    }
+  }
+  return merged;
+}
+
+// merge_rows of a CTA's kCount warp partials in shared memory (Layout), without its skip: a warp
+// without keys for a row left that row m = -inf, l = O = 0 (RowState's reset, which masked keys
+// keep: their weights are exp2(-inf) and their V rows zero), which adds exact zeros, so every m,
+// l and O element is loaded at once instead of each partial's behind its m, and the sums are
+// merge_rows' in the same order.
+template <int kCount, typename Layout>
+__device__ __forceinline__ MergedRow merge_warp_rows(const float* first, int64_t stride,
+                                                     int thread) {
+  const int row = thread >> 3, d0 = (thread & 7) * 16;
+  float m[kCount], l[kCount];
+  float4 o[kCount][4];
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const float* part =
+        reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(first) + i * stride);
+    m[i] = part[row];
+    l[i] = part[kAttentionRows + row];
+#pragma unroll
+    for (int d = 0; d < 4; ++d)
+      o[i][d] = *reinterpret_cast<const float4*>(part + 2 * kAttentionRows +
+                                                 Layout::offset(row, d0 + 4 * d));
+  }
+  MergedRow merged{-INFINITY, 0.f, {}};
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) merged.m = fmaxf(merged.m, m[i]);
+  const float m_use = merged.m == -INFINITY ? 0.f : merged.m;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const float w = exp2f(m[i] - m_use);
+    merged.l += w * l[i];
+#pragma unroll
+    for (int d = 0; d < 4; ++d) {
+      const float4 v = o[i][d];
+      float4& acc = merged.o[d];
+      acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
     }
   }
   return merged;

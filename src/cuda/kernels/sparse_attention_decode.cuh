@@ -2,21 +2,22 @@
 // Sparse attention for decode rows (docs/contract.md, "Sparse attention"): one query token per
 // work item, so each item reads its own selected blocks once.
 //
-// Work item = (token, KV head, split): the token's selection is cut into `splits` ranges of
-// slots (batch 1 gets one or two selected blocks per CTA, a full batch one range), CTAs
-// are persistent (as many as are resident) and stride over the items. A CTA's 4 warps share the
-// 16 query rows of the GQA group and take 16 keys each of every 64-key stage; K and V of a stage
-// arrive by cp.async, kStages - 1 stages ahead of the MMAs (bf16 3 stages, e4m3 4: its stages
-// are half the bytes, and the copy rate needs the bytes in flight). The warps merge their
-// (m, l, O) in shared memory. With splits on SM90 (kMergeInCluster), the splits of a (token, KV
-// head) are the CTAs of one thread-block cluster: each pushes its merged partial of every row into
-// the shared memory of the CTA that merges that row (st.async, counted down that CTA's mbarrier),
-// which merges its rows and writes them (no global traffic, fence or atomic: the global merge
-// below was ~6 us of batch 1; no cluster-wide barrier after the kernel's first, bench/NOTES.md
-// s12). Elsewhere each CTA writes its merged partial to the workspace and the last CTA to arrive
-// for a (token, KV head) merges them (log-sum-exp) and writes the output, then resets the arrival
-// counter. Keys past the token's position are zero-filled by the copy, never read. Bad metadata is
-// flagged (attention_common.cuh) and contributes no key.
+// Work item = (token, KV head, split): the token's selection is cut into `splits` ranges of slots
+// (batch 1 gets one or two selected blocks per CTA, a full batch one range), CTAs are persistent
+// (as many as are resident) and stride over the items. A CTA's 4 warps share the 16 query rows of
+// the GQA group and take 16 keys each of every 64-key stage; K and V of a stage arrive by cp.async,
+// kStages - 1 stages ahead of the MMAs (bf16 3 stages, e4m3 4: its stages are half the bytes, and
+// the copy rate needs the bytes in flight); e4m3 awaits a range of one selected block (batch 1)
+// whole and each warp takes 32 consecutive keys of it in one pass. The warps merge their (m, l, O)
+// in shared memory. With splits on SM90 (kMergeInCluster), the splits of a (token, KV head) are the
+// CTAs of one thread-block cluster: each pushes its merged partial of every row into the shared
+// memory of the CTA that merges that row (st.async, counted down that CTA's mbarrier), which merges
+// its rows and writes them (no global traffic, fence or atomic: the global merge below was ~6 us of
+// batch 1; no cluster-wide barrier after the kernel's first, bench/NOTES.md s12). Elsewhere each
+// CTA writes its merged partial to the workspace and the last CTA to arrive for a (token, KV head)
+// merges them (log-sum-exp) and writes the output, then resets the arrival counter. Keys past the
+// token's position are zero-filled by the copy, never read. Bad metadata is flagged
+// (attention_common.cuh) and contributes no key.
 // fp8 KV: each warp widens the e4m3 rows its MMAs read into a bf16 tile in shared memory (exact).
 #include "cuda/decode_splits.h"
 #include "cuda/kernels/attention_common.cuh"
@@ -120,6 +121,10 @@ struct DecodeSelection {
 #define M3SA_ATTENTION_DECODE_PREFETCH_TABLE 1
 #endif
 inline constexpr bool kDecodePrefetchTableRow = M3SA_ATTENTION_DECODE_PREFETCH_TABLE != 0;
+#ifndef M3SA_ATTENTION_DECODE_ONE_BLOCK_PASS // diagnostic builds only: 0 = e4m3 in two passes
+#define M3SA_ATTENTION_DECODE_ONE_BLOCK_PASS 1
+#endif
+inline constexpr bool kDecodeOneBlockPass = M3SA_ATTENTION_DECODE_ONE_BLOCK_PASS != 0;
 // Token t's request under the decode layout's guess (t / decode_q_len, within the batch), which
 // select_blocks checks against the request's bounds; and the address of its KV head g's slot k.
 __device__ __forceinline__ int guessed_request(const SparseAttentionParams& p, int t) {
@@ -139,9 +144,8 @@ __device__ __forceinline__ const int32_t* selection_slot(const SparseAttentionPa
 // (3072 x splits blocks at most), since the positions are not known yet. s23 r4: -0.02-0.13 us at
 // batch 1 over the prefetch after the wait.
 __device__ __forceinline__ void prefetch_selection_metadata(const SparseAttentionParams& p, int t,
-                                                            int g, int split) {
+                                                            int g, int split, int request) {
   if (p.num_requests <= 0) return;
-  const int request = guessed_request(p, t);
   if (kDecodePrefetchTableRow && threadIdx.x >= 32 && p.splits > 1) {
     constexpr int kEntriesPerLine = 128 / sizeof(int32_t);
     const int entry = ((threadIdx.x - 32) * p.splits + split) * kEntriesPerLine;
@@ -152,26 +156,33 @@ __device__ __forceinline__ void prefetch_selection_metadata(const SparseAttentio
   if (threadIdx.x == 0) prefetch_to_l2(p.cu_q_lens + request), prefetch_to_l2(p.seq_lens + request);
 }
 
+// `guess`: guessed_request(p, t), worked out before the PDL wait (its division, placed among the
+// loads below, let ptxas put the slot's wait ahead of the bounds' loads: one more round trip).
 __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, int t, int g,
-                                              int split, DecodeSelection& sel) {
+                                              int guess, DecodeSelection& sel) {
   const int lane = threadIdx.x & 31;
   if (threadIdx.x < 32) { // one warp: ballot-compact the slots that hold a visible block
-    // The selection slot and the request's bounds and length under the decode layout's guess
-    // (request t / decode_q_len), which a binary search replaces only where the metadata does not
-    // follow that layout. (The compiler issues seq_lens after the guess's check, one L2 round trip
-    // later; issued with the bounds it measured level, s23 r3.)
-    const int32_t block = lane < p.top_k ? *selection_slot(p, t, g, lane) : -1;
-    int request = guessed_request(p, t);
-    int q_begin = p.cu_q_lens[request], q_end = p.cu_q_lens[request + 1];
-    int seq_len = p.seq_lens[request]; // with the guess's bounds: one round of loads
+    // Two rounds of loads, where there were three (s39 r2-r3: 3.7K cycles to the selection): the
+    // selection slot, then its block-table entry (table_entry: before the position is known;
+    // checked_page checks it after), with the request's bounds and length under the decode
+    // layout's guess in either round (load_before_branch: a plain load was sunk behind the check
+    // of the bounds, a round of its own; ptxas issues the slot first). A binary search replaces
+    // the guess only where the metadata does not follow that layout.
+    int request = guess;
+    int q_begin = load_before_branch(p.cu_q_lens + request);
+    int q_end = load_before_branch(p.cu_q_lens + request + 1);
+    int seq_len = load_before_branch(p.seq_lens + request);
+    const int32_t block = load_before_branch(selection_slot(p, t, g, min(lane, p.top_k - 1)));
+    int64_t entry = table_entry(p, request, block);
     if (!(q_begin <= t && t < q_end)) {
       request = request_of_token(p.cu_q_lens, p.num_requests, t);
       q_begin = p.cu_q_lens[request], q_end = p.cu_q_lens[request + 1];
       seq_len = p.seq_lens[request];
+      entry = table_entry(p, request, block);
     }
     const int position = lane == 0 ? token_position(p, q_begin, q_end, seq_len, t, true) : 0;
     const int pos = __shfl_sync(0xffffffffu, position, 0);
-    const int64_t page = lane < p.top_k ? selected_page(p, request, pos, block) : -1;
+    const int64_t page = lane < p.top_k ? checked_page(p, pos, block, entry) : -1;
     const unsigned valid = __ballot_sync(0xffffffffu, page >= 0);
     if (page >= 0) {
       const int slot = __popc(valid & ((1u << lane) - 1));
@@ -229,13 +240,13 @@ __device__ __forceinline__ void merge_cluster_row(const SparseAttentionParams& p
 // first) and writes token t's output. No fence and no cluster-wide barrier: the cluster.sync()
 // version (a DSMEM read of every partial between two of them, each a MEMBAR.ALL.GPU) finished
 // batch 1 in 7,000-7,800 cycles, this one in 3,400-4,000 (s12 r1 / r6 stamps).
-// `first_item`: the peers' barriers may not exist before the kernel's cluster barrier completes.
+// The peers' barriers exist only once the kernel's cluster barrier has completed: the caller has
+// waited for it (sparse_attention_decode_kernel, while the first item's copies are in flight).
 __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionParams& p,
                                                         const MergedRow& mine, float* receive,
                                                         uint64_t* bar, uint32_t parity, int split,
-                                                        bool first_item, int t, int g) {
+                                                        int t, int g) {
   const int splits = p.splits;
-  if (first_item) sm90::cluster_wait();
   const int row = threadIdx.x >> 3, d0 = (threadIdx.x & 7) * 16;
   if (row < p.group) {
     const uint32_t owner = static_cast<uint32_t>(cluster_merge_owner(row, splits));
@@ -276,7 +287,6 @@ struct ClusterMerge {
   float* receive;
   uint64_t* bar;
   uint32_t parity;
-  bool first_item;
 };
 __device__ __forceinline__ void finish_decode_item(const SparseAttentionParams& p,
                                                    const float* warp_partials, int64_t warp_stride,
@@ -284,14 +294,13 @@ __device__ __forceinline__ void finish_decode_item(const SparseAttentionParams& 
                                                    int split, int t, int g, int32_t* last_arrival) {
   __syncthreads();
   const MergedRow warps =
-      merge_rows<false, false, SharedPartialLayout>(warp_partials, warp_stride, 4, threadIdx.x);
+      merge_warp_rows<4, SharedPartialLayout>(warp_partials, warp_stride, threadIdx.x);
   M3SA_DECODE_FINISH_STAMP(0);
   if (p.splits == 1) {
     store_output_row(p, warps, t, g, threadIdx.x);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   } else if (p.split_merge == kMergeInCluster) {
-    merge_splits_in_cluster(p, warps, cluster.receive, cluster.bar, cluster.parity, split,
-                            cluster.first_item, t, g);
+    merge_splits_in_cluster(p, warps, cluster.receive, cluster.bar, cluster.parity, split, t, g);
 #endif
   } else {
     store_merged_partial(warps, p.partials + (pair * p.splits + split) * kPartialFloats,
@@ -352,8 +361,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   };
   const auto head_of = [&](int64_t item) { return static_cast<int>(pair_of(item) % p.kv_heads); };
   const auto split_of = [&](int64_t item) { return static_cast<int>(item % p.splits); };
-  if (blockIdx.x < items) // the first item's
-    prefetch_selection_metadata(p, token_of(blockIdx.x), head_of(blockIdx.x), split_of(blockIdx.x));
+  // The first item's request under the decode layout's guess (select_blocks), then the next's
+  // while this one streams: never divided after the PDL wait or a selection's loads.
+  int guess = blockIdx.x < items ? guessed_request(p, token_of(blockIdx.x)) : 0;
+  if (blockIdx.x < items)
+    prefetch_selection_metadata(p, token_of(blockIdx.x), head_of(blockIdx.x), split_of(blockIdx.x),
+                                guess);
   // Launched to overlap the previous kernel (PDL) by SM90 plans.
   wait_for_prior_grids();
   allow_next_grid();
@@ -368,10 +381,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
                                                         p.splits * kClusterSlotBytesPushed);
 #endif
     uint32_t q[8][4];
-    if (item != blockIdx.x) prefetch_selection_metadata(p, t, g, split); // the first: above
+    if (item != blockIdx.x) prefetch_selection_metadata(p, t, g, split, guess); // the first: above
     load_query(p, t, g, true, q); // in flight during the selection's loads (unused without keys)
-    select_blocks(p, t, g, split, sel);
+    select_blocks(p, t, g, guess, sel);
     M3SA_DECODE_STAMP(2);
+    if (item + gridDim.x < items) guess = guessed_request(p, token_of(item + gridDim.x));
     const int position = sel.position;
     RowState st;
     st.reset();
@@ -389,7 +403,41 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) issue(s);
-    for (int s = 0; s < stages; ++s) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The kernel's cluster barrier, before the first push to a peer's barrier (the finish), waited
+    // for while the first copies are in flight rather than on the finish's path.
+    if (clustered && item == blockIdx.x) sm90::cluster_wait();
+#endif
+    // e4m3, one selected block (batch 1's ranges): both stages awaited at once, then each warp
+    // widens 32 consecutive K rows of one of them (warps 0-1 stage 0, warps 2-3 stage 1) into its
+    // quarter of the widened tile (which holds a stage's 64 K and 64 V rows), attends their logits,
+    // widens its 32 V rows into the same rows and accumulates: one pass instead of two with a CTA
+    // barrier between (s40 r1: -0.13 to -0.18 us at batch 1). bf16 keeps the two passes: the
+    // same pass measured 0.15-0.2 us slower there, where the first stage's MMAs overlap the second
+    // stage's landing, twice the bytes of e4m3's.
+    const bool one_pass = kFp8 && kDecodeOneBlockPass && stages == 2;
+    if constexpr (kFp8) {
+      if (one_pass) {
+        cp_async_wait<0>();
+        __syncthreads();
+        M3SA_DECODE_STAMP(3);
+        const unsigned char* stage = smem + (warp >> 1) * kRawStageBytes;
+        const int key_row = (warp & 1) * 32; // of the stage
+        const int last_key =
+            position - (sel.block[b_begin] * 128 + (warp >> 1) * kDecodeStageKeys + key_row);
+        const int lane = threadIdx.x & 31;
+        unsigned char* mine = widened + warp * 32 * kRowBytes;
+        widen_rows(stage + key_row * 128, mine, 32, lane, 32);
+        __syncwarp();
+        uint32_t p_hi[2][4], p_lo[2][4];
+        key_weights<2>(st, q, PaddedRows{mine}, 0, last_key, logit_scale, p_hi, p_lo);
+        __syncwarp(); // every lane's K reads are done
+        widen_rows(stage + kRawTileBytes + key_row * 128, mine, 32, lane, 32);
+        __syncwarp();
+        accumulate_key_steps<false, 2>(st, p_hi, p_lo, PaddedRows{mine}, 0, last_key);
+      }
+    }
+    for (int s = 0; s < (one_pass ? 0 : stages); ++s) {
       cp_async_wait<kStages - 2>();
       __syncthreads(); // stage s landed for all; stage s - 1 is free for the next copy
       if (s == 0) M3SA_DECODE_STAMP(3);
@@ -409,7 +457,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
 
     float* partials = reinterpret_cast<float*>(smem);
     store_partial<SharedPartialLayout>(st, partials + warp * kSharedPartialFloats);
-    const ClusterMerge cluster{cluster_receive, &cluster_bar, parity, item == blockIdx.x};
+    const ClusterMerge cluster{cluster_receive, &cluster_bar, parity};
     parity ^= 1;
     finish_decode_item(p, partials, kSharedPartialFloats * sizeof(float), cluster, pair, split, t,
                        g, &sel.last_arrival);

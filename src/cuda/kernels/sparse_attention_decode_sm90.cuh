@@ -174,14 +174,15 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     if (warp == 0) sm90::prefetch_tensor_map(params.k_map);
     if (warp == 1) sm90::prefetch_tensor_map(params.v_map);
   }
-  prefetch_selection_metadata(p, t, g, split);
+  const int guess = guessed_request(p, t); // select_blocks
+  prefetch_selection_metadata(p, t, g, split, guess);
   // Launched to overlap the previous kernel (PDL): nothing above read global memory.
   wait_for_prior_grids();
   allow_next_grid();
   M3SA_DECODE_STAMP(1);
   uint32_t q[8][4];
   load_query<kFp8>(p, t, g, true, q); // in flight during the selection's loads
-  select_blocks(p, t, g, split, sel); // ends in a CTA barrier
+  select_blocks(p, t, g, guess, sel); // ends in a CTA barrier
   M3SA_DECODE_STAMP(2);
   const int position = sel.position;
   const int b_begin = sel.count * split / p.splits;
