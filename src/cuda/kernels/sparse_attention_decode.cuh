@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     // widens 32 consecutive K rows of one of them (warps 0-1 stage 0, warps 2-3 stage 1) into its
     // quarter of the widened tile (which holds a stage's 64 K and 64 V rows), attends their logits,
     // widens its 32 V rows into the same rows and accumulates: one pass instead of two with a CTA
-    // barrier between (s40 r1: -0.13 to -0.18 us at batch 1). bf16 keeps the two passes: the
+    // barrier between (s40 r1: -0.12 to -0.18 us at batch 1). bf16 keeps the two passes: the
     // same pass measured 0.15-0.2 us slower there, where the first stage's MMAs overlap the second
     // stage's landing, twice the bytes of e4m3's.
     const bool one_pass = kFp8 && kDecodeOneBlockPass && stages == 2;
