@@ -162,7 +162,7 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
                                               int guess, DecodeSelection& sel) {
   const int lane = threadIdx.x & 31;
   if (threadIdx.x < 32) { // one warp: ballot-compact the slots that hold a visible block
-    // Two rounds of loads, where there were three (s39 r2-r3: 3.7K cycles to the selection): the
+    // Two rounds of loads, where there were three (s40 r1: -0.15 us at batch 1): the
     // selection slot, then its block-table entry (table_entry: before the position is known;
     // checked_page checks it after), with the request's bounds and length under the decode
     // layout's guess in either round (load_before_branch: a plain load was sunk behind the check
@@ -385,7 +385,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     load_query(p, t, g, true, q); // in flight during the selection's loads (unused without keys)
     select_blocks(p, t, g, guess, sel);
     M3SA_DECODE_STAMP(2);
-    if (item + gridDim.x < items) guess = guessed_request(p, token_of(item + gridDim.x));
     const int position = sel.position;
     RowState st;
     st.reset();
@@ -403,6 +402,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) issue(s);
+    // The next item's guess, divided while this item's first copies are in flight.
+    if (item + gridDim.x < items) guess = guessed_request(p, token_of(item + gridDim.x));
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The kernel's cluster barrier, before the first push to a peer's barrier (the finish), waited
     // for while the first copies are in flight rather than on the finish's path.
