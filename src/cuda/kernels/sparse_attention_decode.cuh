@@ -11,10 +11,9 @@
 // whole and each warp takes 32 consecutive keys of it in one pass. The warps merge their (m, l, O)
 // in shared memory. With splits on SM90 (kMergeInCluster), the splits of a (token, KV head) are the
 // CTAs of one thread-block cluster: each pushes its merged partial of every row into the shared
-// memory of the CTA that merges that row (a bulk copy, counted down that CTA's mbarrier), which
-// merges its rows and writes them (no global traffic, fence or atomic: the global merge below was
-// ~6 us of batch 1; no cluster-wide barrier between the pushes and the writes, bench/NOTES.md
-// s12; merge_splits_in_cluster). Elsewhere each
+// memory of the CTA that merges that row (st.async, counted down that CTA's mbarrier), which merges
+// its rows and writes them (no global traffic, fence or atomic: the global merge below was ~6 us of
+// batch 1; no cluster-wide barrier after the kernel's first, bench/NOTES.md s12). Elsewhere each
 // CTA writes its merged partial to the workspace and the last CTA to arrive for a (token, KV head)
 // merges them (log-sum-exp) and writes the output, then resets the arrival counter. Keys past the
 // token's position are zero-filled by the copy, never read. Bad metadata is flagged
@@ -33,17 +32,7 @@ template <bool kFp8> inline constexpr int kDecodeStages = kFp8 ? 4 : 3;
 // from one split each, 16 B aligned.
 inline constexpr int kClusterSlotFloats = 132;
 inline constexpr int kClusterReceiveBytes = kClusterMergeSlots * kClusterSlotFloats * 4;
-#ifndef M3SA_ATTENTION_DECODE_BULK_PUSH // diagnostic builds only: 0 = a row by 5 st.async a thread
-#define M3SA_ATTENTION_DECODE_BULK_PUSH 1
-#endif
-inline constexpr bool kClusterBulkPush = M3SA_ATTENTION_DECODE_BULK_PUSH != 0;
-// A slot's bytes pushed: O, m and l by st.async (not the padding), or the whole slot by one bulk
-// copy (whose size is a multiple of 16).
-inline constexpr int kClusterSlotBytesPushed =
-    kClusterBulkPush ? kClusterSlotFloats * 4 : (128 + 2) * 4;
-// The bulk copies' sources: this CTA's merged rows in slot layout, in the stage buffers after the
-// warps' partials.
-inline constexpr int kClusterSendOffsetBytes = 4 * kSharedPartialFloats * 4;
+inline constexpr int kClusterSlotBytesPushed = (128 + 2) * 4; // O, m and l; not the padding
 // clang-format reads the template arguments below as comparisons:
 // clang-format off
 template <bool kFp8>
@@ -60,12 +49,6 @@ static_assert(kDecodeStreamBytes<true> >= 4 * kSharedPartialFloats * 4 &&
                   kDecodeStreamBytes<false> >= 4 * kSharedPartialFloats * 4,
               "the warps' partials reuse the stage buffers");
 static_assert(kDecodeThreads == 128, "the cluster merge gives a thread one of a row's 128 dims");
-static_assert(kClusterSendOffsetBytes % 16 == 0 &&
-                  kClusterSendOffsetBytes + kAttentionRows * kClusterSlotFloats * 4 <=
-                      kDecodeStreamBytes<false> &&
-                  kClusterSendOffsetBytes + kAttentionRows * kClusterSlotFloats * 4 <=
-                      kDecodeStreamBytes<true>,
-              "the bulk copies' sources fit the stage buffers after the partials");
 // Two CTAs an SM (kAttentionCtasPerSm): an SM's 228 KB of shared memory, less 1 KB reserved a
 // CTA and 2 KB of static shared memory (the selection and the barrier: 1,440 B, cuobjdump
 // -res-usage).
@@ -190,7 +173,9 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
     int q_end = load_before_branch(p.cu_q_lens + request + 1);
     int seq_len = load_before_branch(p.seq_lens + request);
     const int32_t block = load_before_branch(selection_slot(p, t, g, min(lane, p.top_k - 1)));
+    M3SA_DECODE_SELECT_STAMP(0, block + q_begin + q_end + seq_len);
     int64_t entry = table_entry(p, request, block);
+    M3SA_DECODE_SELECT_STAMP(1, entry);
     if (!(q_begin <= t && t < q_end)) {
       request = request_of_token(p.cu_q_lens, p.num_requests, t);
       q_begin = p.cu_q_lens[request], q_end = p.cu_q_lens[request + 1];
@@ -207,8 +192,10 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
       sel.page[slot] = page;
     }
     if (lane == 0) sel.position = pos, sel.count = __popc(valid);
+    M3SA_DECODE_SELECT_STAMP(2, 0);
   }
   __syncthreads();
+  M3SA_DECODE_SELECT_STAMP(3, 0);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -251,68 +238,34 @@ __device__ __forceinline__ void merge_cluster_row(const SparseAttentionParams& p
 
 // The splits of a (token, KV head) as the p.splits CTAs of this cluster (split == rank). Row r of
 // the group is merged by the CTA of rank r % splits; every CTA pushes its merged partial of row r
-// (O, then m and l) into that CTA's `receive` slot (r / splits) * splits + split, the bytes counted
-// down the receiver's `bar`: to a peer by one bulk copy of the row staged in `send`, to itself by
-// st.async (kClusterBulkPush; without it, st.async alone, 5 a thread: s41 r1-r2, the bulk copies
-// were 0.1-0.17 us faster at batch 1); each CTA then waits for its own rows' bytes only, merges
-// them (a thread per dim; same order of terms as the workspace merge, merge_rows: split 0 first)
-// and writes token t's output. No fence and no cluster-wide barrier on the way: the cluster.sync()
+// (O, then m and l) into that CTA's `receive` slot (r / splits) * splits + split by st.async, which
+// counts the bytes down the receiver's `bar`; each CTA then waits for its own rows' bytes only,
+// merges them (a thread per dim; same order of terms as the workspace merge, merge_rows: split 0
+// first) and writes token t's output. No fence and no cluster-wide barrier: the cluster.sync()
 // version (a DSMEM read of every partial between two of them, each a MEMBAR.ALL.GPU) finished
-// batch 1 in 7,000-7,800 cycles, this one in 3,400-4,000 (s12 r1 / r6 stamps). A bulk copy's
-// source must outlive it, and only its receiver sees it complete: so each CTA arrives on the
-// cluster barrier once its own slots are complete, and the kernel waits on it before its buffers
-// are reused or it exits.
+// batch 1 in 7,000-7,800 cycles, this one in 3,400-4,000 (s12 r1 / r6 stamps).
 // The peers' barriers exist only once the kernel's cluster barrier has completed: the caller has
 // waited for it (sparse_attention_decode_kernel, while the first item's copies are in flight).
 __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionParams& p,
                                                         const MergedRow& mine, float* receive,
-                                                        float* send, uint64_t* bar,
-                                                        uint32_t parity, int split, int t, int g) {
+                                                        uint64_t* bar, uint32_t parity, int split,
+                                                        int t, int g) {
   const int splits = p.splits;
   const int row = threadIdx.x >> 3, d0 = (threadIdx.x & 7) * 16;
-  const uint32_t owner = static_cast<uint32_t>(cluster_merge_owner(row, splits));
-  float* mine_row = send + row * kClusterSlotFloats;
-  // Bulk copies: the row in slot layout here first (its 8 threads are lanes of one warp), then one
-  // copy of it. Not to this CTA itself (memcheck: "not located in remote CTA"), whose rows go by
-  // st.async as without copies, padded to the copies' size.
-  const bool bulk = kClusterBulkPush && row < p.group && owner != static_cast<uint32_t>(split);
-  if (kClusterBulkPush) {
-    if (bulk) {
-#pragma unroll
-      for (int d = 0; d < 4; ++d) *reinterpret_cast<float4*>(mine_row + d0 + 4 * d) = mine.o[d];
-      if ((threadIdx.x & 7) == 0)
-        *reinterpret_cast<float2*>(mine_row + 128) = make_float2(mine.m, mine.l);
-      sm90::fence_proxy_async_shared(); // the writes, before the copy engine reads them
-    }
-    __syncwarp();
-  }
   if (row < p.group) {
+    const uint32_t owner = static_cast<uint32_t>(cluster_merge_owner(row, splits));
     const float* slot = receive + cluster_merge_slot(row, split, splits) * kClusterSlotFloats;
     const uint32_t peer_bar = sm90::peer_shared_address(bar, owner);
-    if (bulk) {
-      if ((threadIdx.x & 7) == 0)
-        sm90::bulk_copy_to_peer(sm90::peer_shared_address(slot, owner), mine_row,
-                                kClusterSlotBytesPushed, peer_bar);
-    } else {
-      const uint32_t peer_o = sm90::peer_shared_address(slot + d0, owner);
+    const uint32_t peer_o = sm90::peer_shared_address(slot + d0, owner);
 #pragma unroll
-      for (int d = 0; d < 4; ++d) sm90::push_to_peer(peer_o + 16 * d, mine.o[d], peer_bar);
-      const uint32_t peer_ml = sm90::peer_shared_address(slot + 128, owner);
-      if ((threadIdx.x & 7) == 0 && kClusterBulkPush)
-        sm90::push_to_peer(peer_ml, make_float4(mine.m, mine.l, 0.f, 0.f), peer_bar);
-      else if ((threadIdx.x & 7) == 0)
-        sm90::push_to_peer(peer_ml, make_float2(mine.m, mine.l), peer_bar);
-    }
+    for (int d = 0; d < 4; ++d) sm90::push_to_peer(peer_o + 16 * d, mine.o[d], peer_bar);
+    if ((threadIdx.x & 7) == 0)
+      sm90::push_to_peer(sm90::peer_shared_address(slot + 128, owner), make_float2(mine.m, mine.l),
+                         peer_bar);
   }
   M3SA_DECODE_FINISH_STAMP(1);
-  if (cluster_rows_owned(p.group, splits, split) == 0) {
-    if constexpr (kClusterBulkPush) sm90::cluster_arrive_relaxed(); // see below
-    return;
-  }
+  if (cluster_rows_owned(p.group, splits, split) == 0) return;
   sm90::mbarrier_wait(bar, parity);
-  // Bulk copies: this CTA's slots are complete, so its peers' sources have been read; the kernel
-  // waits on the cluster barrier before its buffers are reused or it exits.
-  if constexpr (kClusterBulkPush) sm90::cluster_arrive_relaxed();
   M3SA_DECODE_FINISH_STAMP(2);
   const int d = threadIdx.x;
   for (int row = split; row < p.group; row += splits) {
@@ -336,7 +289,6 @@ __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionPar
 // merge_decode_splits_kernel.
 struct ClusterMerge {
   float* receive;
-  float* send; // kClusterBulkPush only
   uint64_t* bar;
   uint32_t parity;
 };
@@ -352,8 +304,7 @@ __device__ __forceinline__ void finish_decode_item(const SparseAttentionParams& 
     store_output_row(p, warps, t, g, threadIdx.x);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   } else if (p.split_merge == kMergeInCluster) {
-    merge_splits_in_cluster(p, warps, cluster.receive, cluster.send, cluster.bar, cluster.parity,
-                            split, t, g);
+    merge_splits_in_cluster(p, warps, cluster.receive, cluster.bar, cluster.parity, split, t, g);
 #endif
   } else {
     store_merged_partial(warps, p.partials + (pair * p.splits + split) * kPartialFloats,
@@ -511,19 +462,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
 
     float* partials = reinterpret_cast<float*>(smem);
     store_partial<SharedPartialLayout>(st, partials + warp * kSharedPartialFloats);
-    const ClusterMerge cluster{cluster_receive,
-                               reinterpret_cast<float*>(smem + kClusterSendOffsetBytes),
-                               &cluster_bar, parity};
+    const ClusterMerge cluster{cluster_receive, &cluster_bar, parity};
     parity ^= 1;
     finish_decode_item(p, partials, kSharedPartialFloats * sizeof(float), cluster, pair, split, t,
                        g, &sel.last_arrival);
     M3SA_DECODE_STAMP(5);
-    // Bulk copies: every CTA arrived once its slots were complete (merge_splits_in_cluster), so
-    // after this wait no copy reads this CTA's sources any more (nor at exit). The selection and
-    // the buffers are reused by the next item; so are the receiving slots (no plan gives a
-    // clustered CTA two items, so the fence of a release is never paid).
+    // The selection and the buffers are reused by the next item; so are the receiving slots
+    // (no plan gives a clustered CTA two items, so the fence of a release is never paid).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (clustered && kClusterBulkPush) sm90::cluster_wait();
     if (clustered && item + gridDim.x < items) sm90::cluster_arrive_release(), sm90::cluster_wait();
 #endif
     __syncthreads();

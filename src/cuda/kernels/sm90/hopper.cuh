@@ -74,9 +74,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
@@ -101,16 +98,6 @@ __device__ __forceinline__ void push_to_peer(uint32_t address, float2 v, uint32_
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, "
                "[%3];\n" ::"r"(address),
                "f"(v.x), "f"(v.y), "r"(bar)
-               : "memory");
-}
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) of this CTA's shared memory at `src`
-// into peer shared memory at `address`, counted down the peer's mbarrier at `bar` (both from
-// peer_shared_address). The source must stay untouched until the peer's barrier has completed.
-__device__ __forceinline__ void bulk_copy_to_peer(uint32_t address, const void* src,
-                                                  uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], "
-               "%2, [%3];\n" ::"r"(address),
-               "r"(shared_address(src)), "r"(bytes), "r"(bar)
                : "memory");
 }
 
