@@ -125,6 +125,13 @@ inline constexpr bool kDecodePrefetchTableRow = M3SA_ATTENTION_DECODE_PREFETCH_T
 #define M3SA_ATTENTION_DECODE_ONE_BLOCK_PASS 1
 #endif
 inline constexpr bool kDecodeOneBlockPass = M3SA_ATTENTION_DECODE_ONE_BLOCK_PASS != 0;
+// Diagnostic builds only: 0 = the queries loaded after the item's first copies are issued
+// instead of ahead of the selection (s41 r2's selection stamps: the selection's first round of
+// loads took ~2.5K cycles at batch 1, ~5x an L2 hit, behind load_query's 32 loads a thread).
+#ifndef M3SA_ATTENTION_DECODE_QUERIES_FIRST
+#define M3SA_ATTENTION_DECODE_QUERIES_FIRST 1
+#endif
+inline constexpr bool kDecodeQueriesFirst = M3SA_ATTENTION_DECODE_QUERIES_FIRST != 0;
 // Token t's request under the decode layout's guess (t / decode_q_len, within the batch), which
 // select_blocks checks against the request's bounds; and the address of its KV head g's slot k.
 __device__ __forceinline__ int guessed_request(const SparseAttentionParams& p, int t) {
@@ -386,7 +393,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
 #endif
     uint32_t q[8][4];
     if (item != blockIdx.x) prefetch_selection_metadata(p, t, g, split, guess); // the first: above
-    load_query(p, t, g, true, q); // in flight during the selection's loads (unused without keys)
+    if (kDecodeQueriesFirst) // in flight during the selection's loads (unused without keys)
+      load_query(p, t, g, true, q);
     select_blocks(p, t, g, guess, sel);
     M3SA_DECODE_STAMP(2);
     const int position = sel.position;
@@ -406,6 +414,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) issue(s);
+    if (!kDecodeQueriesFirst) load_query(p, t, g, true, q);
     // The next item's guess, divided while this item's first copies are in flight.
     if (item + gridDim.x < items) guess = guessed_request(p, token_of(item + gridDim.x));
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
