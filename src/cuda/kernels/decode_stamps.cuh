@@ -76,7 +76,8 @@ static __device__ __noinline__ void record_decode_stamps(DecodeStamps stamp, int
     for (int c = 0; c < n; ++c) {
       const DecodeStamps& d = g_decode_stamps[c];
       const long long* f = g_decode_finish_stamps[c];
-      const long long from = kSelect ? d.clock[1] : d.clock[4], to = kSelect ? d.clock[2] : d.clock[5];
+      const long long from = kSelect ? d.clock[1] : d.clock[4],
+                      to = kSelect ? d.clock[2] : d.clock[5];
       printf("stamp cta %d sm %d last %d entry_ns %llu exit_ns %llu | %lld %lld %lld %lld %lld | "
              "%lld %lld %lld %lld %lld\n",
              c, d.sm, d.last, d.entry_ns - t0, d.exit_ns - t0, d.clock[1] - d.clock[0],
@@ -99,7 +100,7 @@ static __device__ __noinline__ void record_decode_stamps(DecodeStamps stamp, int
 #define M3SA_DECODE_FINISH_STAMP(i)
 #define M3SA_DECODE_SELECT_STAMP(i, value)                                                         \
   if (threadIdx.x == 0 && decode_stamp_cta() < kStampedCtas) {                                     \
-    *reinterpret_cast<volatile int*>(&g_decode_stamp_sink) = static_cast<int>(value);             \
+    *reinterpret_cast<volatile int*>(&g_decode_stamp_sink) = static_cast<int>(value);              \
     g_decode_finish_stamps[decode_stamp_cta()][i] = clock64();                                     \
   }
 #else

@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   allow_next_grid();
   M3SA_DECODE_STAMP(1);
   uint32_t q[8][4];
-  if (kDecodeQueriesFirst) load_query<kFp8>(p, t, g, true, q); // in flight during the selection's
-  select_blocks(p, t, g, guess, sel);                           // loads; which ends in a barrier
+  if (kDecodeQueriesFirst) load_query<kFp8>(p, t, g, true, q); // in flight during the selection
+  select_blocks(p, t, g, guess, sel);                          // ends in a CTA barrier
   M3SA_DECODE_STAMP(2);
   const int position = sel.position;
   const int b_begin = sel.count * split / p.splits;
