@@ -83,14 +83,28 @@ __device__ __forceinline__ void prefetch_decode_tile_metadata(const DecodeTopkPa
     prefetch_to_l2(s.block_table + int64_t{r} * s.block_table_stride + entry);
 }
 
+// What a decode CTA can work out before its PDL wait (nothing here reads memory): its tile's
+// request (decode_tile_request) and part, and the divisors its range needs once seq_len is known.
+struct DecodeTileStart {
+  int request, part;
+  PreparedDivisor splits, shards;
+};
+__device__ __forceinline__ DecodeTileStart prepare_decode_tile(const DecodeTopkParams& p) {
+  const int r = decode_tile_request(p);
+  return {r, static_cast<int>(blockIdx.x) - max(r, 0) * p.tiles_per_request,
+          PreparedDivisor(p.scoring.splits), PreparedDivisor(p.scoring.shard_count)};
+}
+
 // The CTA's row tile, or false when it has nothing to score: past the batch, a q_len other than
 // the one the grid was sized from (rows would be lost: flagged), or metadata that cannot be
 // served (flagged; warps < kDecodeMergeWarps write -1 rows or empty candidates). Uniform per CTA.
-__device__ __forceinline__ bool begin_decode_tile(const DecodeTopkParams& p, DecodeTile* t) {
+// `start`: prepare_decode_tile's, or null (then worked out here).
+__device__ __forceinline__ bool begin_decode_tile(const DecodeTopkParams& p, DecodeTile* t,
+                                                  const DecodeTileStart* start = nullptr) {
   const ScoreBlocksParams& s = p.scoring;
-  const int r = decode_tile_request(p);
+  const int r = start ? start->request : decode_tile_request(p);
   if (r < 0) return false;
-  const int part = static_cast<int>(blockIdx.x) % p.tiles_per_request;
+  const int part = start ? start->part : static_cast<int>(blockIdx.x) % p.tiles_per_request;
   // Every load that does not depend on another goes out at once: the request's bounds and length
   // (then its block-table entries and queries, then the pages) - with cold caches each dependent
   // round trip is an HBM latency, and batch 1 is little else.
@@ -104,7 +118,7 @@ __device__ __forceinline__ bool begin_decode_tile(const DecodeTopkParams& p, Dec
   t->p = &p;
   t->tile = RowTile{r, q_begin + part * s.tile_tokens,
                     min(s.tile_tokens, q_len - part * s.tile_tokens), 0};
-  t->geo = tile_geometry(s, t->tile, q_begin, q_end, seq_len);
+  t->geo = tile_geometry(s, t->tile, q_begin, q_end, seq_len, start ? &start->shards : nullptr);
   t->fill = p.top_k - p.init_blocks - p.local_blocks;
   if (!t->geo.bad) return true;
   if (blockIdx.y != 0) return false;

@@ -140,22 +140,37 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
     if (warp == 0) sm90::prefetch_tensor_map(params.index_k_map);
   }
   prefetch_decode_tile_metadata(p);
+  // The tile's request and part, and the divisors of its range, before the wait: after it they
+  // were four reciprocal sequences on batch 1's path to its first page (s41 SASS).
+  const DecodeTileStart start = prepare_decode_tile(p);
+  // So are the divisions by the index heads: this thread's staged query row (token, head) and its
+  // lane's query columns' tokens (2c and 2c + 1, c = lane % 4).
+  constexpr int kQueryChunks = Traits::kFp8 ? 8 : 16;
+  const int q_row = threadIdx.x / kQueryChunks, q_chunk = threadIdx.x % kQueryChunks;
+  const int q_token = q_row / s.heads, q_head = q_row % s.heads;
+  const int col0_token = (2 * (lane & 3)) / s.heads, col1_token = (2 * (lane & 3) + 1) / s.heads;
   // Launched to overlap the previous kernel (PDL): wait for it before reading memory.
   wait_for_prior_grids();
   allow_next_grid();
   DecodeTile t;
-  if (!begin_decode_tile(p, &t)) {
+  if (!begin_decode_tile(p, &t, &start)) {
     M3SA_DECODE_STAMPS_END(s.splits, 0);
     return;
   }
   M3SA_DECODE_STAMP(1);
-  const int rows = t.geo.rows, fill = t.fill, heads = s.heads;
-  const int n_local = shard_local_count(s, t.geo.n_max); // this rank's blocks (all, unsharded)
-  // This warp's blocks: blocks_per_list consecutive blocks of the CTA's range.
-  const BlockRange range = split_block_range(n_local, s.splits, kDecodeSm90MinBlocksPerRange);
+  const int rows = t.geo.rows, fill = t.fill;
+  // This rank's blocks (all, unsharded).
+  const int n_local = shard_local_count(s, t.geo.n_max, start.shards);
+  // This warp's blocks: blocks_per_list consecutive blocks of the CTA's range (split_block_range
+  // and blocks_per_split, with the prepared divisor).
+  const int even = start.splits.quotient(n_local + s.splits - 1);
+  const int per_split = n_local <= 0                          ? 0
+                        : even > kDecodeSm90MinBlocksPerRange ? even
+                                                              : kDecodeSm90MinBlocksPerRange;
+  const BlockRange range{static_cast<int>(blockIdx.y) * per_split,
+                         min(n_local, static_cast<int>(blockIdx.y) * per_split + per_split)};
   const int count = max(0, range.end - range.begin);
-  const int per_warp = blocks_per_list(
-      blocks_per_split(n_local, s.splits, kDecodeSm90MinBlocksPerRange), Traits::kWarps);
+  const int per_warp = blocks_per_list(per_split, Traits::kWarps);
   const int first = range.begin + warp * per_warp;
   const int blocks =
       M3SA_DECODE_SM90_VARIANT == 1 ? 0 : max(0, min(count - warp * per_warp, per_warp));
@@ -183,15 +198,13 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
   // The queries' loads go out first, so that their latency overlaps lane 0's page-id load and
   // TMA issue (warp 0's other lanes wait for lane 0): rows staged as plain 256 B rows (zeros past
   // `rows`), one 16-byte chunk a thread.
-  constexpr int kQueryChunks = Traits::kFp8 ? 8 : 16;
   static_assert(kDecodeSm90MaxRows * kQueryChunks <= Traits::kThreads);
-  const int q_row = threadIdx.x / kQueryChunks, q_chunk = threadIdx.x % kQueryChunks;
   uint4 q_raw = make_uint4(0, 0, 0, 0);
   if (q_row < rows)
-    q_raw = load_chunk(static_cast<const StoredT*>(s.index_q) +
-                           (t.tile.token_begin + q_row / heads) * s.q_stride_token +
-                           (q_row % heads) * s.q_stride_head,
-                       q_chunk);
+    q_raw =
+        load_chunk(static_cast<const StoredT*>(s.index_q) +
+                       (t.tile.token_begin + q_token) * s.q_stride_token + q_head * s.q_stride_head,
+                   q_chunk);
   if (lane == 0)
     for (int u = 0; u < min(boxes, kSlots); ++u) issue(u);
   if (q_row < kDecodeSm90MaxRows) reinterpret_cast<uint4*>(lists)[q_row * 16 + q_chunk] = q_raw;
@@ -224,7 +237,7 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
   const SelectionRow own = t.selection_row(owns_row ? lane : 0);
   uint64_t entry_bar = 0;
   // Positions of this lane's query columns 2c and 2c + 1 (columns past `rows` are never reported).
-  const int pos0 = t.geo.first_pos + (2 * c) / heads, pos1 = t.geo.first_pos + (2 * c + 1) / heads;
+  const int pos0 = t.geo.first_pos + col0_token, pos1 = t.geo.first_pos + col1_token;
   const uint32_t ring_address = sm90::shared_address(my_ring);
 
   for (int k = 0; k < blocks; ++k) {

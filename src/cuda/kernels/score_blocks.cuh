@@ -12,6 +12,7 @@
 #include "cuda/indexer_params.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/indexer_traits.h"
+#include "cuda/prepared_divisor.h"
 
 namespace m3sa::cuda {
 
@@ -114,6 +115,12 @@ __device__ __forceinline__ int shard_local_count(const ScoreBlocksParams& p, int
   if (p.shard_span > 0) return max(0, min(p.shard_span, n - p.shard_rank * p.shard_span));
   return n > p.shard_rank ? (n - p.shard_rank + p.shard_count - 1) / p.shard_count : 0;
 }
+// The same with p.shard_count prepared (PreparedDivisor).
+__device__ __forceinline__ int shard_local_count(const ScoreBlocksParams& p, int n,
+                                                 const PreparedDivisor& shards) {
+  if (p.shard_span > 0) return max(0, min(p.shard_span, n - p.shard_rank * p.shard_span));
+  return n > p.shard_rank ? shards.quotient(n - p.shard_rank + p.shard_count - 1) : 0;
+}
 
 // Where a row tile sits in its request's sequence. `bad`: the metadata cannot be served (seq_len
 // beyond the block table, or q_len > seq_len); the caller flags it and reads nothing.
@@ -123,14 +130,18 @@ struct TileGeometry {
 };
 
 // From the request's bounds [q_begin, q_end) and length, loaded by the caller.
+// `shards`: p.shard_count prepared, or null.
 __device__ __forceinline__ TileGeometry tile_geometry(const ScoreBlocksParams& p,
                                                       const RowTile& tile, int q_begin, int q_end,
-                                                      int seq_len) {
+                                                      int seq_len,
+                                                      const PreparedDivisor* shards = nullptr) {
   TileGeometry geo;
   geo.request = tile.request;
   const int q_len = q_end - q_begin;
   geo.seq_len = seq_len;
-  geo.bad = shard_local_count(p, (geo.seq_len + 127) / 128) > p.block_table_width ||
+  const int blocks = (geo.seq_len + 127) / 128;
+  geo.bad = (shards ? shard_local_count(p, blocks, *shards) : shard_local_count(p, blocks)) >
+                p.block_table_width ||
             (geo.seq_len > 0 && q_len > geo.seq_len);
   geo.first_pos = geo.seq_len - q_len + (tile.token_begin - q_begin);
   geo.last_pos = geo.first_pos + tile.token_count - 1;

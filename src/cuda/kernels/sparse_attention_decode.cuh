@@ -125,13 +125,26 @@ inline constexpr bool kDecodePrefetchTableRow = M3SA_ATTENTION_DECODE_PREFETCH_T
 #define M3SA_ATTENTION_DECODE_ONE_BLOCK_PASS 1
 #endif
 inline constexpr bool kDecodeOneBlockPass = M3SA_ATTENTION_DECODE_ONE_BLOCK_PASS != 0;
-// Diagnostic builds only: 0 = the queries loaded after the item's first copies are issued
-// instead of ahead of the selection (s41 r2's selection stamps: the selection's first round of
-// loads took ~2.5K cycles at batch 1, ~5x an L2 hit, behind load_query's 32 loads a thread).
+// Where load_query's 32 loads a thread go: ahead of the selection (in flight during its loads)
+// or after the item's first copies are issued (the queries are needed only at the first MMAs).
+// s42 r1 (H100, batch 1, cp.async kernel): late, bf16 lost 0.55-0.65 us - the selection's first
+// loads came back ~1K cycles sooner, but the first MMAs waited ~1.7K cycles longer for queries
+// queued behind two stages of copies - and e4m3 gained 0.13-0.22 us (0.6 us with the item's
+// coordinates before the wait): its stages widen to bf16 before the MMAs, which hides the
+// queries' wait. So bf16 loads them first, e4m3 late; the TMA kernel (kTma), not measured late
+// at the batches it takes, first. Diagnostic builds: M3SA_ATTENTION_DECODE_QUERIES_FIRST=1 first
+// everywhere, 0 late everywhere, 2 (cp.async kernel only) after the selection, ahead of the
+// first copies (the selection's loads alone in flight, the queries' ahead of the copies').
 #ifndef M3SA_ATTENTION_DECODE_QUERIES_FIRST
-#define M3SA_ATTENTION_DECODE_QUERIES_FIRST 1
+#define M3SA_ATTENTION_DECODE_QUERIES_FIRST -1
 #endif
-inline constexpr bool kDecodeQueriesFirst = M3SA_ATTENTION_DECODE_QUERIES_FIRST != 0;
+template <bool kFp8, bool kTma = false>
+inline constexpr bool kDecodeQueriesFirst =
+    M3SA_ATTENTION_DECODE_QUERIES_FIRST < 0
+        ? kTma || !kFp8
+        : M3SA_ATTENTION_DECODE_QUERIES_FIRST == 1 ||
+              (kTma && M3SA_ATTENTION_DECODE_QUERIES_FIRST == 2);
+inline constexpr bool kDecodeQueriesAfterSelection = M3SA_ATTENTION_DECODE_QUERIES_FIRST == 2;
 // Token t's request under the decode layout's guess (t / decode_q_len, within the batch), which
 // select_blocks checks against the request's bounds; and the address of its KV head g's slot k.
 __device__ __forceinline__ int guessed_request(const SparseAttentionParams& p, int t) {
@@ -372,31 +385,49 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   };
   const auto head_of = [&](int64_t item) { return static_cast<int>(pair_of(item) % p.kv_heads); };
   const auto split_of = [&](int64_t item) { return static_cast<int>(item % p.splits); };
-  // The first item's request under the decode layout's guess (select_blocks), then the next's
-  // while this one streams: never divided after the PDL wait or a selection's loads.
-  int guess = blockIdx.x < items ? guessed_request(p, token_of(blockIdx.x)) : 0;
-  if (blockIdx.x < items)
-    prefetch_selection_metadata(p, token_of(blockIdx.x), head_of(blockIdx.x), split_of(blockIdx.x),
-                                guess);
+  // An item's coordinates and its request under the decode layout's guess (select_blocks): the
+  // first item's before the PDL wait, the next's while this one's first copies are in flight, so
+  // that no division runs between the wait (or a selection) and the selection's loads. (Computed
+  // in the loop, the first item's three divisions - 32-bit reciprocal sequences - ran after the
+  // wait, ahead of the selection's loads: s41 SASS.)
+  struct Item {
+    int64_t pair; // (token, KV head)
+    int t, g, split, rows_owned, guess;
+  };
+  const auto item_at = [&](int64_t item) {
+    Item it;
+    it.pair = pair_of(item);
+    it.t = token_of(item), it.g = head_of(item), it.split = split_of(item);
+    it.rows_owned = cluster_rows_owned(p.group, p.splits, it.split);
+    it.guess = guessed_request(p, it.t);
+    return it;
+  };
+  Item next{};
+  if (blockIdx.x < items) {
+    next = item_at(blockIdx.x);
+    prefetch_selection_metadata(p, next.t, next.g, next.split, next.guess);
+  }
   // Launched to overlap the previous kernel (PDL) by SM90 plans.
   wait_for_prior_grids();
   allow_next_grid();
   M3SA_DECODE_STAMP(1);
   uint32_t parity = 0; // of cluster_bar's phase for this item
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int split = split_of(item), g = head_of(item), t = token_of(item);
-    const int64_t pair = pair_of(item); // (token, KV head)
+    const Item cur = next;
+    const int split = cur.split, g = cur.g, t = cur.t, guess = cur.guess;
+    const int64_t pair = cur.pair;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (clustered && threadIdx.x == 0) // this item's rows: a (O, m, l) slot from every split
-      sm90::mbarrier_arrive_expect_tx(&cluster_bar, cluster_rows_owned(p.group, p.splits, split) *
-                                                        p.splits * kClusterSlotBytesPushed);
+      sm90::mbarrier_arrive_expect_tx(&cluster_bar,
+                                      cur.rows_owned * p.splits * kClusterSlotBytesPushed);
 #endif
     uint32_t q[8][4];
     if (item != blockIdx.x) prefetch_selection_metadata(p, t, g, split, guess); // the first: above
-    if (kDecodeQueriesFirst) // in flight during the selection's loads (unused without keys)
+    if (kDecodeQueriesFirst<kFp8>) // in flight during the selection's loads (unused without keys)
       load_query(p, t, g, true, q);
     select_blocks(p, t, g, guess, sel);
     M3SA_DECODE_STAMP(2);
+    if (kDecodeQueriesAfterSelection) load_query(p, t, g, true, q);
     const int position = sel.position;
     RowState st;
     st.reset();
@@ -414,9 +445,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) issue(s);
-    if (!kDecodeQueriesFirst) load_query(p, t, g, true, q);
-    // The next item's guess, divided while this item's first copies are in flight.
-    if (item + gridDim.x < items) guess = guessed_request(p, token_of(item + gridDim.x));
+    if (!kDecodeQueriesFirst<kFp8> && !kDecodeQueriesAfterSelection) load_query(p, t, g, true, q);
+    // The next item's coordinates and guess, divided while this item's first copies are in flight.
+    if (item + gridDim.x < items) next = item_at(item + gridDim.x);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The kernel's cluster barrier, before the first push to a peer's barrier (the finish), waited
     // for while the first copies are in flight rather than on the finish's path.
