@@ -22,6 +22,7 @@
 #include "cuda/decode_splits.h"
 #include "cuda/kernels/attention_common.cuh"
 #include "cuda/kernels/decode_stamps.cuh"
+#include "cuda/prepared_divisor.h"
 
 namespace m3sa::cuda {
 
@@ -125,26 +126,31 @@ inline constexpr bool kDecodePrefetchTableRow = M3SA_ATTENTION_DECODE_PREFETCH_T
 #define M3SA_ATTENTION_DECODE_ONE_BLOCK_PASS 1
 #endif
 inline constexpr bool kDecodeOneBlockPass = M3SA_ATTENTION_DECODE_ONE_BLOCK_PASS != 0;
-// Where load_query's 32 loads a thread go: ahead of the selection (in flight during its loads)
-// or after the item's first copies are issued (the queries are needed only at the first MMAs).
-// s42 r1 (H100, batch 1, cp.async kernel): late, bf16 lost 0.55-0.65 us - the selection's first
-// loads came back ~1K cycles sooner, but the first MMAs waited ~1.7K cycles longer for queries
-// queued behind two stages of copies - and e4m3 gained 0.13-0.22 us (0.6 us with the item's
-// coordinates before the wait): its stages widen to bf16 before the MMAs, which hides the
-// queries' wait. So bf16 loads them first, e4m3 late; the TMA kernel (kTma), not measured late
-// at the batches it takes, first. Diagnostic builds: M3SA_ATTENTION_DECODE_QUERIES_FIRST=1 first
-// everywhere, 0 late everywhere, 2 (cp.async kernel only) after the selection, ahead of the
-// first copies (the selection's loads alone in flight, the queries' ahead of the copies').
+// Where load_query's 32 loads a thread go: ahead of the selection (in flight during its loads),
+// after it (ahead of the first copies), or after the item's first copies are issued (the queries
+// are needed only at the first MMAs). Measured on the cp.async kernel at batch 1 (H100):
+// - ahead of the selection (before s42): the selection's first round of loads took ~1.9-2.5K
+//   cycles, queued behind the queries' (s41 r2, s42 r1-r2 selection stamps).
+// - after the first copies: the selection's loads came back ~1K cycles sooner, but bf16's first
+//   MMAs waited ~1.7K cycles longer, for queries queued behind two stages of copies: bf16
+//   +0.55-0.65 us; e4m3 -0.13-0.22 us (its stages widen to bf16 before the MMAs, which hides the
+//   queries' wait), -0.6 us with the first item's coordinates before the PDL wait (s42 r1).
+// - after the selection: the first round back in ~0.7K cycles, the queries ahead of the copies:
+//   bf16 -0.33-0.43 us, e4m3 +0.3 us against after the copies (s42 r2).
+// So bf16 loads them after the selection and e4m3 after the first copies. The TMA kernel (kTma:
+// the batches of 32 and more; not measured otherwise) loads them ahead of the selection.
+// Diagnostic builds: M3SA_ATTENTION_DECODE_QUERIES_FIRST=1 ahead of the selection everywhere,
+// 2 after it (the cp.async kernel; the TMA kernel ahead), 0 after the first copies everywhere.
+enum class QueryLoad { kBeforeSelection, kAfterSelection, kAfterFirstCopies };
 #ifndef M3SA_ATTENTION_DECODE_QUERIES_FIRST
 #define M3SA_ATTENTION_DECODE_QUERIES_FIRST -1
 #endif
 template <bool kFp8, bool kTma = false>
-inline constexpr bool kDecodeQueriesFirst =
-    M3SA_ATTENTION_DECODE_QUERIES_FIRST < 0
-        ? kTma || !kFp8
-        : M3SA_ATTENTION_DECODE_QUERIES_FIRST == 1 ||
-              (kTma && M3SA_ATTENTION_DECODE_QUERIES_FIRST == 2);
-inline constexpr bool kDecodeQueriesAfterSelection = M3SA_ATTENTION_DECODE_QUERIES_FIRST == 2;
+inline constexpr QueryLoad kDecodeQueryLoad =
+    M3SA_ATTENTION_DECODE_QUERIES_FIRST == 0            ? QueryLoad::kAfterFirstCopies
+    : M3SA_ATTENTION_DECODE_QUERIES_FIRST == 1 || kTma  ? QueryLoad::kBeforeSelection
+    : M3SA_ATTENTION_DECODE_QUERIES_FIRST == 2 || !kFp8 ? QueryLoad::kAfterSelection
+                                                        : QueryLoad::kAfterFirstCopies;
 // Token t's request under the decode layout's guess (t / decode_q_len, within the batch), which
 // select_blocks checks against the request's bounds; and the address of its KV head g's slot k.
 __device__ __forceinline__ int guessed_request(const SparseAttentionParams& p, int t) {
@@ -407,6 +413,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     next = item_at(blockIdx.x);
     prefetch_selection_metadata(p, next.t, next.g, next.split, next.guess);
   }
+  // The split's range of the selection is a division by p.splits once the selection is back:
+  // prepared here, a multiply-high there.
+  const PreparedDivisor splits_divisor(p.splits);
   // Launched to overlap the previous kernel (PDL) by SM90 plans.
   wait_for_prior_grids();
   allow_next_grid();
@@ -423,17 +432,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
 #endif
     uint32_t q[8][4];
     if (item != blockIdx.x) prefetch_selection_metadata(p, t, g, split, guess); // the first: above
-    if (kDecodeQueriesFirst<kFp8>) // in flight during the selection's loads (unused without keys)
-      load_query(p, t, g, true, q);
+    // In flight during the selection's loads (unused without keys).
+    if (kDecodeQueryLoad<kFp8> == QueryLoad::kBeforeSelection) load_query(p, t, g, true, q);
     select_blocks(p, t, g, guess, sel);
     M3SA_DECODE_STAMP(2);
-    if (kDecodeQueriesAfterSelection) load_query(p, t, g, true, q);
+    if (kDecodeQueryLoad<kFp8> == QueryLoad::kAfterSelection) load_query(p, t, g, true, q);
     const int position = sel.position;
     RowState st;
     st.reset();
 
-    const int b_begin = sel.count * split / p.splits;
-    const int stages = 2 * (sel.count * (split + 1) / p.splits - b_begin);
+    const int b_begin = splits_divisor.quotient(sel.count * split);
+    const int stages = 2 * (splits_divisor.quotient(sel.count * (split + 1)) - b_begin);
     const auto issue = [&](int s) {
       if (s < stages) {
         const int b = b_begin + s / 2, first_key = sel.block[b] * 128 + (s % 2) * kDecodeStageKeys;
@@ -445,7 +454,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) issue(s);
-    if (!kDecodeQueriesFirst<kFp8> && !kDecodeQueriesAfterSelection) load_query(p, t, g, true, q);
+    if (kDecodeQueryLoad<kFp8> == QueryLoad::kAfterFirstCopies) load_query(p, t, g, true, q);
     // The next item's coordinates and guess, divided while this item's first copies are in flight.
     if (item + gridDim.x < items) next = item_at(item + gridDim.x);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   allow_next_grid();
   M3SA_DECODE_STAMP(1);
   uint32_t q[8][4];
-  if (kDecodeQueriesFirst<kFp8, true>)
+  if (kDecodeQueryLoad<kFp8, true> == QueryLoad::kBeforeSelection)
     load_query<kFp8>(p, t, g, true, q); // in flight during the selection
   select_blocks(p, t, g, guess, sel);   // ends in a CTA barrier
   M3SA_DECODE_STAMP(2);
@@ -218,7 +218,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   constexpr int kVariant = M3SA_ATTENTION_DECODE_SM90_VARIANT;
   if (lane == 0 && kVariant != 2)
     for (int i = 0; i < min(count, kSlots); ++i) issue(i);
-  if (!kDecodeQueriesFirst<kFp8, true>) load_query<kFp8>(p, t, g, true, q);
+  if (kDecodeQueryLoad<kFp8, true> != QueryLoad::kBeforeSelection)
+    load_query<kFp8>(p, t, g, true, q);
 
   float logit_scale = logit_scale_log2(p.k_scale);
   if constexpr (kFp8) logit_scale *= queries_to_scaled_half(q);
