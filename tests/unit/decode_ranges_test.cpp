@@ -114,5 +114,19 @@ TEST(DecodeRanges, ShortContextsKeepRangesOfTwoBlocks) {
   EXPECT_EQ(lists_with_blocks(0, 8), 0);
 }
 
+TEST(DecodeRanges, PreparedSplitDivisorGivesTheSameRanges) {
+  // The Hopper decode kernel divides by its split count with a divisor prepared before its PDL
+  // wait (cuda/prepared_divisor.h); the publish and the portable kernel divide plainly. Both must
+  // give every tile the same per_split, or the publish would read lists the kernel never wrote.
+  for (int min_per_split : {1, kMinPerRange})
+    for (int splits = 1; splits <= 300; ++splits) {
+      const cuda::PreparedDivisor prepared(splits);
+      for (int n = 0; n <= 8200; n += (n < 600 ? 1 : 61))
+        ASSERT_EQ(blocks_per_split(n, splits, min_per_split, &prepared),
+                  blocks_per_split(n, splits, min_per_split))
+            << "n " << n << " splits " << splits << " min " << min_per_split;
+    }
+}
+
 } // namespace
 } // namespace m3sa::testing

@@ -160,17 +160,14 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
   M3SA_DECODE_STAMP(1);
   const int rows = t.geo.rows, fill = t.fill;
   // This rank's blocks (all, unsharded).
-  const int n_local = shard_local_count(s, t.geo.n_max, start.shards);
-  // This warp's blocks: blocks_per_list consecutive blocks of the CTA's range (split_block_range
-  // and blocks_per_split, with the prepared divisor).
-  const int even = start.splits.quotient(n_local + s.splits - 1);
-  const int per_split = n_local <= 0                          ? 0
-                        : even > kDecodeSm90MinBlocksPerRange ? even
-                                                              : kDecodeSm90MinBlocksPerRange;
-  const BlockRange range{static_cast<int>(blockIdx.y) * per_split,
-                         min(n_local, static_cast<int>(blockIdx.y) * per_split + per_split)};
+  const int n_local = shard_local_count(s, t.geo.n_max, &start.shards);
+  // This warp's blocks: blocks_per_list consecutive blocks of the CTA's range.
+  const BlockRange range =
+      split_block_range(n_local, s.splits, kDecodeSm90MinBlocksPerRange, &start.splits);
   const int count = max(0, range.end - range.begin);
-  const int per_warp = blocks_per_list(per_split, Traits::kWarps);
+  const int per_warp = blocks_per_list(
+      blocks_per_split(n_local, s.splits, kDecodeSm90MinBlocksPerRange, &start.splits),
+      Traits::kWarps);
   const int first = range.begin + warp * per_warp;
   const int blocks =
       M3SA_DECODE_SM90_VARIANT == 1 ? 0 : max(0, min(count - warp * per_warp, per_warp));

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/host_device.h"
+#include "cuda/prepared_divisor.h"
 
 namespace m3sa::cuda {
 
@@ -72,9 +73,12 @@ inline constexpr int kDecodeSm90MinBlocksPerRange = 2;
 // blocks, at least `min_per_split` (the Hopper decode kernel: kDecodeSm90MinBlocksPerRange), so the
 // last ranges may hold none; 0 when there is no block. The kernels' split_block_range and the
 // publish's list packing (publish_and_merge) both derive from it; the CPU tests check that they
-// agree (tests/unit/decode_ranges_test.cpp).
-M3SA_HOST_DEVICE int blocks_per_split(int n, int splits, int min_per_split) {
-  const int even = (n + splits - 1) / splits;
+// agree (tests/unit/decode_ranges_test.cpp). `prepared`: `splits` as a PreparedDivisor (a
+// multiply-high in place of the division, for a kernel that prepared it before its PDL wait), or
+// null.
+M3SA_HOST_DEVICE int blocks_per_split(int n, int splits, int min_per_split,
+                                      const PreparedDivisor* prepared = nullptr) {
+  const int even = prepared ? prepared->quotient(n + splits - 1) : (n + splits - 1) / splits;
   return n <= 0 ? 0 : even > min_per_split ? even : min_per_split;
 }
 // The ranges of blocks_per_split(n, ...) = per_split blocks that hold at least one block.

@@ -111,15 +111,13 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&c)[4], const uint32_t (&a
 __device__ __forceinline__ int shard_global(const ScoreBlocksParams& p, int j) {
   return p.shard_span > 0 ? p.shard_rank * p.shard_span + j : j * p.shard_count + p.shard_rank;
 }
-__device__ __forceinline__ int shard_local_count(const ScoreBlocksParams& p, int n) {
-  if (p.shard_span > 0) return max(0, min(p.shard_span, n - p.shard_rank * p.shard_span));
-  return n > p.shard_rank ? (n - p.shard_rank + p.shard_count - 1) / p.shard_count : 0;
-}
-// The same with p.shard_count prepared (PreparedDivisor).
+// `shards`: p.shard_count as a PreparedDivisor, or null.
 __device__ __forceinline__ int shard_local_count(const ScoreBlocksParams& p, int n,
-                                                 const PreparedDivisor& shards) {
+                                                 const PreparedDivisor* shards = nullptr) {
   if (p.shard_span > 0) return max(0, min(p.shard_span, n - p.shard_rank * p.shard_span));
-  return n > p.shard_rank ? shards.quotient(n - p.shard_rank + p.shard_count - 1) : 0;
+  const int rounded_up = n - p.shard_rank + p.shard_count - 1;
+  return n > p.shard_rank ? (shards ? shards->quotient(rounded_up) : rounded_up / p.shard_count)
+                          : 0;
 }
 
 // Where a row tile sits in its request's sequence. `bad`: the metadata cannot be served (seq_len
@@ -140,8 +138,7 @@ __device__ __forceinline__ TileGeometry tile_geometry(const ScoreBlocksParams& p
   const int q_len = q_end - q_begin;
   geo.seq_len = seq_len;
   const int blocks = (geo.seq_len + 127) / 128;
-  geo.bad = (shards ? shard_local_count(p, blocks, *shards) : shard_local_count(p, blocks)) >
-                p.block_table_width ||
+  geo.bad = shard_local_count(p, blocks, shards) > p.block_table_width ||
             (geo.seq_len > 0 && q_len > geo.seq_len);
   geo.first_pos = geo.seq_len - q_len + (tile.token_begin - q_begin);
   geo.last_pos = geo.first_pos + tile.token_count - 1;
@@ -161,8 +158,9 @@ struct BlockRange {
   int begin, end;
 };
 __device__ __forceinline__ BlockRange split_block_range(int n_max, int splits,
-                                                        int min_per_split = 1) {
-  const int per_split = blocks_per_split(n_max, splits, min_per_split);
+                                                        int min_per_split = 1,
+                                                        const PreparedDivisor* prepared = nullptr) {
+  const int per_split = blocks_per_split(n_max, splits, min_per_split, prepared);
   const int begin = blockIdx.y * per_split;
   return {begin, min(n_max, begin + per_split)};
 }

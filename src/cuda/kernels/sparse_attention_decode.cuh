@@ -19,6 +19,9 @@
 // token's position are zero-filled by the copy, never read. Bad metadata is flagged
 // (attention_common.cuh) and contributes no key.
 // fp8 KV: each warp widens the e4m3 rows its MMAs read into a bf16 tile in shared memory (exact).
+// Batch 1 is latency: what needs no memory (the first item's coordinates, the split divisor) is
+// worked out before the PDL wait, and the queries load where they delay neither the selection nor
+// the first MMAs (kDecodeQueryLoad: bf16 after the selection, e4m3 after the first copies).
 #include "cuda/decode_splits.h"
 #include "cuda/kernels/attention_common.cuh"
 #include "cuda/kernels/decode_stamps.cuh"
