@@ -6,12 +6,16 @@
 # and writes .gpu/decode_round.sh [tests|bench|all], the script to run on the device (carry both,
 # and .peer for the side by side). There, in one call or two (`tests`, then `bench`):
 # - each variant's GPU tests (TESTS: default the decode / CP / list-merge / indexer / robustness
-#   suites; `all` = the whole suite in 4 parallel shards) and memcheck / racecheck / synccheck on
-#   their small cases;
+#   suites; `attention` = the sparse-attention suites; `all` = the whole suite in 4 parallel
+#   shards) and memcheck / racecheck / synccheck on their small cases (`all`: on the decode and
+#   attention small cases);
 # - main and the variants alternating twice on the decode bench (BENCH: default every decode
-#   case, else comma-separated bench prefixes such as "fp8 B=128 ,bf16 B=1 ");
-# - where .peer is there, vLLM's decode indexer and the side by side of one variant's run (SIDE:
-#   default the first variant; PEER=0 leaves vLLM out, e.g. in the second of two bench calls);
+#   indexer case, else comma-separated case-name prefixes such as "decode fp8 B=128 ,attention
+#   decode bf16 B=1 ");
+# - where .peer is there, vLLM's decode kernels and the side by side of one variant's run (SIDE:
+#   default the first variant; PEER=0 leaves vLLM out, e.g. in the second of two bench calls;
+#   PEER_ARGS: peer_bench.py's case options, default "--no-attn", e.g. "--batches 1" for the
+#   batch-1 attention and indexer);
 #   ONLY="v1 v2" restricts tests and bench to those variants (and main), for rounds of more
 #   variants than one call holds.
 # run.txt and round.tgz come back, rewritten after each stage, so that a call cut short still
@@ -61,6 +65,7 @@ export NCCL_NVLS_ENABLE=0
 variants="${names[*]:1}" all="${names[*]}"
 tests="\${TESTS:-${TESTS:-decode}}" bench="\${BENCH:-${BENCH:-}}"
 side="\${SIDE:-${names[1]:-}}" peer="\${PEER:-1}"
+peer_args="\${PEER_ARGS:-${PEER_ARGS:---no-attn}}"
 [ -n "\${ONLY:-}" ] && variants="\$ONLY" all="main \$ONLY"
 EOF
 cat >> "$root/.gpu/decode_round.sh" <<'EOF'
@@ -74,6 +79,18 @@ log "start $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 mode="${1:-all}" # tests | bench | all: a round too long for one call (600 s) goes in two
 F='GpuDecodeIndexer*:Cases/GpuDecodeIndexer*:GpuContextParallel*:Cases/GpuContextParallel*:GpuListMerge*:GpuIndexer*:Cases/GpuIndexer*:GpuRobustness*'
 S='GpuDecodeIndexerSmall*:GpuListMergeSmall*:GpuContextParallelSmall*:GpuIndexerSmall*'
+# The attention's: its small cases under racecheck too (the layout cases are too long for it).
+FA='CudaAttention*:Cases/CudaAttention*:*sparse_attention*:GpuCApi*'
+SA='CudaAttentionSmall.*:*sparse_attention*Small*'
+[ "$tests" = attention ] && F="$FA" S="$SA"
+[ "$tests" = all ] && S="$S:$SA"
+# synccheck cannot run many 16-CTA clusters (docs/testing.md): those two small cases skip it.
+c16=""
+for impl in sm80 sm90; do
+  for c in SmallMixedBf16H4K16 SmallDecodeFp8H4K32; do
+    c16="$c16:Implementations/OpImplementation.MatchesTheReference/cuda_sparse_attention_${impl}__$c"
+  done
+done
 [ "$mode" = bench ] && variants_tested="" || variants_tested="$variants"
 for v in $variants_tested; do
   if [ "$tests" = all ]; then
@@ -87,7 +104,8 @@ for v in $variants_tested; do
   log "$v tests: $(cat "$w"/tests-$v*.log | grep -c '^\[       OK') ok $(cat "$w"/tests-$v*.log | grep -c '^\[  FAILED') failed"
   grep -h '^\[  FAILED' "$w"/tests-$v*.log >> "$w/run.txt"
   for tool in memcheck racecheck synccheck; do
-    timeout 90 compute-sanitizer --tool $tool --error-exitcode 1 $bin/$v/m3sa_gpu_tests --gtest_filter="$S" > "$w/san-$v-$tool.log" 2>&1
+    filter="$S"; [ $tool = synccheck ] && filter="$S-${c16#:}"
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 1 $bin/$v/m3sa_gpu_tests --gtest_filter="$filter" > "$w/san-$v-$tool.log" 2>&1
     log "$v $tool rc=$? :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$w/san-$v-$tool.log" | tail -1)"
   done
   snap
@@ -95,7 +113,8 @@ done
 [ "$mode" = tests ] && { cat "$w/run.txt"; exit 0; }
 prefixes=()
 if [ -z "$bench" ]; then
-  prefixes=("fp8 B=128 " "bf16 B=128 " "fp8 B=32 " "bf16 B=32 " "fp8 B=1 " "bf16 B=1 ")
+  prefixes=("decode fp8 B=128 " "decode bf16 B=128 " "decode fp8 B=32 " "decode bf16 B=32 "
+    "decode fp8 B=1 " "decode bf16 B=1 ")
 else
   IFS=, read -r -a prefixes <<< "$bench"
 fi
@@ -103,7 +122,7 @@ for round in 1 2; do
   for v in $all; do
     for p in "${prefixes[@]}"; do
       tag=$(echo "$p" | tr -s ' =' '__')
-      timeout 90 $bin/$v/m3sa bench --set full --filter "^decode $p" --json "$w/${v}_${tag}_$round.json" > /dev/null 2>> "$w/bench.err"
+      timeout 90 $bin/$v/m3sa bench --set full --filter "^$p" --json "$w/${v}_${tag}_$round.json" > /dev/null 2>> "$w/bench.err"
       log "bench $v '$p' $round rc=$?"
     done
     snap
@@ -111,7 +130,7 @@ for round in 1 2; do
 done
 first="$side"
 if [ -d .peer ] && [ -n "$first" ] && [ "$peer" != 0 ]; then
-  PYTHONPATH=.peer/vllm_shim timeout 120 python3 .peer/peer_bench.py --no-torch-timing --no-sanity --no-prefill --no-attn --budget-s 80 --out "$w/peer" > "$w/peer.log" 2>&1
+  PYTHONPATH=.peer/vllm_shim timeout 120 python3 .peer/peer_bench.py --no-torch-timing --no-sanity --no-prefill $peer_args --budget-s 80 --out "$w/peer" > "$w/peer.log" 2>&1
   log "peer rc=$?"
   python3 bench/micro/round_table.py "$w" --variant "$first" --round 1 \
     --json "$w/decode-m3sa-$first.json" > /dev/null
