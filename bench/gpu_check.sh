@@ -19,22 +19,11 @@ bin="${BIN:-.gpu}"
 grep -E '^\[ [A-Z]|FAILED|PASSED|Failure' "$out/gpu_tests.log" | grep -v '^\[ RUN\|^\[       OK' | tail -30
 if [ -z "${QUICK:-}" ]; then
 small="${SANITIZER_FILTER:-*Small*}" # default: the ctest label `small` (tests/CMakeLists.txt)
-# synccheck (compute-sanitizer 2025.3.1) fails any kernel that runs many 16-CTA clusters at once -
-# bench/micro/cluster_push.cu shows it on the bare protocol, correct plain and under the other
-# tools (bench/NOTES.md s26 r1-r3) - so the two small cases whose plans merge in clusters of 16
-# run under the other three tools only, on both implementations (s40 r1: the sm90 plan's
-# SmallMixedBf16H4K16 failed under synccheck alone, on e9da23f's build as on s40's; its
-# SmallDecodeFp8H4K32, the same clusters, is left out with it).
-cluster16=""
-for impl in sm80 sm90; do
-  for case in SmallMixedBf16H4K16 SmallDecodeFp8H4K32; do
-    cluster16="$cluster16:Implementations/OpImplementation.MatchesTheReference/cuda_sparse_attention_${impl}__$case"
-  done
-done
-cluster16="${cluster16#:}"
+# The two small cases with 16-CTA cluster merges skip synccheck (the file says why).
+source bench/synccheck_exclusions.sh
 for tool in memcheck racecheck synccheck initcheck; do
   filter="$small"
-  [ $tool = synccheck ] && [ -z "${SANITIZER_FILTER:-}" ] && filter="$small-$cluster16"
+  [ $tool = synccheck ] && [ -z "${SANITIZER_FILTER:-}" ] && filter="$small-$synccheck_excluded"
   compute-sanitizer --tool $tool --error-exitcode 1 "$bin/m3sa_gpu_tests" --gtest_filter="$filter" > "$out/sanitizer_$tool.log" 2>&1
   echo "compute-sanitizer --tool $tool rc=$? :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_$tool.log" | tail -1)"
 done

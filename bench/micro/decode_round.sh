@@ -84,13 +84,8 @@ FA='CudaAttention*:Cases/CudaAttention*:*sparse_attention*:GpuCApi*'
 SA='CudaAttentionSmall.*:*sparse_attention*Small*'
 [ "$tests" = attention ] && F="$FA" S="$SA"
 [ "$tests" = all ] && S="$S:$SA"
-# synccheck cannot run many 16-CTA clusters (docs/testing.md): those two small cases skip it.
-c16=""
-for impl in sm80 sm90; do
-  for c in SmallMixedBf16H4K16 SmallDecodeFp8H4K32; do
-    c16="$c16:Implementations/OpImplementation.MatchesTheReference/cuda_sparse_attention_${impl}__$c"
-  done
-done
+# The two small cases with 16-CTA cluster merges skip synccheck (the file says why).
+source bench/synccheck_exclusions.sh
 [ "$mode" = bench ] && variants_tested="" || variants_tested="$variants"
 for v in $variants_tested; do
   if [ "$tests" = all ]; then
@@ -104,7 +99,7 @@ for v in $variants_tested; do
   log "$v tests: $(cat "$w"/tests-$v*.log | grep -c '^\[       OK') ok $(cat "$w"/tests-$v*.log | grep -c '^\[  FAILED') failed"
   grep -h '^\[  FAILED' "$w"/tests-$v*.log >> "$w/run.txt"
   for tool in memcheck racecheck synccheck; do
-    filter="$S"; [ $tool = synccheck ] && filter="$S-${c16#:}"
+    filter="$S"; [ $tool = synccheck ] && filter="$S-$synccheck_excluded"
     timeout 90 compute-sanitizer --tool $tool --error-exitcode 1 $bin/$v/m3sa_gpu_tests --gtest_filter="$filter" > "$w/san-$v-$tool.log" 2>&1
     log "$v $tool rc=$? :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$w/san-$v-$tool.log" | tail -1)"
   done
