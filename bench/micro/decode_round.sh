@@ -32,7 +32,9 @@ source "$root/scripts/env.sh"
   { echo "decode_round.sh: build the default preset first (build/)" >&2; exit 2; }
 out="$root/.gpu/decode_round"
 rm -rf "$out" && mkdir -p "$out/main"
+# The GPU tests load the C API's library from beside them ($ORIGIN): each variant ships its own.
 cp "$root/build/tools/m3sa_cli/m3sa" "$root/build/tests/m3sa_gpu_tests" "$out/main/"
+cp -L "$root/build/src/libm3sa_c.so.0.1" "$out/main/"
 names=(main)
 for spec in "$@"; do
   name="${spec%%:*}" patches="${spec#*:}"
@@ -51,6 +53,7 @@ for spec in "$@"; do
     { tail -40 "$tree/build.log"; exit 1; }
   mkdir -p "$out/$name"
   cp "$tree/build/tools/m3sa_cli/m3sa" "$tree/build/tests/m3sa_gpu_tests" "$out/$name/"
+  cp -L "$tree/build/src/libm3sa_c.so.0.1" "$out/$name/"
   rm -rf "$tree"
   names+=("$name")
 done

@@ -227,6 +227,134 @@ __device__ __forceinline__ void select_blocks(const SparseAttentionParams& p, in
   M3SA_DECODE_SELECT_STAMP(3, 0);
 }
 
+// Batch 1's bf16 clusters: the warps split the keys of Q K^T, as attend_keys does, but P.V by
+// output dims, so that no warp holds a partial of all 128 dims and the four warps' fp32 (m, l, O)
+// need no merge through shared memory (s43 r1 stamps at 64/4: finish 3.85K -> 2.68K cycles, first
+// stage +0.4K; -0.12 to -0.23 us). A stage costs two more CTA barriers: one after the logits
+// (every warp's row maxima in; the stage's K rows read), one after the weights (written as MMA A
+// fragments over those K rows, with the row sums). e4m3 keeps the partials: its one-pass block
+// (no CTA barrier) measured level with this split (s43 r2, -0.02 to +0.02 us),
+// bench/patches/s43-decode-attention-split-dims-e4m3.patch. M3SA_ATTENTION_DECODE_SPLIT_DIMS=0:
+// off.
+#ifndef M3SA_ATTENTION_DECODE_SPLIT_DIMS
+#define M3SA_ATTENTION_DECODE_SPLIT_DIMS 1
+#endif
+inline constexpr bool kDecodeSplitDims = M3SA_ATTENTION_DECODE_SPLIT_DIMS != 0;
+
+// One warp's state when the warps split P.V by dims: rows gid and gid + 8 (m and l of the whole
+// row, the same in every warp and lane of a quad), O of the warp's 32 dims (n-tiles of 8).
+struct ColumnState {
+  float m[2], l[2];
+  float o[4][4];
+  __device__ void reset() {
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+  }
+};
+// A stage's row maxima and row sums of each warp's 16 keys.
+struct StageExchange {
+  float max[4][kAttentionRows], sum[4][kAttentionRows];
+};
+
+// One 64-key stage of padded bf16 rows (k_tile: K, then reused for the weights; v_tile: V), keys
+// past `last_key` (stage-relative) masked: warp w's logits of keys 16 w .. 16 w + 15, the stage's
+// row maxima across the warps, the weights (bf16 hi / lo, as softmax_weights) written as A
+// fragments, then each warp's P.V over the 64 keys for its 32 dims. Called by every warp of the
+// CTA the same number of times (its barriers are CTA-wide).
+__device__ __forceinline__ void attend_stage_by_dims(ColumnState& st, const uint32_t (&q)[8][4],
+                                                     unsigned char* k_tile,
+                                                     const unsigned char* v_tile, int last_key,
+                                                     float logit_scale, StageExchange& exchange) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+  const int matrix = lane >> 3, key_row = 16 * warp;
+  float chains[2][2][4] = {}; // [k-step % 2][n-tile of 8 keys]: two chains, as key_weights
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    uint32_t b[4];
+    ldmatrix_x4(b, PaddedRows{k_tile}.chunk(key_row + (matrix >> 1) * 8 + (lane & 7),
+                                            2 * ks + (matrix & 1)));
+    mma_bf16_16816(chains[ks & 1][0], q[ks], b[0], b[1]);
+    mma_bf16_16816(chains[ks & 1][1], q[ks], b[2], b[3]);
+  }
+  float s[2][4], row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key_row + nt * 8 + 2 * tid + (e & 1);
+      s[nt][e] = key <= last_key ? (chains[0][nt][e] + chains[1][nt][e]) * logit_scale : -INFINITY;
+      row_max[e >> 1] = fmaxf(row_max[e >> 1], s[nt][e]);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+    row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+    if (tid == 0) exchange.max[warp][gid + 8 * r] = row_max[r];
+  }
+  __syncthreads(); // every warp's maxima in; every warp's K reads done (the weights go there)
+  float scale[2], m_use[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float stage_max = exchange.max[0][gid + 8 * r];
+#pragma unroll
+    for (int w = 1; w < 4; ++w) stage_max = fmaxf(stage_max, exchange.max[w][gid + 8 * r]);
+    const float m_new = fmaxf(st.m[r], stage_max);
+    m_use[r] = m_new == -INFINITY ? 0.f : m_new; // a row with no key yet keeps exp2 finite
+    scale[r] = exp2f(st.m[r] - m_use[r]);
+    st.m[r] = m_new;
+  }
+  uint32_t p_hi[4], p_lo[4];
+  float sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float w0 = exp2f(s[nt][2 * r] - m_use[r]), w1 = exp2f(s[nt][2 * r + 1] - m_use[r]);
+      sum[r] += w0 + w1;
+      split_weights(w0, w1, p_hi[2 * nt + r], p_lo[2 * nt + r]);
+    }
+  // Lane-indexed fragments (hi for all warps, then lo), 16 B a lane: conflict-free.
+  uint4* fragments = reinterpret_cast<uint4*>(k_tile);
+  fragments[warp * 32 + lane] = make_uint4(p_hi[0], p_hi[1], p_hi[2], p_hi[3]);
+  fragments[128 + warp * 32 + lane] = make_uint4(p_lo[0], p_lo[1], p_lo[2], p_lo[3]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+    if (tid == 0) exchange.sum[warp][gid + 8 * r] = sum[r];
+  }
+  __syncthreads(); // every warp's weights and sums in
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float stage_sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) stage_sum += exchange.sum[w][gid + 8 * r];
+    st.l[r] = st.l[r] * scale[r] + stage_sum;
+  }
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    st.o[nt][0] *= scale[0], st.o[nt][1] *= scale[0];
+    st.o[nt][2] *= scale[1], st.o[nt][3] *= scale[1];
+  }
+#pragma unroll
+  for (int w = 0; w < 4; ++w) { // k-step w: the weights of keys 16 w .. 16 w + 15
+    const uint4 hi = fragments[w * 32 + lane], lo = fragments[128 + w * 32 + lane];
+    const uint32_t a_hi[4] = {hi.x, hi.y, hi.z, hi.w}, a_lo[4] = {lo.x, lo.y, lo.z, lo.w};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) { // this warp's dims 32 warp + 16 j .. + 15
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, PaddedRows{v_tile}.chunk(16 * w + (matrix & 1) * 8 + (lane & 7),
+                                                    2 * (2 * warp + j) + (matrix >> 1)));
+      mma_bf16_16816(st.o[2 * j], a_hi, b[0], b[1]);
+      mma_bf16_16816(st.o[2 * j], a_lo, b[0], b[1]);
+      mma_bf16_16816(st.o[2 * j + 1], a_hi, b[2], b[3]);
+      mma_bf16_16816(st.o[2 * j + 1], a_lo, b[2], b[3]);
+    }
+  }
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Row `head` of token t from the `splits` slots at `slots` (kMaxSplits: the count, or with
 // kMaxClusterSplits a bound): every split's m, l and O element loaded at once, then merged in
@@ -275,6 +403,27 @@ __device__ __forceinline__ void merge_cluster_row(const SparseAttentionParams& p
 // batch 1 in 7,000-7,800 cycles, this one in 3,400-4,000 (s12 r1 / r6 stamps).
 // The peers' barriers exist only once the kernel's cluster barrier has completed: the caller has
 // waited for it (sparse_attention_decode_kernel, while the first item's copies are in flight).
+// The second half of the cluster merge: this CTA's rows, once every split's slot of them is in.
+__device__ __forceinline__ void merge_received_rows(const SparseAttentionParams& p, float* receive,
+                                                    uint64_t* bar, uint32_t parity, int split,
+                                                    int t, int g) {
+  const int splits = p.splits;
+  if (cluster_rows_owned(p.group, splits, split) == 0) return;
+  sm90::mbarrier_wait(bar, parity);
+  M3SA_DECODE_FINISH_STAMP(2);
+  const int d = threadIdx.x;
+  for (int row = split; row < p.group; row += splits) {
+    const float* slots = receive + cluster_merge_slot(row, 0, splits) * kClusterSlotFloats;
+    const int64_t head = int64_t{g} * p.group + row;
+    // A thread a dim: the sm90 plan's clusters of 8 get an exact unroll, 16 is the bound itself.
+    if (splits == 8)
+      merge_cluster_row<8>(p, slots, splits, t, head, d);
+    else
+      merge_cluster_row<kMaxClusterSplits>(p, slots, splits, t, head, d);
+  }
+  M3SA_DECODE_FINISH_STAMP(3);
+}
+
 __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionParams& p,
                                                         const MergedRow& mine, float* receive,
                                                         uint64_t* bar, uint32_t parity, int split,
@@ -293,20 +442,32 @@ __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionPar
                          peer_bar);
   }
   M3SA_DECODE_FINISH_STAMP(1);
-  if (cluster_rows_owned(p.group, splits, split) == 0) return;
-  sm90::mbarrier_wait(bar, parity);
-  M3SA_DECODE_FINISH_STAMP(2);
-  const int d = threadIdx.x;
-  for (int row = split; row < p.group; row += splits) {
-    const float* slots = receive + cluster_merge_slot(row, 0, splits) * kClusterSlotFloats;
-    const int64_t head = int64_t{g} * p.group + row;
-    // A thread a dim: the sm90 plan's clusters of 8 get an exact unroll, 16 is the bound itself.
-    if (splits == 8)
-      merge_cluster_row<8>(p, slots, splits, t, head, d);
-    else
-      merge_cluster_row<kMaxClusterSplits>(p, slots, splits, t, head, d);
+  merge_received_rows(p, receive, bar, parity, split, t, g);
+}
+
+// The same pushes from a ColumnState (the warps split P.V by dims): thread (gid, tid) of warp w
+// holds dims 32 w + 8 nt + 2 tid (+ 1) of rows gid and gid + 8, and every warp the rows' m and l;
+// warp 0 pushes those. A slot gets the same 520 bytes as from merge_splits_in_cluster.
+__device__ __forceinline__ void push_columns_to_cluster(const SparseAttentionParams& p,
+                                                        const ColumnState& st, float* receive,
+                                                        uint64_t* bar, int split) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = gid + 8 * r;
+    if (row >= p.group) continue;
+    const uint32_t owner = static_cast<uint32_t>(cluster_merge_owner(row, p.splits));
+    const float* slot = receive + cluster_merge_slot(row, split, p.splits) * kClusterSlotFloats;
+    const uint32_t peer_bar = sm90::peer_shared_address(bar, owner);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+      sm90::push_to_peer(sm90::peer_shared_address(slot + 32 * warp + 8 * nt + 2 * tid, owner),
+                         make_float2(st.o[nt][2 * r], st.o[nt][2 * r + 1]), peer_bar);
+    if (warp == 0 && tid == 0)
+      sm90::push_to_peer(sm90::peer_shared_address(slot + 128, owner),
+                         make_float2(st.m[r], st.l[r]), peer_bar);
   }
-  M3SA_DECODE_FINISH_STAMP(3);
+  M3SA_DECODE_FINISH_STAMP(1);
 }
 #endif
 
@@ -371,8 +532,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   const float logit_scale = logit_scale_log2(p.k_scale);
   __shared__ uint64_t cluster_bar; // the cluster merge's receiving slots are complete
   float* cluster_receive = reinterpret_cast<float*>(smem + kDecodeStreamBytes<kFp8>);
+  // Batch 1's bf16 clusters split P.V by dims (attend_stage_by_dims; the cluster merge is SM90's).
+  __shared__ StageExchange exchange;
+  bool by_dims = false;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const bool clustered = p.split_merge == kMergeInCluster && p.splits > 1;
+  by_dims = kDecodeSplitDims && !kFp8 && clustered;
   // The barrier exists before any peer pushes (the first item's cluster_wait). A CTA barrier and
   // a release arrive, not a relaxed one after the init fence: racecheck reported the relaxed form
   // (s12 r3, r4), and here, before any global access, the release's fence waits for nothing.
@@ -443,6 +608,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     const int position = sel.position;
     RowState st;
     st.reset();
+    ColumnState columns;
+    columns.reset();
 
     const int b_begin = splits_divisor.quotient(sel.count * split);
     const int stages = 2 * (splits_divisor.quotient(sel.count * (split + 1)) - b_begin);
@@ -505,19 +672,33 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
         k_tile = widened;
       }
       const int first_key = sel.block[b_begin + s / 2] * 128 + (s % 2) * kDecodeStageKeys;
-      attend_keys(st, q, k_tile, k_tile + kDecodeStageKeys * kRowBytes, warp * 16,
-                  position - first_key, logit_scale);
+      if (by_dims)
+        attend_stage_by_dims(columns, q, smem + (s % kStages) * kRawStageBytes,
+                             k_tile + kDecodeStageKeys * kRowBytes, position - first_key,
+                             logit_scale, exchange);
+      else
+        attend_keys(st, q, k_tile, k_tile + kDecodeStageKeys * kRowBytes, warp * 16,
+                    position - first_key, logit_scale);
     }
     cp_async_wait<0>();
     __syncthreads(); // the stage buffers are free for the partials
     M3SA_DECODE_STAMP(4);
 
-    float* partials = reinterpret_cast<float*>(smem);
-    store_partial<SharedPartialLayout>(st, partials + warp * kSharedPartialFloats);
     const ClusterMerge cluster{cluster_receive, &cluster_bar, parity};
     parity ^= 1;
-    finish_decode_item(p, partials, kSharedPartialFloats * sizeof(float), cluster, pair, split, t,
-                       g, &sel.last_arrival);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (by_dims) {
+      M3SA_DECODE_FINISH_STAMP(0);
+      push_columns_to_cluster(p, columns, cluster.receive, cluster.bar, split);
+      merge_received_rows(p, cluster.receive, cluster.bar, cluster.parity, split, t, g);
+    } else
+#endif
+    {
+      float* partials = reinterpret_cast<float*>(smem);
+      store_partial<SharedPartialLayout>(st, partials + warp * kSharedPartialFloats);
+      finish_decode_item(p, partials, kSharedPartialFloats * sizeof(float), cluster, pair, split, t,
+                         g, &sel.last_arrival);
+    }
     M3SA_DECODE_STAMP(5);
     // The selection and the buffers are reused by the next item; so are the receiving slots
     // (no plan gives a clustered CTA two items, so the fence of a release is never paid).
