@@ -25,6 +25,7 @@
 
 #include "common/host_device.h"
 #include "cuda/attention_params.h"
+#include "cuda/prepared_divisor.h"
 
 namespace m3sa::cuda {
 
@@ -49,6 +50,19 @@ inline constexpr int kClusterMergeSlots = kAttentionRows;
 inline constexpr int kMaxClusterSplits = 16; // the largest (non-portable) cluster on SM90
 
 inline constexpr int kMinSplitsMergedByKernel = 4;
+
+// The selected blocks [begin, end) that range `split` of `splits` attends, of a pair's `count`
+// valid ones: count * split / splits onwards, so that the ranges tile [0, count) in order and
+// differ by at most one block (a range is empty where count < splits). Both decode kernels take
+// the divisor prepared before their PDL wait (PreparedDivisor: a multiply-high after the
+// selection instead of a reciprocal sequence, s42 r3).
+struct SelectionRange {
+  int begin, end;
+};
+M3SA_HOST_DEVICE SelectionRange split_selection_range(int count, int split,
+                                                      const PreparedDivisor& splits) {
+  return {splits.quotient(count * split), splits.quotient(count * (split + 1))};
+}
 
 struct DecodeSplits {
   int splits;

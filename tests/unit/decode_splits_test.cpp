@@ -148,5 +148,29 @@ TEST(DecodeSplits, ClusterMergeSlotsAreDistinctFitAndMatchTheWait) {
     }
 }
 
+// Every split count a plan makes (1 .. top_k, top_k up to kMaxSelection = 32 and beyond) and
+// every selection length a pair can have (0 .. top_k): the ranges tile [0, count) in order, differ
+// by at most one block, and are the plain divisions' (the kernels' prepared divisor is exact).
+TEST(DecodeSplits, SelectionRangesTileTheSelectionEvenly) {
+  for (int splits = 1; splits <= 64; ++splits) {
+    const cuda::PreparedDivisor divisor(splits);
+    for (int count = 0; count <= 64; ++count) {
+      int next = 0, smallest = count, largest = 0;
+      for (int split = 0; split < splits; ++split) {
+        const cuda::SelectionRange r = cuda::split_selection_range(count, split, divisor);
+        ASSERT_EQ(r.begin, count * split / splits) << "count " << count << " splits " << splits;
+        ASSERT_EQ(r.end, count * (split + 1) / splits) << "count " << count << " splits " << splits;
+        ASSERT_EQ(r.begin, next) << "count " << count << " splits " << splits << " split " << split;
+        ASSERT_LE(r.begin, r.end);
+        smallest = std::min(smallest, r.end - r.begin);
+        largest = std::max(largest, r.end - r.begin);
+        next = r.end;
+      }
+      EXPECT_EQ(next, count) << "splits " << splits;
+      EXPECT_LE(largest - smallest, 1) << "count " << count << " splits " << splits;
+    }
+  }
+}
+
 } // namespace
 } // namespace m3sa::testing

@@ -611,8 +611,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     ColumnState columns;
     columns.reset();
 
-    const int b_begin = splits_divisor.quotient(sel.count * split);
-    const int stages = 2 * (splits_divisor.quotient(sel.count * (split + 1)) - b_begin);
+    const SelectionRange range = split_selection_range(sel.count, split, splits_divisor);
+    const int b_begin = range.begin, stages = 2 * (range.end - range.begin);
     const auto issue = [&](int s) {
       if (s < stages) {
         const int b = b_begin + s / 2, first_key = sel.block[b] * 128 + (s % 2) * kDecodeStageKeys;

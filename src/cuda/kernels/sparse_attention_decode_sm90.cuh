@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
     if (warp == 0) sm90::prefetch_tensor_map(params.k_map);
     if (warp == 1) sm90::prefetch_tensor_map(params.v_map);
   }
-  const int guess = guessed_request(p, t); // select_blocks
+  const PreparedDivisor splits_divisor(p.splits); // the range, after the selection
+  const int guess = guessed_request(p, t);         // select_blocks
   prefetch_selection_metadata(p, t, g, split, guess);
   // Launched to overlap the previous kernel (PDL): nothing above read global memory.
   wait_for_prior_grids();
@@ -186,8 +187,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   select_blocks(p, t, g, guess, sel);   // ends in a CTA barrier
   M3SA_DECODE_STAMP(2);
   const int position = sel.position;
-  const int b_begin = sel.count * split / p.splits;
-  const int b_end = sel.count * (split + 1) / p.splits;
+  const auto [b_begin, b_end] = split_selection_range(sel.count, split, splits_divisor);
   // The range's stages: whole blocks, but the last one (the token's own block, when selected)
   // only up to the position.
   int stages = 0;
