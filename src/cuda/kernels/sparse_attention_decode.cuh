@@ -393,17 +393,8 @@ __device__ __forceinline__ void merge_cluster_row(const SparseAttentionParams& p
     p.lse[int64_t{t} * p.lse_stride_token + head * p.lse_stride_head] = row_lse(m_max, l_sum);
 }
 
-// The splits of a (token, KV head) as the p.splits CTAs of this cluster (split == rank). Row r of
-// the group is merged by the CTA of rank r % splits; every CTA pushes its merged partial of row r
-// (O, then m and l) into that CTA's `receive` slot (r / splits) * splits + split by st.async, which
-// counts the bytes down the receiver's `bar`; each CTA then waits for its own rows' bytes only,
-// merges them (a thread per dim; same order of terms as the workspace merge, merge_rows: split 0
-// first) and writes token t's output. No fence and no cluster-wide barrier: the cluster.sync()
-// version (a DSMEM read of every partial between two of them, each a MEMBAR.ALL.GPU) finished
-// batch 1 in 7,000-7,800 cycles, this one in 3,400-4,000 (s12 r1 / r6 stamps).
-// The peers' barriers exist only once the kernel's cluster barrier has completed: the caller has
-// waited for it (sparse_attention_decode_kernel, while the first item's copies are in flight).
-// The second half of the cluster merge: this CTA's rows, once every split's slot of them is in.
+// The receiving half of the cluster merge (below): this CTA's rows, once every split's slot of
+// them is in.
 __device__ __forceinline__ void merge_received_rows(const SparseAttentionParams& p, float* receive,
                                                     uint64_t* bar, uint32_t parity, int split,
                                                     int t, int g) {
@@ -424,6 +415,16 @@ __device__ __forceinline__ void merge_received_rows(const SparseAttentionParams&
   M3SA_DECODE_FINISH_STAMP(3);
 }
 
+// The splits of a (token, KV head) as the p.splits CTAs of this cluster (split == rank). Row r of
+// the group is merged by the CTA of rank r % splits; every CTA pushes its merged partial of row r
+// (O, then m and l) into that CTA's `receive` slot (r / splits) * splits + split by st.async, which
+// counts the bytes down the receiver's `bar`; each CTA then waits for its own rows' bytes only,
+// merges them (a thread per dim; same order of terms as the workspace merge, merge_rows: split 0
+// first) and writes token t's output. No fence and no cluster-wide barrier: the cluster.sync()
+// version (a DSMEM read of every partial between two of them, each a MEMBAR.ALL.GPU) finished
+// batch 1 in 7,000-7,800 cycles, this one in 3,400-4,000 (s12 r1 / r6 stamps).
+// The peers' barriers exist only once the kernel's cluster barrier has completed: the caller has
+// waited for it (sparse_attention_decode_kernel, while the first item's copies are in flight).
 __device__ __forceinline__ void merge_splits_in_cluster(const SparseAttentionParams& p,
                                                         const MergedRow& mine, float* receive,
                                                         uint64_t* bar, uint32_t parity, int split,
