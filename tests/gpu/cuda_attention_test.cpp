@@ -224,6 +224,11 @@ const AttentionCase kCases[] = {
      0.5f, 2.f},
     {"DecodeFp8Batch1ShortPadded", spec({1}, {300}, 1, 1, 16, 1, DType::fp8_e4m3), 16, 1.5f, 0.75f,
      true},
+    // Batch 1 in clusters with GQA groups under 8 (bf16: the warps split P.V by dims, and the
+    // rows past the group, which hold zero queries, must not reach a peer): group 2 in clusters
+    // of 8 (top_k 8, sanitizer-sized), group 4 in clusters of 16.
+    {"SmallDecodeBatch1Group2K8", spec({1}, {20000}, 1, 1, 8, 4), 8, 1, 1, true},
+    {"DecodeBatch1Group4", spec({1}, {50000}, 1, 1, 16, 4), 16, 1, 1, true},
     // 48 (token, KV head) pairs: more than the clusters an sm90 plan takes, so its TMA kernel
     // splits the selections and merge_decode_splits_kernel merges them; short, padded and
     // one-token contexts leave ranges without keys.
