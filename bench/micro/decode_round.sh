@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device round for decode-indexer variants given as patches (kernel, plan and tests alike):
+# One device round for kernel variants given as patches (kernel, plan and tests alike; decode
+# indexer, attention, prefill attention):
 # the landed build (build/, the default preset) as "main", and each patch applied to an export of
 # HEAD and built whole (m3sa CLI and GPU tests, sm_90a only) in a scratch tree - unlike
 # patch_variant.sh, a patch may change tests and headers anywhere. Packs .gpu/decode_round.tar.xz
@@ -15,7 +16,8 @@
 # - where .peer is there, vLLM's decode kernels and the side by side of one variant's run (SIDE:
 #   default the first variant; PEER=0 leaves vLLM out, e.g. in the second of two bench calls;
 #   PEER_ARGS: peer_bench.py's case options, default "--no-attn", e.g. "--batches 1" for the
-#   batch-1 attention and indexer);
+#   batch-1 attention and indexer; PEER_PREFILL=1: vLLM's prefill cases too, which the peer
+#   otherwise leaves out, e.g. PEER_ARGS="--no-decode" for a prefill round);
 #   ONLY="v1 v2" restricts tests and bench to those variants (and main), for rounds of more
 #   variants than one call holds.
 # run.txt and round.tgz come back, rewritten after each stage, so that a call cut short still
@@ -69,6 +71,7 @@ variants="${names[*]:1}" all="${names[*]}"
 tests="\${TESTS:-${TESTS:-decode}}" bench="\${BENCH:-${BENCH:-}}"
 side="\${SIDE:-${names[1]:-}}" peer="\${PEER:-1}"
 peer_args="\${PEER_ARGS:-${PEER_ARGS:---no-attn}}"
+peer_prefill="\${PEER_PREFILL:-${PEER_PREFILL:-0}}"
 [ -n "\${ONLY:-}" ] && variants="\$ONLY" all="main \$ONLY"
 EOF
 cat >> "$root/.gpu/decode_round.sh" <<'EOF'
@@ -128,7 +131,8 @@ for round in 1 2; do
 done
 first="$side"
 if [ -d .peer ] && [ -n "$first" ] && [ "$peer" != 0 ]; then
-  PYTHONPATH=.peer/vllm_shim timeout 120 python3 .peer/peer_bench.py --no-torch-timing --no-sanity --no-prefill $peer_args --budget-s 80 --out "$w/peer" > "$w/peer.log" 2>&1
+  prefill_flag=--no-prefill; [ "$peer_prefill" = 1 ] && prefill_flag=
+  PYTHONPATH=.peer/vllm_shim timeout 120 python3 .peer/peer_bench.py --no-torch-timing --no-sanity $prefill_flag $peer_args --budget-s 80 --out "$w/peer" > "$w/peer.log" 2>&1
   log "peer rc=$?"
   python3 bench/micro/round_table.py "$w" --variant "$first" --round 1 \
     --json "$w/decode-m3sa-$first.json" > /dev/null
