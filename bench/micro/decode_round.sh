@@ -27,7 +27,7 @@
 # (patches joined by + apply in order, so that a variant of a variant is a small patch on top)
 # e.g. TESTS=all bench/micro/decode_round.sh sf1:bench/patches/s34-one-range-sampled-floor.patch
 set -euo pipefail
-[[ $# -ge 1 ]] || { sed -n 2,18p "$0"; exit 2; }
+[[ $# -ge 1 ]] || { sed -n 2,28p "$0"; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$root/scripts/env.sh"
 [[ -x "$root/build/tools/m3sa_cli/m3sa" && -x "$root/build/tests/m3sa_gpu_tests" ]] ||
