@@ -667,19 +667,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
       __syncthreads(); // stage s landed for all; stage s - 1 is free for the next copy
       if (s == 0) M3SA_DECODE_STAMP(3);
       issue(s + kStages - 1);
-      const unsigned char* k_tile = smem + (s % kStages) * kRawStageBytes;
+      unsigned char* k_tile = smem + (s % kStages) * kRawStageBytes; // by dims: then the weights
       if constexpr (kFp8) {
         widen_warp_rows(k_tile, widened, warp, threadIdx.x & 31);
         k_tile = widened;
       }
+      const unsigned char* v_tile = k_tile + kDecodeStageKeys * kRowBytes;
       const int first_key = sel.block[b_begin + s / 2] * 128 + (s % 2) * kDecodeStageKeys;
       if (by_dims)
-        attend_stage_by_dims(columns, q, smem + (s % kStages) * kRawStageBytes,
-                             k_tile + kDecodeStageKeys * kRowBytes, position - first_key,
-                             logit_scale, exchange);
+        attend_stage_by_dims(columns, q, k_tile, v_tile, position - first_key, logit_scale,
+                             exchange);
       else
-        attend_keys(st, q, k_tile, k_tile + kDecodeStageKeys * kRowBytes, warp * 16,
-                    position - first_key, logit_scale);
+        attend_keys(st, q, PaddedRows{k_tile}, PaddedRows{v_tile}, warp * 16, position - first_key,
+                    logit_scale);
     }
     cp_async_wait<0>();
     __syncthreads(); // the stage buffers are free for the partials
