@@ -96,7 +96,7 @@ log() { echo "$* $(date +%s)" >> "$w/run.txt"; }
 log "start $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 mode="${1:-all}" # tests | bench | all: a round too long for one call (600 s) goes in two
 F='GpuDecodeIndexer*:Cases/GpuDecodeIndexer*:GpuContextParallel*:Cases/GpuContextParallel*:GpuListMerge*:GpuIndexer*:Cases/GpuIndexer*:GpuRobustness*'
-S='GpuDecodeIndexerSmall*:GpuListMergeSmall*:GpuContextParallelSmall*:GpuIndexerSmall*'
+S='GpuDecodeIndexerSmall*:Cases/GpuDecodeIndexer.*/Small*:GpuListMergeSmall*:GpuContextParallelSmall*:GpuIndexerSmall*'
 # The attention's: its small cases under racecheck too (the layout cases are too long for it).
 FA='CudaAttention*:Cases/CudaAttention*:*sparse_attention*:GpuCApi*'
 SA='CudaAttentionSmall.*:*sparse_attention*Small*'
