@@ -218,11 +218,62 @@ Status launch_certified_selection(const OpPlan& plan, const IndexTopkArgs& args,
   return {};
 }
 
+// The Hopper decode kernels (decode_topk_sm90.cuh), [e4m3][k32][8 warps][cluster instantiation]:
+// their launch and, for the cluster instantiations, the clusters the device holds at once (null
+// where there is no such kernel: the plan takes clusters for e4m3 caches of at most 16 ranked
+// slots only).
+struct DecodeSm90Kernel {
+  cudaError_t (*launch)(const DecodeTopkSm90Params&, dim3, cudaStream_t);
+  int (*active_clusters)(int cluster);
+};
+constexpr DecodeSm90Kernel kDecodeSm90Kernels[2][2][2][2] = {
+    {{{{launch_decode_topk_sm90_bf16_k16, nullptr}, {}},
+      {{launch_decode_topk_sm90_bf16_k16_w8, nullptr}, {}}},
+     {{{launch_decode_topk_sm90_bf16_k32, nullptr}, {}},
+      {{launch_decode_topk_sm90_bf16_k32_w8, nullptr}, {}}}},
+    {{{{launch_decode_topk_sm90_fp8_k16, nullptr},
+       {launch_decode_topk_sm90_fp8_k16_cluster, decode_topk_sm90_fp8_k16_cluster_active_clusters}},
+      {{launch_decode_topk_sm90_fp8_k16_w8, nullptr},
+       {launch_decode_topk_sm90_fp8_k16_w8_cluster,
+        decode_topk_sm90_fp8_k16_w8_cluster_active_clusters}}},
+     {{{launch_decode_topk_sm90_fp8_k32, nullptr}, {}},
+      {{launch_decode_topk_sm90_fp8_k32_w8, nullptr}, {}}}}};
+
+// The Hopper decode kernel's grid for a request's decode rows: one CTA an SM's worth of ranges a
+// tile (never more than block_splits) - or, where a cluster instantiation exists for the plan's
+// kernel and the device holds a cluster for every tile at once, the ranges of one cluster
+// (decode_sm90_cluster_splits: the ranges the longest request fills, at most 16). Clusters for
+// e4m3 only: they took batch 1 S=8K 0.38-0.50 us faster (7.0 -> 6.6 us, H100), but bf16 level,
+// the cluster's 16 SMs of one GPC streaming twice the bytes (bench/NOTES.md s44 r2, r4).
+void plan_decode_sm90(const PlanRequest& request, ScoringPlanInfo* info) {
+  const MsaConfig& config = request.config;
+  const int64_t sm_splits =
+      decode_sm90_split_count(info->sm_count, request.capacities.max_requests);
+  info->decode_sm90_splits =
+      static_cast<int>(std::clamp<int64_t>(sm_splits, 1, std::max(info->block_splits, 1)));
+  info->decode_sm90_cluster = 1;
+  const bool fp8 = request.cache_dtype == DType::fp8_e4m3, k32 = ranked_slots(config) > 16;
+  if (!fp8 || k32) return;
+  const int64_t max_blocks = request.capacities.max_blocks_per_request;
+  const int splits = std::min(decode_sm90_splits(sm_splits, max_blocks), info->block_splits);
+  const int rows = static_cast<int>(std::min<int64_t>(
+      kDecodeSm90MaxRows, int64_t{config.num_index_heads} *
+                              std::min<int64_t>(kMaxDecodeQLen, request.capacities.max_tokens)));
+  const int cluster = decode_sm90_cluster_splits(splits, max_blocks, rows, ranked_slots(config));
+  if (cluster < 2) return;
+  const DecodeSm90Kernel& kernel =
+      kDecodeSm90Kernels[fp8][k32][decode_sm90_warps(cluster) == kDecodeSm90WideWarps][1];
+  if (kernel.active_clusters != nullptr &&
+      decode_tile_capacity(request) <= kernel.active_clusters(cluster))
+    info->decode_sm90_splits = info->decode_sm90_cluster = cluster;
+}
+
 // tensor_core_fp8: e4m3 prefill rows scored by QGMMA and certified (index_topk on e4m3 caches).
 Status plan_indexer_with(Scorer scorer, const PlanRequest& request, const detail::DeviceCaps& caps,
                          OpPlan* plan, bool tensor_core_fp8 = false) {
   ScoringPlanInfo info = plan_scoring(request, caps.sm_count);
   info.scorer = scorer;
+  if (scorer == Scorer::sm90) plan_decode_sm90(request, &info);
   info.tensor_core_fp8 =
       tensor_core_fp8 && request.op == OpKind::index_topk && request.cache_dtype == DType::fp8_e4m3
           ? 1
@@ -424,11 +475,11 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
   const bool short_lists = ranked_slots(plan.request.config) <= 16;
   const ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(plan);
   const int64_t rows = int64_t{p.decode_q_len} * plan.request.config.num_index_heads;
-  // One CTA per SM's worth of ranges (never more than the workspace's p.scoring.splits), of the
-  // warps decode_sm90_warps picks for that many ranges a request.
-  const int sm90_splits = static_cast<int>(std::clamp<int64_t>(
-      decode_sm90_split_count(info.sm_count, plan.request.capacities.max_requests), 1,
-      p.scoring.splits));
+  // The plan's ranges a tile (plan_decode_sm90; never more than the workspace's
+  // p.scoring.splits), of the warps decode_sm90_warps picks for that many ranges a request.
+  const int sm90_splits = std::clamp(info.decode_sm90_splits, 1, p.scoring.splits);
+  // The plan's cluster holds the tile's ranges: the cluster instantiation.
+  const bool clustered = info.decode_sm90_cluster > 1 && info.decode_sm90_cluster == sm90_splits;
   const int warps = decode_sm90_warps(sm90_splits);
   DecodeTopkSm90Params sm90{};
   if (info.scorer == Scorer::sm90 && rows <= kDecodeSm90MaxRows &&
@@ -437,15 +488,12 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
     sm90.decode.scoring.splits = sm90_splits;
     const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
                     static_cast<unsigned>(sm90_splits));
-    using Launch = cudaError_t (*)(const DecodeTopkSm90Params&, dim3, cudaStream_t);
-    constexpr Launch kLaunchers[2][2][2] = {
-        // [e4m3][k32][8 warps]
-        {{launch_decode_topk_sm90_bf16_k16, launch_decode_topk_sm90_bf16_k16_w8},
-         {launch_decode_topk_sm90_bf16_k32, launch_decode_topk_sm90_bf16_k32_w8}},
-        {{launch_decode_topk_sm90_fp8_k16, launch_decode_topk_sm90_fp8_k16_w8},
-         {launch_decode_topk_sm90_fp8_k32, launch_decode_topk_sm90_fp8_k32_w8}}};
-    M3SA_CUDA_RETURN_IF_ERROR(
-        kLaunchers[fp8][!short_lists][warps == kDecodeSm90WideWarps](sm90, grid, stream));
+    const DecodeSm90Kernel& kernel =
+        kDecodeSm90Kernels[fp8][!short_lists][warps == kDecodeSm90WideWarps][clustered];
+    if (kernel.launch == nullptr)
+      return Status(StatusCode::internal,
+                    "a cluster plan for a Hopper decode kernel without a cluster instantiation");
+    M3SA_CUDA_RETURN_IF_ERROR(kernel.launch(sm90, grid, stream));
     return {};
   }
   const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),

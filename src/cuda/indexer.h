@@ -18,12 +18,16 @@ enum class Scorer : int32_t { portable = 0, sm90 = 1 };
 
 // Plan info of the scoring implementations (cuda.score_blocks.*, cuda.index_topk.*).
 struct ScoringPlanInfo {
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = 4;
   int32_t sm_count;     // the device's SMs, read at plan time
   int32_t block_splits; // block ranges per row tile: the portable scoring and decode grids' y
   Scorer scorer;
   // 1 (cuda.index_topk.sm90_qgmma): e4m3 prefill rows scored by QGMMA, selections certified.
   int32_t tensor_core_fp8;
+  // The Hopper decode kernel's ranges a tile (its grid's y, at most block_splits) and, where each
+  // tile's ranges are one thread-block cluster (the cluster finish), that many; else 1.
+  int32_t decode_sm90_splits;
+  int32_t decode_sm90_cluster;
 };
 
 // The splits of a request on a device of `sm_count` SMs.

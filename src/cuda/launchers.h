@@ -69,6 +69,15 @@ bool decode_topk_sm90_bf16_k16_w8_has_sm90a_code();
 bool decode_topk_sm90_bf16_k32_w8_has_sm90a_code();
 bool decode_topk_sm90_fp8_k16_w8_has_sm90a_code();
 bool decode_topk_sm90_fp8_k32_w8_has_sm90a_code();
+// Their cluster instantiations (e4m3, 16 ranked slots at most): each tile's ranges (grid.y) one
+// thread-block cluster, finishing in rank 0's shared memory; *_active_clusters: the clusters of
+// that many ranges the device holds at once (plan time; 0 without sm_90a code).
+cudaError_t launch_decode_topk_sm90_fp8_k16_cluster(const DecodeTopkSm90Params& params, dim3 grid,
+                                                    cudaStream_t stream);
+cudaError_t launch_decode_topk_sm90_fp8_k16_w8_cluster(const DecodeTopkSm90Params& params,
+                                                       dim3 grid, cudaStream_t stream);
+int decode_topk_sm90_fp8_k16_cluster_active_clusters(int cluster);
+int decode_topk_sm90_fp8_k16_w8_cluster_active_clusters(int cluster);
 cudaError_t launch_merge_candidates(const MergeCandidatesParams& params, cudaStream_t stream);
 // overlap_prior: launched with programmatic dependent launch (SM90 plans, after the scorer).
 cudaError_t launch_select_topk(const SelectTopkParams& params, cudaStream_t stream,

@@ -15,9 +15,11 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/indexer.h"
 #include "cuda/kernels/indexer_traits.h"
 #include "gpu/cuda_test_util.h"
 #include "gpu/device_batch.h"
+#include "registry/registry.h"
 #include "support/e4m3_data.h"
 #include "support/test_util.h"
 
@@ -150,6 +152,13 @@ std::vector<DecodeCase> decode_cases() {
                   true, true),
       decode_case("SmallBoundaryLengthsH2Mtp4K32Local2Init2Fp8", mtp_boundaries, 4,
                   cfg(2, 32, 2, 2), f8, true, true),
+      // The Hopper kernel's cluster instantiation (e4m3, <= 16 ranked slots: each tile's ranges one
+      // cluster, the lists pushed into rank 0's shared memory): batch 1 at 40 blocks (ranges of 3
+      // in a cluster of 16, the last ones empty), and three requests of up to 21 blocks (clusters
+      // of 11, two padding tiles).
+      decode_case("SmallB1ClusterOf16H4Fp8", {5000}, 1, cfg(4, 16, 1, 0), f8, true, true),
+      decode_case("SmallB3ClustersOf11Init2Fp8", {2600, 129, 0}, 1, cfg(1, 16, 1, 2), f8, true,
+                  true),
       // Batch 1: the most splits a request, each 1 to 13 blocks (a full last split, or one
       // block more than the splits hold: ragged ranges and empty last splits). The Hopper
       // kernel's ranges hold at least 2 blocks (kDecodeSm90MinBlocksPerRange): 1 a split fills
@@ -225,6 +234,26 @@ std::vector<DecodeCase> decode_cases() {
                   1, cfg(1, 16, 1, 0), f8, true, false, cuda::kDecodeSm90WideMaxSplits),
       decode_case("B3NarrowestFourWarpPlanK32", {split_len(3, 0), split_len(9, -1), 0}, 1,
                   cfg(1, 32, 1, 1), bf, true, false, cuda::kDecodeSm90WideMaxSplits + 1),
+      // Short contexts of e4m3 caches, where the Hopper plan makes each tile's ranges one cluster
+      // (decode_sm90_cluster_splits; the cluster instantiation): batch 1 at S=8K (16 ranges of 4
+      // blocks) and at 40 blocks (ranges of 3), 20 blocks (a cluster of 10), 3 blocks (of 2,
+      // 8-warp CTAs); 8 rows a request; four requests of up to 63 blocks (clusters of 16); batch 32
+      // (clusters of 4 ranges of 8-warp CTAs). Where the device cannot hold a cluster a tile, the
+      // plan keeps the workspace finish; bf16 caches and 32 ranked slots always do (the K32 and
+      // bf16 twins).
+      decode_case("B1S8KClusterOf16Fp8", {8192}, 1, cfg(1, 16, 1, 0), f8),
+      decode_case("B1S8KWorkspaceFinishBf16", {8192}, 1, cfg(1, 16, 1, 0), bf),
+      decode_case("B1H4RaggedClusterInit2Fp8", {40 * kBlockTokens - 5}, 1, cfg(4, 16, 1, 2), f8),
+      decode_case("B1H4RaggedWorkspaceFinishK32Init2Fp8", {40 * kBlockTokens - 5}, 1,
+                  cfg(4, 32, 1, 2), f8),
+      decode_case("B1H2ClusterOf10Fp8", {20 * kBlockTokens}, 1, cfg(2, 16, 1, 0), f8),
+      decode_case("B1ThreeBlocksClusterOf2Fp8", {2 * kBlockTokens + 1}, 1, cfg(1, 16, 1, 0), f8),
+      decode_case("B1H4Mtp2ClusterRows8Fp8", {64 * kBlockTokens - 77}, 2, cfg(4, 16, 1, 0), f8),
+      decode_case("B1H2Mtp4ClusterFp8RandomData", {6000}, 4, cfg(2, 16, 1, 0), f8, false),
+      decode_case("B4ClustersOf16Fp8", {8000, 0, 3000, 129}, 1, cfg(1, 16, 1, 0), f8),
+      decode_case("B32ClustersOf4H4Fp8", varied(32, 20000, 15), 1, cfg(4, 16, 1, 0), f8),
+      decode_case("B32ClustersOf4Init1Fp8RandomData", varied(32, 9000, 16), 1, cfg(1, 16, 1, 1), f8,
+                  false),
   };
 }
 
@@ -292,6 +321,12 @@ TEST_P(GpuDecodeIndexer, EveryImplementationMatchesTheHostBackend) {
   for (const char* arch : kArchs) {
     CudaRun run;
     if (!plan_named(arch, c.config, sb, plan_requests, &run)) continue;
+    if (std::string(arch) == "sm90") {
+      const auto info = detail::load_plan_info<cuda::ScoringPlanInfo>(run.plan);
+      std::printf("[ %s sm90 ] Hopper decode grid: %d ranges a tile, %s\n", c.name,
+                  info.decode_sm90_splits,
+                  info.decode_sm90_cluster > 1 ? "each tile one cluster" : "workspace finish");
+    }
     HostTensor got = run_topk(run, c.config, db, db.index_k_cache.view());
     EXPECT_EQ(device_flags(run), 0) << arch;
     const TopkComparison cmp = compare_topk(

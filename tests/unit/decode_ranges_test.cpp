@@ -128,5 +128,90 @@ TEST(DecodeRanges, PreparedSplitDivisorGivesTheSameRanges) {
     }
 }
 
+TEST(DecodeRanges, PublishedListsFillWholeChunksWithinTheWarps) {
+  // published_lists: the lists that may hold a block plus one empty list where lists x rows x len
+  // is odd, never more lists than the CTA's warps (an even count), each as long as a warp's most
+  // candidates.
+  for (int warps : {cuda::kDecodeSm90NarrowWarps, cuda::kDecodeSm90WideWarps})
+    for (int rows = 1; rows <= cuda::kDecodeSm90MaxRows; ++rows)
+      for (int fill : {1, 8, 13, 15, 16, 31, 32})
+        for (int per_split = 0; per_split <= 300; ++per_split) {
+          const cuda::PublishedLists l = cuda::published_lists(per_split, warps, rows, fill);
+          const int with_blocks = lists_with_blocks(per_split, warps);
+          ASSERT_EQ(l.len, std::min(fill, blocks_per_list(per_split, warps)));
+          ASSERT_TRUE(l.lists == with_blocks || l.lists == with_blocks + 1);
+          ASSERT_LE(l.lists, warps);
+          ASSERT_EQ(l.packed(rows) % 2, 0) << "whole 16-byte chunks";
+        }
+}
+
+TEST(DecodeRanges, HopperGridKeepsTheRangesTheLongestRequestCanFill) {
+  // decode_sm90_splits: one CTA an SM's worth of ranges, at most the ranges of two blocks the
+  // plan's longest request fills (132 SMs).
+  EXPECT_EQ(cuda::decode_sm90_splits(132, 64), 32);    // batch 1, S=8K
+  EXPECT_EQ(cuda::decode_sm90_splits(132, 256), 128);  // S=32K
+  EXPECT_EQ(cuda::decode_sm90_splits(132, 1024), 132); // S=128K
+  EXPECT_EQ(cuda::decode_sm90_splits(4, 1024), 4);     // batch 32
+  EXPECT_EQ(cuda::decode_sm90_splits(132, 3), 2);
+  EXPECT_EQ(cuda::decode_sm90_splits(132, 1), 1);
+  EXPECT_EQ(cuda::decode_sm90_splits(132, 0), 1);
+  EXPECT_EQ(cuda::decode_sm90_splits(0, 1024), 1);
+  for (int64_t sm_splits : {1, 2, 4, 33, 132, 264})
+    for (int64_t max_blocks = 0; max_blocks <= 2100; ++max_blocks) {
+      const int splits = cuda::decode_sm90_splits(sm_splits, max_blocks);
+      ASSERT_GE(splits, 1);
+      ASSERT_LE(splits, std::max<int64_t>(sm_splits, 1));
+      // The ranges past the grid would have held no block: the same ranges hold blocks.
+      const int n = static_cast<int>(max_blocks);
+      ASSERT_EQ(
+          splits_with_blocks(n, blocks_per_split(n, splits, kMinPerRange)),
+          splits_with_blocks(n, blocks_per_split(n, static_cast<int>(sm_splits > 0 ? sm_splits : 1),
+                                                 kMinPerRange)))
+          << "sm_splits " << sm_splits << " max_blocks " << max_blocks;
+    }
+}
+
+TEST(DecodeRanges, ClusterFinishWhereTheRangesFitOneClusterAndRankZeroReceivesThem) {
+  constexpr int kMost = cuda::kDecodeSm90MaxCluster;
+  if (kMost < 2) GTEST_SKIP() << "a build without the cluster finish";
+  // Batch 1 at S=8K: 32 ranges of 2 become one cluster of 16 ranges of 4; S=4K: 16 of 2.
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(32, 64, 1, 15), 16);
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(16, 32, 4, 15), 16);
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(10, 20, 2, 15), 10);
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(2, 3, 1, 15), 2);
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(1, 1, 1, 15), 0); // one range: no merge at all
+  // Longer contexts keep every SM's range: S=32K and 128K at batch 1, 26 ranges of batch 5.
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(128, 256, 1, 15), 0);
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(132, 1024, 1, 15), 0);
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(26, 1024, 1, 15), 0);
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(26, 64, 1, 15), 16);
+  // Batch 32 (4 ranges of 8-warp CTAs) at S=128K: 4 x 8 lists x 4 rows x 15 keys fit rank 0's
+  // 2048; 8 rows a request (MTP) do not.
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(4, 1024, 4, 15), 4);
+  EXPECT_EQ(cuda::decode_sm90_cluster_splits(4, 1024, 8, 15), 0);
+  for (int splits = 1; splits <= 264; ++splits)
+    for (int rows : {1, 2, 4, 8})
+      for (int fill : {1, 8, 15, 16, 31, 32})
+        for (int max_blocks = 0; max_blocks <= 2100; max_blocks += (max_blocks < 300 ? 1 : 37)) {
+          const int c = cuda::decode_sm90_cluster_splits(splits, max_blocks, rows, fill);
+          if (c == 0) continue;
+          SCOPED_TRACE(::testing::Message() << "splits " << splits << " rows " << rows << " fill "
+                                            << fill << " max_blocks " << max_blocks);
+          ASSERT_GE(c, 2);
+          ASSERT_LE(c, kMost);
+          ASSERT_LE(c, splits);
+          // Every shorter request of the plan publishes into rank 0's receiving area too (the
+          // kernel checks it and takes the workspace otherwise, at no cost but the cluster's).
+          const int warps = cuda::decode_sm90_warps(c);
+          for (int n = 0; n <= max_blocks; ++n) {
+            const int per_split = blocks_per_split(n, c, kMinPerRange);
+            ASSERT_LE(int64_t{splits_with_blocks(n, per_split)} *
+                          cuda::published_lists(per_split, warps, rows, fill).packed(rows),
+                      cuda::kDecodeSm90ReceiveKeys)
+                << "n " << n;
+          }
+        }
+}
+
 } // namespace
 } // namespace m3sa::testing

@@ -213,6 +213,7 @@ struct LaunchOptions {
   // Programmatic dependent launch: the kernel may start while the stream's previous kernel is
   // still running, and waits for it (wait_for_prior_grids) before it touches memory. SM90 only.
   bool overlap_prior = false;
+  int cluster_y = 1; // and along y (the decode indexer's ranges of a tile)
 };
 
 // Whether `kernel`'s attributes on `device` were already set for `smem` bytes of dynamic shared
@@ -248,7 +249,7 @@ template <typename Params>
 cudaError_t launch_with_shared_memory(void (*kernel)(Params), dim3 grid, int threads, int smem,
                                       cudaStream_t stream, const Params& params,
                                       LaunchOptions options = {}) {
-  const cudaError_t e = set_launch_attributes(kernel, smem, options.cluster);
+  const cudaError_t e = set_launch_attributes(kernel, smem, options.cluster * options.cluster_y);
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
@@ -256,11 +257,12 @@ cudaError_t launch_with_shared_memory(void (*kernel)(Params), dim3 grid, int thr
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attributes[2] = {};
-  if (options.cluster > 1) {
+  if (options.cluster > 1 || options.cluster_y > 1) {
     cudaLaunchAttribute& a = attributes[config.numAttrs++];
     a.id = cudaLaunchAttributeClusterDimension;
     a.val.clusterDim.x = static_cast<unsigned>(options.cluster);
-    a.val.clusterDim.y = a.val.clusterDim.z = 1;
+    a.val.clusterDim.y = static_cast<unsigned>(options.cluster_y);
+    a.val.clusterDim.z = 1;
   }
   if (options.overlap_prior) {
     cudaLaunchAttribute& a = attributes[config.numAttrs++];
@@ -269,6 +271,35 @@ cudaError_t launch_with_shared_memory(void (*kernel)(Params), dim3 grid, int thr
   }
   config.attrs = attributes;
   return cudaLaunchKernelEx(&config, kernel, params);
+}
+
+// How many clusters of `cluster_x` x `cluster_y` CTAs (2..16 in all) of `threads` threads and
+// `smem` bytes of dynamic shared memory the current device holds at once: 0 where the kernel has
+// no SM90 code (cluster code is compiled for SM90 only) or the device cannot run such a cluster.
+// Plan time only.
+template <typename Params>
+int active_clusters(void (*kernel)(Params), int threads, int smem, int cluster_x, int cluster_y) {
+  const int ctas = cluster_x * cluster_y;
+  cudaFuncAttributes attributes{};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(cluster_x, cluster_y);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(cluster_x);
+  attribute.val.clusterDim.y = static_cast<unsigned>(cluster_y);
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (ctas < 2 || ctas > 16 || cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess ||
+      attributes.ptxVersion < 90 || set_launch_attributes(kernel, smem, ctas) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError(); // a refusal here only means: no clusters
+    return 0;
+  }
+  return clusters;
 }
 
 // Whether `kernel` was built for sm_90a (a kernel JIT-compiled from the portable PTX has an empty

@@ -3,7 +3,9 @@
 // One CTA = one row tile of a decode request (all its q_len x H rows when they fit 64) times one
 // range of its causal blocks. While it scores, each row keeps its best candidates in a sorted
 // list in shared memory; the CTA then publishes its lists, and the last CTA of the tile to arrive
-// merges all ranges' lists into the final selection (split-K style: no second launch, no sync).
+// merges all ranges' lists into the final selection (split-K style: no second launch, no sync) -
+// or, in the Hopper kernel's cluster instantiation, whose launch makes a tile's ranges one
+// cluster, rank 0 merges the lists the others push into its shared memory.
 // This file holds the portable kernel (mma.sync, register-staged key blocks, SM80+) and the tile
 // bookkeeping and publish / merge tail it shares with the Hopper kernel (decode_topk_sm90.cuh).
 #include <cuda/atomic>
@@ -12,6 +14,7 @@
 #include "cuda/kernels/decode_stamps.cuh"
 #include "cuda/kernels/score_blocks.cuh"
 #include "cuda/kernels/select_topk.cuh"
+#include "cuda/kernels/sm90/hopper.cuh"
 
 namespace m3sa::cuda {
 
@@ -193,7 +196,8 @@ __device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const Li
   t.emit(row, true, merge_warp(best, fill, lane), lane);
 }
 
-// Row `row`'s selection from the Hopper kernel's warp lists in global memory (more than 64 keys),
+// Row `row`'s selection from the Hopper kernel's warp lists (more than 64 keys; `kShared`: in rank
+// 0's receiving area, plain loads, else read through L2),
 // by a group of `threads` worker threads (2 or 4 warps, named barrier `barrier`; q: the thread's
 // index in the group; `heads`: shared memory for the set.count list heads) - where a tile has one
 // or two rows, the last CTA's other warps would otherwise idle while one warp walks every list.
@@ -206,7 +210,7 @@ __device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const Li
 // then one warp's floor and survivors, took 6.3 us of the last CTA's 8.2 us tail at batch 1 S=1M;
 // this, 4.4 (bench/NOTES.md s30 r7-r8). Keys built against the floor (too many survivors) go to
 // merge_row on the group's first warp.
-template <int MaxK>
+template <int MaxK, bool kShared = false>
 __device__ __forceinline__ void merge_row_in_group(const DecodeTile& t, int row, const ListSet& set,
                                                    uint64_t* heads, uint64_t* scratch, int q,
                                                    int threads, int barrier, int lane) {
@@ -225,7 +229,7 @@ __device__ __forceinline__ void merge_row_in_group(const DecodeTile& t, int row,
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int l = first + u * threads;
-      head[u] = l < set.count ? list_key<false>(set.list(l)) : 0;
+      head[u] = l < set.count ? list_key<kShared>(set.list(l)) : 0;
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -251,7 +255,7 @@ __device__ __forceinline__ void merge_row_in_group(const DecodeTile& t, int row,
       for (int k = 0; k < set.len; k += 4) { // descending: stop below the floor
         uint64_t keys[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) keys[u] = k + u < set.len ? list_key<false>(list + k + u) : 0;
+        for (int u = 0; u < 4; ++u) keys[u] = k + u < set.len ? list_key<kShared>(list + k + u) : 0;
 #pragma unroll
         for (int u = 0; u < 4; ++u)
           if (keys[u] != 0 && keys[u] >= floor) {
@@ -266,7 +270,7 @@ __device__ __forceinline__ void merge_row_in_group(const DecodeTile& t, int row,
   const int held = *held_count;
   M3SA_DECODE_FINISH_STAMP(2);
   if (floor == 0 || held > kSurvivorCapacity) {
-    if (q < 32) merge_row<MaxK, false, true>(t, row, set, scratch, lane);
+    if (q < 32) merge_row<MaxK, kShared, true>(t, row, set, scratch, lane);
     return;
   }
   rank_held_survivors(survivors, held, fill, chosen, q, threads, group_sync);
@@ -274,15 +278,77 @@ __device__ __forceinline__ void merge_row_in_group(const DecodeTile& t, int row,
   if (q < 32) t.emit(row, true, lane < fill ? chosen[lane] : 0, lane);
 }
 
+// What a tile's ranges publish: per_split blocks a range (blocks_per_split) and the ranges that
+// hold blocks; each range's lists and their length - the Hopper kernel's warp lists that may hold
+// a block (published_lists: its warps take blocks_per_list blocks each; each list as long as its
+// most candidates, since a list of n blocks has at most n, plus one empty list where lists x rows
+// x len would be odd, so that a range's packed keys fill whole 16-byte chunks, the ranges' lists
+// follow each other without a gap, and list l of every range is at l x rows x len: no division in
+// the merge), or the portable kernel's one list a range. Every CTA of a tile works out the same.
+struct TilePublication {
+  int per_split, lists, len;
+  __device__ int packed(int rows) const { return lists * rows * len; }
+  __device__ int active_splits(int n_local) const { return splits_with_blocks(n_local, per_split); }
+};
+template <int kLists>
+__device__ __forceinline__ TilePublication tile_publication(int n_local, int splits,
+                                                            int min_per_split, int rows, int fill) {
+  TilePublication out;
+  out.per_split = blocks_per_split(n_local, splits, min_per_split);
+  if constexpr (kLists > 1) {
+    const PublishedLists l = published_lists(out.per_split, kLists, rows, fill);
+    out.lists = l.lists, out.len = l.len;
+  } else {
+    out.lists = 1, out.len = min(fill, out.per_split);
+  }
+  return out;
+}
+
+// The Hopper kernel's cluster finish (its kClusterFinish instantiation, launched with each tile's
+// ranges one cluster along grid y): rank 0's receiving area [kDecodeSm90ReceiveKeys] and its
+// mbarrier, both in rank 0's shared memory; the barrier is initialised before the kernel's
+// cluster_arrive_release and expects the other ranges' bytes (expect_cluster_lists). Null
+// `receive`: the workspace finish.
+struct ClusterLists {
+  uint64_t* receive = nullptr;
+  uint64_t* bar = nullptr;
+};
+// Whether a tile's publication (`active_splits` ranges) goes through rank 0's receiving area: it
+// fits there.
+__device__ __forceinline__ bool fits_cluster_receive(const TilePublication& pub, int active_splits,
+                                                     int rows) {
+  return int64_t{active_splits} * pub.packed(rows) <= kDecodeSm90ReceiveKeys;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Rank 0 of a clustered tile, once it knows its tile: its barrier expects the bytes every other
+// range that holds blocks will push (ranges are the cluster's ranks; rank 0 writes its own keys).
+// Before its stream; a push that lands first only takes the phase's byte count below zero, and
+// the phase cannot complete before this arrival. One thread.
+template <int kLists>
+__device__ __forceinline__ void expect_cluster_lists(const DecodeTile& t, int n_local,
+                                                     int min_per_split, ClusterLists cluster) {
+  const TilePublication pub =
+      tile_publication<kLists>(n_local, t.p->scoring.splits, min_per_split, t.geo.rows, t.fill);
+  const int active_splits = pub.active_splits(n_local);
+  if (blockIdx.y != 0 || !fits_cluster_receive(pub, active_splits, t.geo.rows)) return;
+  const int peers = active_splits > 1 ? active_splits - 1 : 0;
+  sm90::mbarrier_arrive_expect_tx(
+      cluster.bar, static_cast<uint32_t>(peers * pub.packed(t.geo.rows) * sizeof(uint64_t)));
+}
+#endif
+
 // After scoring: the CTA's lists go to the workspace, and the last CTA of the tile merges every
-// range's lists into the rows' selections (or, with one split, the CTA merges its own). Every
-// thread of the CTA calls it (it holds CTA barriers); warps >= kDecodeMergeWarps only wait.
-// `is_last`: one shared int; `min_per_split`: the kernel's split_block_range minimum, which sets
-// how many ranges hold blocks.
-template <int MaxK, int kLists>
-__device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<kLists> cta,
-                                                  int n_local, int* is_last, MergeMemory memory,
-                                                  int min_per_split = 1) {
+// range's lists into the rows' selections (or, with one split, the CTA merges its own). In the
+// Hopper kernel's cluster instantiation (kClusterFinish, `cluster`), where they fit, the lists go
+// to rank 0's receiving area instead, and rank 0 merges them: no workspace, arrival atomic or
+// staging on the tile's path. Every thread of the CTA calls it (it holds CTA and cluster
+// barriers); warps >= kDecodeMergeWarps only wait. `is_last`: one shared int; `min_per_split`:
+// the kernel's split_block_range minimum, which sets how many ranges hold blocks.
+template <int MaxK, int kLists, bool kClusterFinish = false>
+__device__ __forceinline__ void
+publish_and_merge(const DecodeTile& t, CtaLists<kLists> cta, int n_local, int* is_last,
+                  MergeMemory memory, int min_per_split = 1, ClusterLists cluster = {}) {
   const DecodeTopkParams& p = *t.p;
   const ScoreBlocksParams& s = p.scoring;
   const int rows = t.geo.rows, fill = t.fill;
@@ -290,21 +356,13 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
   const bool worker = warp < kDecodeMergeWarps;
   uint64_t* scratch = memory.scratch + warp * kMergeScratchKeys;
   const auto short_row = [&](int row) { return t.selection_row(row).n <= p.top_k; };
-  // The Hopper kernel publishes only the warp lists that may hold a block (its warps take
-  // blocks_per_list blocks each), each as long as its most candidates (a list of n blocks has at
-  // most n), plus one empty list where the count x rows x len would be odd: a range's packed keys
-  // then fill whole 16-byte chunks, the ranges' lists follow each other without a gap, and list l
-  // of every range is at l x rows x len (no division in the merge). The portable kernel's one list
-  // a range sits in a [64][fill] slot of its own.
+  // The portable kernel's one list a range sits in a [64][fill] slot of its own.
   constexpr bool kWarpLists = kLists > 1;
   static_assert(kLists % 2 == 0 || !kWarpLists, "an odd list count has an empty warp after it");
-  const int per_split = blocks_per_split(n_local, s.splits, min_per_split);
-  int lists = 1, len = min(fill, per_split);
-  if constexpr (kWarpLists) {
-    lists = lists_with_blocks(per_split, kLists);
-    len = min(fill, blocks_per_list(per_split, kLists));
-    lists += lists * rows * len % 2; // odd lists < kLists: warp `lists` holds no block (zeros)
-  }
+  static_assert(kWarpLists || !kClusterFinish);
+  const TilePublication pub =
+      tile_publication<kLists>(n_local, s.splits, min_per_split, rows, fill);
+  const int lists = pub.lists, len = pub.len;
   if (s.splits ==
       1) { // the CTA holds the whole tile (batches of >= 1 request per SM): no workspace
     if (!worker) return;
@@ -322,43 +380,82 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
     }
     return;
   }
-  // Publish the best `len` of each row's lists, packed ([tile][split][list][rows][len]; the
-  // portable kernel's in a [64][fill] slot a split, a 0 key after an odd count so that 16-byte
-  // chunks read only written keys).
+  // The best `len` of each row's lists, packed ([list][rows][len]; the portable kernel's in a
+  // [64][fill] slot, a 0 key after an odd count so that 16-byte chunks read only written keys).
   static_assert(kLists * kDecodeSm90MaxRows <= kTileRows || !kWarpLists);
-  const int active_splits = splits_with_blocks(n_local, per_split);
+  const int active_splits = pub.active_splits(n_local);
   const int packed = lists * rows * len, chunks = (packed + 1) / 2; // keys, 16-byte chunks
+  const auto packed_key = [&](int i) -> uint64_t {
+    const int list = i / (rows * len), at = i % (rows * len);
+    return i < packed ? cta.lists[(list * cta.row_capacity + at / len) * fill + at % len] : 0;
+  };
+  // The workspace's lists of the tile: [split][list][rows][len] (Hopper) or [split][64][fill].
   const int64_t split_stride = kWarpLists ? packed : int64_t{kTileRows} * fill;
   uint64_t* tile_lists = p.partial_lists + int64_t{blockIdx.x} * s.splits * kTileRows * fill;
-  uint64_t* mine = tile_lists + blockIdx.y * split_stride;
-  if (worker)
-    for (int i = threadIdx.x; i < 2 * chunks; i += kScoreThreads) {
-      const int list = i / (rows * len), at = i % (rows * len);
-      mine[i] = i < packed ? cta.lists[(list * cta.row_capacity + at / len) * fill + at % len] : 0;
+  bool received = false; // rank 0 holds every range's lists at tile_lists, in its shared memory
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kClusterFinish) {
+    if (cluster.receive != nullptr && fits_cluster_receive(pub, active_splits, rows)) {
+      // Every rank arrived on the cluster barrier at the kernel's start, after rank 0 initialised
+      // its barrier: past this wait, pushes to it are safe.
+      sm90::cluster_wait();
+      const bool leader = blockIdx.y == 0;
+      uint64_t* range_keys = cluster.receive + int64_t{blockIdx.y} * packed; // rank 0's
+      if (worker && static_cast<int>(blockIdx.y) < active_splits) {
+        if (leader) {
+          for (int i = threadIdx.x; i < packed; i += kScoreThreads) range_keys[i] = packed_key(i);
+        } else { // packed is even: whole 16-byte chunks, 16-byte aligned
+          const uint32_t bar = sm90::peer_shared_address(cluster.bar, 0);
+          const uint32_t to = sm90::peer_shared_address(range_keys, 0);
+          for (int i = threadIdx.x; i < chunks; i += kScoreThreads)
+            sm90::push_keys_to_peer(to + 16 * i, packed_key(2 * i), packed_key(2 * i + 1), bar);
+        }
+      }
+      if (threadIdx.x == 0) *is_last = leader; // for the stamps
+      // The other ranks are done: st.async needs nothing of the sender once issued.
+      if (!leader || !worker) return;
+      sm90::mbarrier_wait_cluster(cluster.bar, 0); // the peers' keys, visible here
+      // Rank 0's own keys, written by its worker threads, before any of them reads them.
+      asm volatile("bar.sync 1, %0;\n" ::"n"(kDecodeMergeWarps * 32) : "memory");
+      tile_lists = cluster.receive;
+      received = true;
     }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    // Release: the CTA's lists (ordered before by the barrier) are visible device-wide before the
-    // arrival counts; acquire: the last CTA sees every range's lists (read through L2 below). One
-    // round trip where a fence before and after the atomic took three (cooperative groups' grid
-    // barrier rests on the same barrier + one thread's fence pattern).
-    ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> arrivals(p.arrivals[blockIdx.x]);
-    const int arrived = arrivals.fetch_add(1, ::cuda::memory_order_acq_rel);
-    *is_last = arrived == s.splits - 1;
-    if (*is_last) arrivals.store(0, ::cuda::memory_order_relaxed); // ready for the next run
   }
-  __syncthreads();
-  M3SA_DECODE_FINISH_STAMP(0);
-  if (!*is_last || !worker) return;
+#endif
+  if (!received) {
+    uint64_t* mine = tile_lists + blockIdx.y * split_stride;
+    if (worker)
+      for (int i = threadIdx.x; i < 2 * chunks; i += kScoreThreads) {
+        const int list = i / (rows * len), at = i % (rows * len);
+        mine[i] =
+            i < packed ? cta.lists[(list * cta.row_capacity + at / len) * fill + at % len] : 0;
+      }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // Release: the CTA's lists (ordered before by the barrier) are visible device-wide before
+      // the arrival counts; acquire: the last CTA sees every range's lists (read through L2
+      // below). One round trip where a fence before and after the atomic took three (cooperative
+      // groups' grid barrier rests on the same barrier + one thread's fence pattern).
+      ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> arrivals(p.arrivals[blockIdx.x]);
+      const int arrived = arrivals.fetch_add(1, ::cuda::memory_order_acq_rel);
+      *is_last = arrived == s.splits - 1;
+      if (*is_last) arrivals.store(0, ::cuda::memory_order_relaxed); // ready for the next run
+    }
+    __syncthreads();
+    M3SA_DECODE_FINISH_STAMP(0);
+    if (!*is_last || !worker) return;
+  }
 
   // Only the worker warps are here from now on: they meet at named barrier 1 (groups: 2, 3).
+  // Lists in the workspace are read through L2 (__ldcg), rank 0's received ones by plain loads
+  // (the cluster instantiation reads the workspace's so too: nothing of them sits in its L1).
   constexpr int kWarps = kDecodeMergeWarps;
   // One or two rows of Hopper warp lists, more than 64 keys a row: all worker warps on them
   // (merge_row_in_group), the lists read where they are.
   const bool in_groups = kWarpLists && rows <= kWarps / 2 && active_splits * lists * len > 64 &&
                          memory.stage != nullptr &&
                          int64_t{rows} * active_splits * lists <= memory.stage_keys;
-  const bool staged = !in_groups && memory.stage != nullptr &&
+  const bool staged = !received && !in_groups && memory.stage != nullptr &&
                       int64_t{active_splits} * 2 * chunks <= memory.stage_keys;
   if (staged) {
     for (int i = threadIdx.x; i < active_splits * chunks; i += kWarps * 32)
@@ -377,9 +474,10 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
       return;
     }
     const ListSet set{tile_lists + row * len, int64_t{rows} * len, active_splits * lists, len};
-    merge_row_in_group<MaxK>(t, row, set, memory.stage + row * set.count,
-                             memory.scratch + row * group_warps * kMergeScratchKeys,
-                             threadIdx.x - row * group_warps * 32, group_warps * 32, 2 + row, lane);
+    merge_row_in_group<MaxK, kClusterFinish>(t, row, set, memory.stage + row * set.count,
+                                             memory.scratch + row * group_warps * kMergeScratchKeys,
+                                             threadIdx.x - row * group_warps * 32, group_warps * 32,
+                                             2 + row, lane);
     return;
   }
   // A warp per row, over its lists of every range.
@@ -396,7 +494,7 @@ __device__ __forceinline__ void publish_and_merge(const DecodeTile& t, CtaLists<
     if (staged)
       merge_row<MaxK, true, kWarpLists>(t, row, set, scratch, lane);
     else
-      merge_row<MaxK, false, kWarpLists>(t, row, set, scratch, lane);
+      merge_row<MaxK, kClusterFinish, kWarpLists>(t, row, set, scratch, lane);
   }
 }
 

@@ -33,12 +33,20 @@
 // shared memory, a key taken by one read of the list: insert_descending, candidate_lists.h); at the
 // end the shared tail publishes the lists of the warps that may hold blocks as they are (with one
 // split, ranks them in place).
+//
+// The cluster instantiation (kClusterFinish; e4m3 caches at short contexts and small batches, where
+// the plan launches each tile's ranges as one thread-block cluster along grid y,
+// decode_sm90_cluster_splits): the ranges push those lists into rank 0's shared memory instead
+// (st.async counted down one mbarrier), and rank 0 merges them - no workspace, arrival atomic or
+// staging on the tile's path. A kernel of its own, so that the other launches carry neither its
+// receiving area nor its cluster code: built into every kernel, they cost the launches without
+// clusters 0.4-0.66 us at batch 1 H=4 S >= 32K (bench/NOTES.md s44 r2, r4).
 #include "cuda/kernels/decode_topk.cuh"
 #include "cuda/kernels/sm90/hopper.cuh"
 
 namespace m3sa::cuda {
 
-template <typename StoredT, int Warps> struct DecodeSm90Traits {
+template <typename StoredT, int Warps, bool kClusterFinish = false> struct DecodeSm90Traits {
   static constexpr bool kFp8 = std::is_same_v<StoredT, __nv_fp8_e4m3>;
   // One TMA box: kBoxTokens consecutive tokens of a page x 128 B of their dims. A page's boxes go
   // token part by token part, each part's dims in order (bf16: dims 0-63, then 64-127).
@@ -55,9 +63,13 @@ template <typename StoredT, int Warps> struct DecodeSm90Traits {
   static constexpr int kListBytes = kWarps * kDecodeSm90MaxRows * 32 * 8;
   // After the stream the ring holds the last CTA's staged lists, then the merge scratch.
   static constexpr int kStageKeys = kRingBytes / 8 - kDecodeMergeWarps * kMergeScratchKeys;
+  // The cluster instantiation's receiving area (rank 0's; beside the ring, whose lists and merge
+  // scratch it would otherwise be, but the peers push while rank 0 may still stream) and barrier.
+  static constexpr int kReceiveBytes = kClusterFinish ? kDecodeSm90ReceiveKeys * 8 + 8 : 0;
   // The ring at a 1024-byte boundary (the swizzle atom), then the lists (the staged queries
-  // before them), the barriers and the last-CTA flag.
-  static constexpr int kSmemBytes = 1024 + kRingBytes + kListBytes + kWarps * kSlots * 8 + 16;
+  // before them), the barriers, the last-CTA flag and the receiving area.
+  static constexpr int kSmemBytes =
+      1024 + kRingBytes + kListBytes + kWarps * kSlots * 8 + 16 + kReceiveBytes;
 };
 // Both shapes (kDecodeSm90NarrowWarps, kDecodeSm90WideWarps): whole key tiles a box, whole boxes a
 // page, boxes at swizzle-atom (1024 B) boundaries, three boxes a warp, the shared memory of one
@@ -65,13 +77,23 @@ template <typename StoredT, int Warps> struct DecodeSm90Traits {
 template <int Warps> constexpr bool decode_sm90_shape_fits() {
   using Bf16 = DecodeSm90Traits<__nv_bfloat16, Warps>;
   using Fp8 = DecodeSm90Traits<__nv_fp8_e4m3, Warps>;
+  using Fp8Cluster = DecodeSm90Traits<__nv_fp8_e4m3, Warps, true>;
   return Bf16::kBoxTokens % 16 == 0 && 128 % Bf16::kBoxTokens == 0 &&
          Bf16::kSlots == kDecodeSm90BoxesPerWarp && Fp8::kSlots == kDecodeSm90BoxesPerWarp &&
-         Bf16::kSmemBytes <= 227 * 1024 && Fp8::kSmemBytes <= 227 * 1024 &&
+         Bf16::kSmemBytes <= 227 * 1024 && Fp8Cluster::kSmemBytes <= 227 * 1024 &&
          kDecodeSm90MaxRows * 256 <= Bf16::kListBytes;
 }
 static_assert(decode_sm90_shape_fits<kDecodeSm90NarrowWarps>() &&
               decode_sm90_shape_fits<kDecodeSm90WideWarps>());
+// The receiving area follows the last-CTA flag's 16 bytes at a 16-byte boundary (st.async.v4).
+static_assert((DecodeSm90Traits<__nv_fp8_e4m3, kDecodeSm90NarrowWarps, true>::kSmemBytes -
+               DecodeSm90Traits<__nv_fp8_e4m3, kDecodeSm90NarrowWarps, true>::kReceiveBytes) %
+                      16 ==
+                  0 &&
+              (DecodeSm90Traits<__nv_fp8_e4m3, kDecodeSm90WideWarps, true>::kSmemBytes -
+               DecodeSm90Traits<__nv_fp8_e4m3, kDecodeSm90WideWarps, true>::kReceiveBytes) %
+                      16 ==
+                  0);
 // The CTAs an SM holds fit its 228 KB (1 KB of it reserved a CTA): the 4-warp shape, the one a
 // build of two CTAs an SM launches.
 static_assert(kDecodeSm90CtasPerSm *
@@ -114,11 +136,11 @@ __device__ __forceinline__ void mma_e4m3_as_f16(float (&acc)[4], const uint32_t 
   mma_f16_16816(acc, k_high, b_half[2], b_half[3]);
 }
 
-template <typename StoredT, int MaxK, int Warps>
+template <typename StoredT, int MaxK, int Warps, bool kClusterFinish = false>
 __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kDecodeSm90CtasPerSm)
     decode_topk_sm90_kernel(const __grid_constant__ DecodeTopkSm90Params params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Traits = DecodeSm90Traits<StoredT, Warps>;
+  using Traits = DecodeSm90Traits<StoredT, Warps, kClusterFinish>;
   constexpr int kSlots = Traits::kSlots, kBoxesPerPage = Traits::kBoxesPerPage;
   const DecodeTopkParams& p = params.decode;
   const ScoreBlocksParams& s = p.scoring;
@@ -130,14 +152,29 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
   uint64_t* full = lists + Traits::kListBytes / 8; // [warp][slot]
   int* is_last = reinterpret_cast<int*>(full + Traits::kWarps * kSlots);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // The cluster instantiation, launched in clusters of the tile's ranges: the lists finish in rank
+  // 0's shared memory (publish_and_merge). Any other cluster shape finishes through the workspace.
+  ClusterLists cluster{};
+  if constexpr (kClusterFinish) {
+    uint64_t* receive = reinterpret_cast<uint64_t*>(is_last + 4); // [kDecodeSm90ReceiveKeys]
+    if (sm90::cluster_ranks() > 1 && sm90::cluster_ranks() == gridDim.y)
+      cluster = ClusterLists{receive, receive + kDecodeSm90ReceiveKeys};
+  }
   // Before the wait, what reads no memory the previous grid may write: the parameters into the
   // constant cache, the descriptor into the TMA unit, this warp's ring barriers (lane 0 is the only
-  // thread that arrives on them; the CTA barrier after the queries' staging publishes them).
+  // thread that arrives on them; the CTA barrier after the queries' staging publishes them) and
+  // the receiving barrier (published to the cluster by the release arrive below, before any global
+  // access, so that its fence waits for nothing - the descriptor's prefetch comes after it).
   touch_parameters(params);
   if (lane == 0) {
     for (int i = 0; i < kSlots; ++i) sm90::mbarrier_init(&full[warp * kSlots + i], 1);
+    if (kClusterFinish && warp == 0 && cluster.bar != nullptr) sm90::mbarrier_init(cluster.bar, 1);
     sm90::fence_barrier_init();
-    if (warp == 0) sm90::prefetch_tensor_map(params.index_k_map);
+    if (!kClusterFinish && warp == 0) sm90::prefetch_tensor_map(params.index_k_map);
+  }
+  if constexpr (kClusterFinish) {
+    if (cluster.bar != nullptr) sm90::cluster_arrive_release(); // waited for before the pushes
+    if (threadIdx.x == 0) sm90::prefetch_tensor_map(params.index_k_map);
   }
   prefetch_decode_tile_metadata(p);
   // The tile's request and part, and the divisors of its range, before the wait: after it they
@@ -161,6 +198,9 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
   const int rows = t.geo.rows, fill = t.fill;
   // This rank's blocks (all, unsharded).
   const int n_local = shard_local_count(s, t.geo.n_max, &start.shards);
+  if constexpr (kClusterFinish)
+    if (cluster.bar != nullptr && threadIdx.x == 0)
+      expect_cluster_lists<Traits::kWarps>(t, n_local, kDecodeSm90MinBlocksPerRange, cluster);
   // This warp's blocks: blocks_per_list consecutive blocks of the CTA's range.
   const BlockRange range =
       split_block_range(n_local, s.splits, kDecodeSm90MinBlocksPerRange, &start.splits);
@@ -322,21 +362,30 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
   // The warps' lists go out as they are and the merge ranks them all: merging them here first
   // took 1.4-2.5 us after the stream (bench/NOTES.md s8 r2).
   uint64_t* ring_keys = reinterpret_cast<uint64_t*>(ring);
-  publish_and_merge<MaxK>(
+  publish_and_merge<MaxK, Traits::kWarps, kClusterFinish>(
       t, CtaLists<Traits::kWarps>{lists, kDecodeSm90MaxRows}, n_local, is_last,
       MergeMemory{ring_keys, Traits::kStageKeys, ring_keys + Traits::kStageKeys},
-      kDecodeSm90MinBlocksPerRange);
+      kDecodeSm90MinBlocksPerRange, cluster);
   M3SA_DECODE_STAMP(5);
   M3SA_DECODE_STAMPS_END(s.splits, s.splits == 1 || *is_last);
 #endif
 }
 
-template <typename StoredT, int MaxK, int Warps>
+// The cluster instantiation launches each tile's ranges (grid y) as one cluster.
+template <typename StoredT, int MaxK, int Warps, bool kClusterFinish = false>
 cudaError_t launch_decode_topk_sm90(const DecodeTopkSm90Params& p, dim3 grid, cudaStream_t s) {
-  using Traits = DecodeSm90Traits<StoredT, Warps>;
-  return launch_with_shared_memory(decode_topk_sm90_kernel<StoredT, MaxK, Warps>, grid,
-                                   Traits::kThreads, Traits::kSmemBytes, s, p,
-                                   LaunchOptions{1, true});
+  using Traits = DecodeSm90Traits<StoredT, Warps, kClusterFinish>;
+  return launch_with_shared_memory(
+      decode_topk_sm90_kernel<StoredT, MaxK, Warps, kClusterFinish>, grid, Traits::kThreads,
+      Traits::kSmemBytes, s, p,
+      LaunchOptions{1, true, kClusterFinish ? static_cast<int>(grid.y) : 1});
+}
+// Clusters of `cluster` ranges of the cluster instantiation the device holds at once (0 where it
+// has no sm_90a code or the device cannot run such a cluster). Plan time only.
+template <typename StoredT, int MaxK, int Warps> int decode_topk_sm90_active_clusters(int cluster) {
+  using Traits = DecodeSm90Traits<StoredT, Warps, true>;
+  return active_clusters(decode_topk_sm90_kernel<StoredT, MaxK, Warps, true>, Traits::kThreads,
+                         Traits::kSmemBytes, 1, cluster);
 }
 
 template <typename StoredT, int MaxK, int Warps> bool decode_topk_sm90_has_sm90a_code() {

@@ -97,6 +97,73 @@ M3SA_HOST_DEVICE int lists_with_blocks(int per_split, int lists) {
   return splits_with_blocks(per_split, blocks_per_list(per_split, lists));
 }
 
+// The warp lists a range of the Hopper decode kernel publishes, and their length: the lists that
+// may hold a block (lists_with_blocks), each as long as its most candidates, plus one empty list
+// where lists x rows x len is odd, so that a range's packed keys fill whole 16-byte chunks.
+struct PublishedLists {
+  int lists, len;
+  M3SA_HOST_DEVICE int packed(int rows) const { return lists * rows * len; }
+};
+M3SA_HOST_DEVICE PublishedLists published_lists(int per_split, int warps, int rows, int fill) {
+  PublishedLists out{lists_with_blocks(per_split, warps), fill < blocks_per_list(per_split, warps)
+                                                              ? fill
+                                                              : blocks_per_list(per_split, warps)};
+  out.lists += out.lists * rows * out.len % 2;
+  return out;
+}
+
+// The Hopper decode kernel's finish in a thread-block cluster: where a tile's ranges are the CTAs
+// of one cluster (grid y, rank = range), each pushes its packed lists into the shared memory of
+// rank 0 (st.async, counted down one mbarrier), which merges them - no publish to the workspace,
+// no arrival atomic and no staging back from L2, the three round trips of the workspace finish
+// (publish + arrival ~2.2K cycles, staging ~1.1K at batch 1: bench/NOTES.md s16 r1, s38).
+// Clusters of up to this many CTAs (16: the non-portable SM90 limit; diagnostic builds: 0 = never).
+#ifndef M3SA_DECODE_SM90_MAX_CLUSTER
+#define M3SA_DECODE_SM90_MAX_CLUSTER 16
+#endif
+inline constexpr int kDecodeSm90MaxCluster =
+    kDecodeSm90CtasPerSm == 1 ? M3SA_DECODE_SM90_MAX_CLUSTER : 0;
+// Rank 0's receiving area, in keys: 16 KB beside the ring (whose lists and merge scratch it would
+// otherwise be, but the peers push while rank 0 may still stream). A tile whose ranges publish more
+// keys than this finishes through the workspace, cluster or not.
+inline constexpr int kDecodeSm90ReceiveKeys = kDecodeSm90MaxCluster > 0 ? 2048 : 0;
+
+// The Hopper decode kernel's grid along y, before clusters: one CTA an SM's worth of ranges a
+// request (`sm_splits`, at most the workspace's), but no more than the ranges of
+// kDecodeSm90MinBlocksPerRange blocks the plan's longest request can fill - the CTAs past those
+// only add arrivals (batch 1 S=8K: 32 ranges, not 132).
+inline int decode_sm90_splits(int64_t sm_splits, int64_t max_blocks) {
+  const int64_t useful =
+      (max_blocks + kDecodeSm90MinBlocksPerRange - 1) / kDecodeSm90MinBlocksPerRange;
+  return static_cast<int>(std::clamp<int64_t>(sm_splits, 1, std::max<int64_t>(useful, 1)));
+}
+
+// The cluster a tile of `splits` ranges (decode_sm90_splits) would take, 0 for none: the ranges
+// themselves where they are 2..kDecodeSm90MaxCluster; 16 where ranges of twice
+// kDecodeSm90MinBlocksPerRange blocks hold the longest request in 16 (batch 1 S=8K: 16 ranges of 4
+// blocks instead of 32 of 2, measured 0.18 us apart on the workspace finish, s31 r5, against the
+// ~1.9 us of round trips the cluster finish removes). And only where the most keys the ranges can
+// publish (`rows` a tile, `fill` ranked slots a row) fit rank 0's receiving area. The plan takes it
+// where the device holds a cluster for every tile at once (cudaOccupancyMaxActiveClusters).
+inline int decode_sm90_cluster_splits(int splits, int64_t max_blocks, int rows, int fill) {
+  constexpr int kMost = kDecodeSm90MaxCluster;
+  int cluster = 0;
+  if (splits >= 2 && splits <= kMost)
+    cluster = splits;
+  else if (splits > kMost && kMost >= 2 &&
+           (max_blocks + 2 * kDecodeSm90MinBlocksPerRange - 1) /
+                   (2 * kDecodeSm90MinBlocksPerRange) <=
+               kMost)
+    cluster = kMost;
+  if (cluster == 0 || max_blocks > int64_t{1} << 30) return 0;
+  const int n = static_cast<int>(max_blocks);
+  const int per_split = blocks_per_split(n, cluster, kDecodeSm90MinBlocksPerRange);
+  const int64_t keys =
+      int64_t{splits_with_blocks(n, per_split)} *
+      published_lists(per_split, decode_sm90_warps(cluster), rows, fill).packed(rows);
+  return keys <= kDecodeSm90ReceiveKeys ? cluster : 0;
+}
+
 // The SM90 scorer (score_blocks_sm90.cuh): 256 query rows a tile, 256 / H tokens.
 inline constexpr int kSm90TileRows = 256;
 inline int sm90_tile_tokens(int heads) { return std::max(1, kSm90TileRows / heads); }

@@ -711,42 +711,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kAttentionCtasPerSm)
   M3SA_DECODE_STAMPS_END(p.splits, 0);
 }
 
-// `grid` CTAs in clusters of `cluster` (1: no cluster attribute); `attribute` outlives the config.
-// (Occupancy queries only: launches go through launch_with_shared_memory.)
-inline cudaLaunchConfig_t decode_launch_config(int grid, int cluster, int smem, cudaStream_t stream,
-                                               cudaLaunchAttribute* attribute) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(kDecodeThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  *attribute = cudaLaunchAttribute{};
-  attribute->id = cudaLaunchAttributeClusterDimension;
-  attribute->val.clusterDim.x = static_cast<unsigned>(cluster);
-  attribute->val.clusterDim.y = attribute->val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = cluster > 1 ? 1 : 0;
-  return config;
-}
-
 // How many clusters of `cluster` CTAs (2..16) of a decode kernel the current device holds at
-// once: 0 where the kernel has no SM90 code (the cluster merge is compiled for SM90 only) or the
-// device cannot run such a cluster. Plan time only.
+// once (active_clusters). Plan time only.
 template <typename Params>
 int decode_active_clusters(void (*kernel)(Params), int smem, int cluster) {
-  cudaFuncAttributes attributes{};
-  cudaLaunchAttribute attribute;
-  const cudaLaunchConfig_t config =
-      decode_launch_config(cluster, cluster, smem, nullptr, &attribute);
-  int clusters = 0;
-  if (cluster < 2 || cluster > kMaxClusterSplits ||
-      cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.ptxVersion < 90 ||
-      set_launch_attributes(kernel, smem, cluster) != cudaSuccess ||
-      cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
-    (void)cudaGetLastError(); // a refusal here only means: no cluster merge
-    return 0;
-  }
-  return clusters;
+  return cluster > kMaxClusterSplits ? 0
+                                     : active_clusters(kernel, kDecodeThreads, smem, cluster, 1);
 }
 
 // Host side of the cp.async kernel, one instantiation per translation unit

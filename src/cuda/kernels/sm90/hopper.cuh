@@ -62,6 +62,19 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
                : "memory");
 }
 
+// The same for a phase completed by other CTAs of the cluster (st.async's complete_tx): acquire at
+// cluster scope, so that their bytes are visible to this thread.
+__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, uint32_t parity) {
+  asm volatile("{\n"
+               ".reg .pred done;\n"
+               "WAIT:\n"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra WAIT;\n"
+               "}\n" ::"r"(shared_address(bar)),
+               "r"(parity)
+               : "memory");
+}
+
 // ---- clusters: barriers and pushes into a peer CTA's shared memory ----------------------------
 //
 // Why not cooperative_groups' cluster.sync(): its release / acquire at cluster scope compiles to
@@ -99,6 +112,23 @@ __device__ __forceinline__ void push_to_peer(uint32_t address, float2 v, uint32_
                "[%3];\n" ::"r"(address),
                "f"(v.x), "f"(v.y), "r"(bar)
                : "memory");
+}
+
+// Two 8-byte keys (16 bytes) the same way, bit for bit.
+__device__ __forceinline__ void push_keys_to_peer(uint32_t address, uint64_t first, uint64_t second,
+                                                  uint32_t bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+      "[%5];\n" ::"r"(address),
+      "r"(static_cast<uint32_t>(first)), "r"(static_cast<uint32_t>(first >> 32)),
+      "r"(static_cast<uint32_t>(second)), "r"(static_cast<uint32_t>(second >> 32)), "r"(bar)
+      : "memory");
+}
+// CTAs in this CTA's cluster (1: launched without clusters).
+__device__ __forceinline__ uint32_t cluster_ranks() {
+  uint32_t ranks;
+  asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(ranks));
+  return ranks;
 }
 
 // ---- TMA -------------------------------------------------------------------------------------
