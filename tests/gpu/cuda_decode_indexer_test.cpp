@@ -326,6 +326,15 @@ TEST_P(GpuDecodeIndexer, EveryImplementationMatchesTheHostBackend) {
       std::printf("[ %s sm90 ] Hopper decode grid: %d ranges a tile, %s\n", c.name,
                   info.decode_sm90_splits,
                   info.decode_sm90_cluster > 1 ? "each tile one cluster" : "workspace finish");
+      // Clusters only where a cluster instantiation exists (e4m3, <= 16 ranked slots), of the
+      // tile's ranges, 2..16 of them; which of those cases takes one depends on the device.
+      if (info.decode_sm90_cluster != 1) {
+        EXPECT_EQ(c.dtype, DType::fp8_e4m3);
+        EXPECT_LE(c.config.top_k - c.config.init_blocks - c.config.local_blocks, 16);
+        EXPECT_EQ(info.decode_sm90_cluster, info.decode_sm90_splits);
+        EXPECT_GE(info.decode_sm90_cluster, 2);
+        EXPECT_LE(info.decode_sm90_cluster, cuda::kDecodeSm90MaxCluster);
+      }
     }
     HostTensor got = run_topk(run, c.config, db, db.index_k_cache.view());
     EXPECT_EQ(device_flags(run), 0) << arch;
