@@ -243,8 +243,9 @@ constexpr DecodeSm90Kernel kDecodeSm90Kernels[2][2][2][2] = {
 // tile (never more than block_splits) - or, where a cluster instantiation exists for the plan's
 // kernel and the device holds a cluster for every tile at once, the ranges of one cluster
 // (decode_sm90_cluster_splits: the ranges the longest request fills, at most 16). Clusters for
-// e4m3 only: they took batch 1 S=8K 0.38-0.50 us faster (7.0 -> 6.6 us, H100), but bf16 level,
-// the cluster's 16 SMs of one GPC streaming twice the bytes (bench/NOTES.md s44 r2, r4).
+// e4m3 only: they take batch 1 S=8K 0.3-0.5 us faster (7.05 -> 6.67 us on an H100), but bf16
+// level, the cluster's 16 SMs of one GPC streaming twice the bytes (bench/NOTES.md s44 r2, r4,
+// s45 r2).
 void plan_decode_sm90(const PlanRequest& request, ScoringPlanInfo* info) {
   const MsaConfig& config = request.config;
   const int64_t sm_splits =
