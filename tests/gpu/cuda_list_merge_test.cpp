@@ -5,8 +5,8 @@
 // live lists), all-empty lists; lists back to back (the Hopper kernel's packed warp lists) and
 // lists with a gap of poison keys between them (the portable kernel's [64][fill] slots, context
 // parallel's rank stride); global and staged in shared memory. The result must be the fill
-// largest keys, descending and 0-padded, whichever path served it. "Small": compute-sanitizer runs
-// it.
+// largest keys, descending and 0-padded, whichever path served it. And the one-warp sort of rows
+// with at most 64 keys. "Small": compute-sanitizer runs it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -105,7 +105,8 @@ enum class Path { any, survivors, fallback };
 
 // Runs every variant (global, shared; heads' floor, few lists sampled) and checks the result, the
 // floor (at or below the fill-th largest key, and exactly the lanes' one) and, where the lists
-// were built for one, the path (where the floor is the heads'; a sampled one keeps fewer survivors).
+// were built for one, the path (where the floor is the heads'; a sampled one keeps fewer
+// survivors).
 void expect_merge(HostLists& h, int fill, Path path, const std::string& name) {
   const std::vector<uint64_t> want = h.best(fill);
   for (bool sample : {false, true})
@@ -241,6 +242,59 @@ TEST(GpuListMergeSmall, EmptyListsGiveNoKey) {
     for (int l = 0; l < count; ++l) h.set(l, {});
     expect_merge(h, 14, Path::survivors, "empty " + shape(count, 8, 0, 14));
   }
+}
+
+// Rows whose lists hold at most 64 keys skip the floor: one warp sorts them (best_of_64). Any
+// count of keys 0..64 at any of the 64 places (0s between them), keys that differ only in the low
+// word (tied scores, the block id decides) or only in the top bit (the unsigned order), keys of
+// every place ascending or descending: lane l gets the key of rank l, 0 past the last.
+TEST(GpuListMergeSmall, AtMost64KeysSortedByOneWarp) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  DeviceBuffer keys(DType::i64, {64}, 0), ranked(DType::i64, {32}, 0xcd);
+  ASSERT_TRUE(keys.ok() && ranked.ok());
+  const auto check = [&](const std::vector<uint64_t>& in, const std::string& what) {
+    SCOPED_TRACE(what);
+    ASSERT_TRUE(keys.upload(in.data(), 64 * sizeof(uint64_t)).ok());
+    ASSERT_EQ(run_best_of_64_probe(static_cast<const uint64_t*>(keys.data()),
+                                   static_cast<uint64_t*>(ranked.data())),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint64_t> want(in);
+    std::sort(want.rbegin(), want.rend());
+    want.resize(32);
+    const HostTensor got = ranked.download();
+    EXPECT_EQ(std::vector<uint64_t>(got.data<uint64_t>(), got.data<uint64_t>() + 32), want);
+  };
+  for (int n = 0; n <= 64; ++n) {
+    // n distinct random keys at random places.
+    std::vector<uint64_t> in(64, 0);
+    std::vector<int> places(64);
+    for (int i = 0; i < 64; ++i) places[i] = i;
+    for (int i = 63; i > 0; --i) std::swap(places[i], places[rng.uniform_int(0, i)]);
+    std::set<uint64_t> used{0};
+    for (int i = 0; i < n; ++i) {
+      uint64_t key = rng.next();
+      while (!used.insert(key).second) key = rng.next();
+      in[places[i]] = key;
+    }
+    check(in, "random, " + std::to_string(n) + " keys");
+    // Tied scores: one high word, the low words (block ids) in a random order.
+    for (int i = 0; i < n; ++i)
+      in[places[i]] = (uint64_t{0x3f800000} << 32) | static_cast<uint32_t>(places[(i * 7) % 64]);
+    check(in, "tied, " + std::to_string(n) + " keys");
+  }
+  std::vector<uint64_t> ascending(64), descending(64), top_bit(64);
+  for (int i = 0; i < 64; ++i) {
+    ascending[i] = uint64_t{static_cast<uint32_t>(i + 1)} << 20;
+    descending[i] = uint64_t{static_cast<uint32_t>(64 - i)} << 20;
+    top_bit[i] = (i % 2 ? uint64_t{1} << 63 : 0) | static_cast<uint32_t>(i + 1);
+  }
+  check(ascending, "ascending");
+  check(descending, "descending");
+  check(top_bit, "top bit on every other key");
 }
 
 } // namespace

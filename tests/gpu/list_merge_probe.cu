@@ -1,7 +1,8 @@
 // One warp runs the decode indexer's list merge (decode_topk.cuh merge_row without the selection
 // write) on the probe's lists: lists_floor (sampling few lists' first keys where asked, as the
 // one-range finish does), then rank_survivors with the kernels' capacities, and
-// where it declines, the register lists and merge_warp.
+// where it declines, the register lists and merge_warp; and best_of_64, the path of rows whose
+// lists hold at most 64 keys.
 #include "gpu/list_merge_probe.h"
 
 #include "cuda/kernels/decode_topk.cuh"
@@ -52,7 +53,18 @@ template <bool kShared, bool kSampleFewLists> cudaError_t launch(const ListMerge
   return cudaGetLastError();
 }
 
+__global__ void __launch_bounds__(32)
+    best_of_64_probe_kernel(const uint64_t* keys, uint64_t* ranked) {
+  const int lane = threadIdx.x;
+  ranked[lane] = cuda::best_of_64(keys[lane], keys[lane + 32], lane);
+}
+
 } // namespace
+
+cudaError_t run_best_of_64_probe(const uint64_t* keys, uint64_t* ranked) {
+  best_of_64_probe_kernel<<<1, 32>>>(keys, ranked);
+  return cudaGetLastError();
+}
 
 cudaError_t run_list_merge_probe(const ListMergeProbe& p) {
   if (p.fill < 0 || p.fill > 32 || (p.shared && p.extent > kListMergeProbeMaxStagedKeys))
