@@ -424,6 +424,8 @@ publish_and_merge(const DecodeTile& t, CtaLists<kLists> cta, int n_local, int* i
 #endif
   if (!received) {
     uint64_t* mine = tile_lists + blockIdx.y * split_stride;
+    // The keys of packed_key, written out rather than called: through the lambda the branch
+    // inverted and, with the rest of the cluster code, every Hopper kernel's SASS moved (s45).
     if (worker)
       for (int i = threadIdx.x; i < 2 * chunks; i += kScoreThreads) {
         const int list = i / (rows * len), at = i % (rows * len);
