@@ -244,10 +244,11 @@ TEST(GpuListMergeSmall, EmptyListsGiveNoKey) {
   }
 }
 
-// Rows whose lists hold at most 64 keys skip the floor: one warp sorts them (best_of_64). Any
-// count of keys 0..64 at any of the 64 places (0s between them), keys that differ only in the low
-// word (tied scores, the block id decides) or only in the top bit (the unsigned order), keys of
-// every place ascending or descending: lane l gets the key of rank l, 0 past the last.
+// Rows whose lists hold at most 64 keys skip the floor: one warp ranks them (rank_of_64, the
+// decode merge's; best_of_64, the context-parallel merge's network). Any count of keys 0..64 at
+// any of the 64 places (0s between them), keys that differ only in the low word (tied scores, the
+// block id decides) or only in the top bit (the unsigned order), keys of every place ascending or
+// descending: lane l gets the key of rank l, 0 past the last - from both.
 TEST(GpuListMergeSmall, AtMost64KeysSortedByOneWarp) {
   M3SA_SKIP_WITHOUT_CUDA();
   const uint64_t seed = test_seed();
@@ -258,15 +259,19 @@ TEST(GpuListMergeSmall, AtMost64KeysSortedByOneWarp) {
   const auto check = [&](const std::vector<uint64_t>& in, const std::string& what) {
     SCOPED_TRACE(what);
     ASSERT_TRUE(keys.upload(in.data(), 64 * sizeof(uint64_t)).ok());
-    ASSERT_EQ(run_best_of_64_probe(static_cast<const uint64_t*>(keys.data()),
-                                   static_cast<uint64_t*>(ranked.data())),
-              cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<uint64_t> want(in);
     std::sort(want.rbegin(), want.rend());
     want.resize(32);
-    const HostTensor got = ranked.download();
-    EXPECT_EQ(std::vector<uint64_t>(got.data<uint64_t>(), got.data<uint64_t>() + 32), want);
+    for (bool by_ranks : {false, true}) {
+      SCOPED_TRACE(by_ranks ? "rank_of_64" : "best_of_64");
+      ASSERT_TRUE(ranked.fill(0xcd).ok());
+      ASSERT_EQ(run_best_of_64_probe(static_cast<const uint64_t*>(keys.data()),
+                                     static_cast<uint64_t*>(ranked.data()), by_ranks),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const HostTensor got = ranked.download();
+      EXPECT_EQ(std::vector<uint64_t>(got.data<uint64_t>(), got.data<uint64_t>() + 32), want);
+    }
   };
   for (int n = 0; n <= 64; ++n) {
     // n distinct random keys at random places.

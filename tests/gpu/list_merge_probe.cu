@@ -1,8 +1,8 @@
 // One warp runs the decode indexer's list merge (decode_topk.cuh merge_row without the selection
 // write) on the probe's lists: lists_floor (sampling few lists' first keys where asked, as the
 // one-range finish does), then rank_survivors with the kernels' capacities, and
-// where it declines, the register lists and merge_warp; and best_of_64, the path of rows whose
-// lists hold at most 64 keys.
+// where it declines, the register lists and merge_warp; and rank_of_64, the path of rows whose
+// lists hold at most 64 keys (and best_of_64, the context-parallel merge's).
 #include "gpu/list_merge_probe.h"
 
 #include "cuda/kernels/decode_topk.cuh"
@@ -53,16 +53,25 @@ template <bool kShared, bool kSampleFewLists> cudaError_t launch(const ListMerge
   return cudaGetLastError();
 }
 
+// kByRanks: rank_of_64 (its [96] keys of shared memory poisoned first), else best_of_64.
+template <bool kByRanks>
 __global__ void __launch_bounds__(32)
     best_of_64_probe_kernel(const uint64_t* keys, uint64_t* ranked) {
+  __shared__ __align__(16) uint64_t scratch[96];
   const int lane = threadIdx.x;
-  ranked[lane] = cuda::best_of_64(keys[lane], keys[lane + 32], lane);
+  for (int i = lane; i < 96; i += 32) scratch[i] = ~uint64_t{0};
+  __syncwarp();
+  ranked[lane] = kByRanks ? cuda::rank_of_64(keys[lane], keys[lane + 32], scratch, lane)
+                          : cuda::best_of_64(keys[lane], keys[lane + 32], lane);
 }
 
 } // namespace
 
-cudaError_t run_best_of_64_probe(const uint64_t* keys, uint64_t* ranked) {
-  best_of_64_probe_kernel<<<1, 32>>>(keys, ranked);
+cudaError_t run_best_of_64_probe(const uint64_t* keys, uint64_t* ranked, bool by_ranks) {
+  if (by_ranks)
+    best_of_64_probe_kernel<true><<<1, 32>>>(keys, ranked);
+  else
+    best_of_64_probe_kernel<false><<<1, 32>>>(keys, ranked);
   return cudaGetLastError();
 }
 

@@ -27,9 +27,10 @@ inline constexpr int64_t kListMergeProbeMaxStagedKeys = 16384;
 
 cudaError_t run_list_merge_probe(const ListMergeProbe& probe);
 
-// One warp's ranking of at most 64 keys (the decode merge's path where a row's lists hold that
-// few: best_of_64, select_topk.cuh): `keys` device [64] (lane l brings keys l and 32 + l, 0 = no
-// key), `ranked` device [32]: lane l's result, the key of rank l (0 past the last key).
-cudaError_t run_best_of_64_probe(const uint64_t* keys, uint64_t* ranked);
+// One warp's ranking of at most 64 keys (select_topk.cuh): by_ranks rank_of_64 (the decode
+// merge's path where a row's lists hold that few), else best_of_64 (the context-parallel merge's
+// rounds): `keys` device [64] (lane l brings keys l and 32 + l, 0 = no key), `ranked` device [32]:
+// lane l's result, the key of rank l (0 past the last key).
+cudaError_t run_best_of_64_probe(const uint64_t* keys, uint64_t* ranked, bool by_ranks);
 
 } // namespace m3sa::testing

@@ -30,6 +30,8 @@ inline constexpr int kDecodeMergeWarps = kScoreThreads / 32;
 inline constexpr int kLiveListCapacity = kSurvivorCapacity;
 inline constexpr int kMergeScratchKeys = kSurvivorCapacity + 32 + kLiveListCapacity / 2;
 static_assert(kDecodeMergeWarps * kMergeScratchKeys * sizeof(uint64_t) <= kReusableSmemBytes);
+// A warp's scratch holds rank_of_64's 96 keys at a 16-byte boundary (the ranges' bases are).
+static_assert(kMergeScratchKeys >= 96 && kMergeScratchKeys % 2 == 0);
 
 // One decode CTA's row tile (blockIdx.x) and how its rows are written.
 struct DecodeTile {
@@ -159,8 +161,8 @@ struct MergeMemory {
 // Row `row`'s selection from `count` descending lists (list l at base + l * stride, `len`
 // keys each), by one warp: the survivors of the lists' floor ranked among themselves, all keys
 // through the register lists when too many survive (keys built against the floor).
-// kWarpLists: the Hopper kernel's lists (one a warp of each range), every key at once, sorted in
-// registers where they are at most 64 (fill <= 32); the portable kernel keeps the path below (its
+// kWarpLists: the Hopper kernel's lists (one a warp of each range), every key at once, ranked in
+// the warp's scratch where they are at most 64 (rank_of_64; fill <= 32); the portable kernel keeps the path below (its
 // 168 registers would spill). kOwnLists: a range's own warp lists (the one-range finish), fewer
 // than 32, whose floor lists_floor samples from their first keys.
 template <int MaxK, bool kShared, bool kWarpLists, bool kOwnLists = false>
@@ -175,7 +177,7 @@ __device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const Li
       const int l2 = lane + 32;
       const uint64_t high =
           l2 < total ? list_key<kShared>(set.list(l2 / set.len) + l2 % set.len) : 0;
-      const uint64_t ranked = best_of_64(low, high, lane);
+      const uint64_t ranked = rank_of_64(low, high, scratch, lane);
       M3SA_DECODE_FINISH_STAMP(3);
       t.emit(row, true, lane < fill ? ranked : 0, lane);
       return;

@@ -366,6 +366,36 @@ inline __device__ __noinline__ uint64_t best_of_64(uint64_t low, uint64_t high, 
   return low;
 }
 
+// The same result by ranks: each key takes the slot of its rank among the 64 (keys are unique;
+// the 0s rank below every key), a sum over 32 broadcast 16-byte reads of `keys` ([96] of the
+// warp's shared memory, 16-byte aligned: the keys, then the ranked slots) - independent loads
+// and compares instead of the network's 21 dependent shuffle steps on the finish's critical path:
+// batch 1 and 32 at S = 8K 0.33-0.52 us faster (bench/NOTES.md s46 r1). Not inlined, as
+// best_of_64: inlined at the merge sites it changed their code, and batch 1 H=4 S >= 32K, where
+// no row takes it, lost up to 0.4 us (s45 r2); as a call, 0.15 us there in the e4m3 kernel (s46 r1).
+inline __device__ __noinline__ uint64_t rank_of_64(uint64_t low, uint64_t high, uint64_t* keys,
+                                                   int lane) {
+  uint64_t* ranked = keys + 64;
+  keys[lane] = low;
+  keys[lane + 32] = high;
+  ranked[lane] = 0;
+  __syncwarp();
+  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(keys);
+  int rank_low = 0, rank_high = 0;
+#pragma unroll 8
+  for (int j = 0; j < 32; ++j) {
+    const ulonglong2 pair = pairs[j];
+    rank_low += (pair.x > low) + (pair.y > low);
+    rank_high += (pair.x > high) + (pair.y > high);
+  }
+  if (low != 0 && rank_low < 32) ranked[rank_low] = low;
+  if (high != 0 && rank_high < 32) ranked[rank_high] = high;
+  __syncwarp();
+  const uint64_t mine = ranked[lane];
+  __syncwarp(); // every lane has read its slot before the warp's next call writes them
+  return mine;
+}
+
 // `fill` rounds of "the largest list head wins, its lane pops it": lane i returns round i's key.
 // The warp maximum of a 64-bit key is two 32-bit reductions (high word, then the low word among
 // the lanes holding the highest high word): two REDUX instructions instead of ten shuffles.
