@@ -162,9 +162,9 @@ struct MergeMemory {
 // keys each), by one warp: the survivors of the lists' floor ranked among themselves, all keys
 // through the register lists when too many survive (keys built against the floor).
 // kWarpLists: the Hopper kernel's lists (one a warp of each range), every key at once, ranked in
-// the warp's scratch where they are at most 64 (rank_of_64; fill <= 32); the portable kernel keeps the path below (its
-// 168 registers would spill). kOwnLists: a range's own warp lists (the one-range finish), fewer
-// than 32, whose floor lists_floor samples from their first keys.
+// the warp's scratch where they are at most 64 (rank_of_64; fill <= 32); the portable kernel
+// keeps the path below (its 168 registers would spill). kOwnLists: a range's own warp lists (the
+// one-range finish), fewer than 32, whose floor lists_floor samples from their first keys.
 template <int MaxK, bool kShared, bool kWarpLists, bool kOwnLists = false>
 __device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const ListSet& set,
                                           uint64_t* scratch, int lane) {

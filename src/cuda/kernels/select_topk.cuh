@@ -372,7 +372,8 @@ inline __device__ __noinline__ uint64_t best_of_64(uint64_t low, uint64_t high, 
 // and compares instead of the network's 21 dependent shuffle steps on the finish's critical path:
 // batch 1 and 32 at S = 8K 0.33-0.52 us faster (bench/NOTES.md s46 r1). Not inlined, as
 // best_of_64: inlined at the merge sites it changed their code, and batch 1 H=4 S >= 32K, where
-// no row takes it, lost up to 0.4 us (s45 r2); as a call, 0.15 us there in the e4m3 kernel (s46 r1).
+// no row takes it, lost up to 0.4 us (s45 r2). As a call, only the 4-warp e4m3 kernel's S=128K
+// cases move, 0.1-0.2 us between H=1 and H=4 either way (code placement: s46 r1, r4).
 inline __device__ __noinline__ uint64_t rank_of_64(uint64_t low, uint64_t high, uint64_t* keys,
                                                    int lane) {
   uint64_t* ranked = keys + 64;
