@@ -8,7 +8,9 @@
 // entries, their sort and the merge of each token's partials are the portable path's
 // (sparse_attention_prefill_entries.cu); so are the numerics: logits in fp32 from bf16 operands,
 // P.V with P split into a bf16 high part and the bf16 rounding of the rest, partials in 16-bit
-// fixed point.
+// fixed point. e4m3 caches: K widened to bf16 (exact, as Q), V to fp16 (exact: every e4m3 value is
+// an fp16 value) and P rounded once to fp16 (11 bits of a weight in [0, 1], against the split's
+// ~16), so that P.V takes 8 wgmmas a page instead of 16.
 //
 // Why this shape: a GQA group gives 16 query rows per token, and wgmma needs M = 64, so a tile is
 // 4 member tokens of one (KV head, page) - the entries of a page are consecutive after the sort,
@@ -23,12 +25,13 @@
 //     into one of its consumer's Q slots; warp 2 (e4m3: warps 2 and 3) relays "page ready" once a
 //     page has landed, after zeroing the V rows past the run's last visible key (pages hold
 //     whatever the engine left there, and 0 x NaN would poison P.V; K rows past it are masked to
-//     -inf in the logits instead) - for e4m3, after widening the raw page to bf16 (exact) into
-//     the page buffer, so that both dtypes share the MMAs and their numerics;
+//     -inf in the logits instead) - for e4m3, after widening the raw page into the page buffer
+//     (exact: K to bf16, V to fp16);
 //   - consumer warpgroups 1 and 2 take alternate groups: S = Q K^T (m64n128k16 SS, 8 k-steps:
 //     fp32, 64 per thread), the softmax of each row over the page (a warp holds one member's 16
 //     rows, in the mma.sync layout the portable kernel uses), then O = P V as 16 m64n128k16 RS
-//     wgmmas (P's high and low parts from registers, V from shared memory MN-major). Each warp
+//     wgmmas (P's high and low parts from registers, V from shared memory MN-major; e4m3: 8, P
+//     in fp16). Each warp
 //     then writes its member's m, l and scale directly and stages O, in fixed point, in its rows
 //     of the spent Q slot (the slot's swizzled layout: conflict-free), from where two TMA stores
 //     write it as whole rows: per-thread stores of the 4 KB partial were two thirds of the
@@ -142,8 +145,8 @@ template <bool kFp8> struct PrefillPageRing {
   // rows at and past `rows` (the largest visible key count of the page's tokens) zeroed - pages
   // hold whatever the engine left there, and 0 x NaN would poison P.V (K rows past a token's
   // visible keys are masked to -inf in the logits instead); for e4m3, keys and values ready after
-  // widening the raw page to bf16 (exact) into the page buffer, so that both dtypes share the MMAs
-  // and their numerics.
+  // widening the raw page into the page buffer (exact): K to bf16, as Q; V to fp16, for P.V in
+  // fp16 (the page-union kernel, bf16 only, shares this ring).
   __device__ void relay(uint32_t sequence, int rows, int thread) const {
     using T = PrefillSm90Tiles;
     const int b = sequence % T::kPages;
@@ -158,10 +161,13 @@ template <bool kFp8> struct PrefillPageRing {
         uint8_t* dst = dst_page + which * 2 * T::kBoxBytes;
         uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
         if (which == 0 || row < rows) {
+          const uint4 bits = *reinterpret_cast<const uint4*>(raw + which * (T::kRawBytes / 2) +
+                                                             sm90::swizzled_offset(row, chunk));
           uint32_t w[8];
-          widen_e4m3x16(*reinterpret_cast<const uint4*>(raw + which * (T::kRawBytes / 2) +
-                                                        sm90::swizzled_offset(row, chunk)),
-                        w);
+          if (which == 0)
+            widen_e4m3x16(bits, w);
+          else
+            widen_e4m3x16_to_half(bits, w);
           lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
         }
         *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk)) = lo;
@@ -257,20 +263,21 @@ __device__ __forceinline__ void issue_tile_scores(float (&s)[64], uint32_t q_til
 }
 
 // O (+)= P V over a page's V tile (shared address v_tile): 16 RS wgmmas (the high and low parts of
-// each k-step of 16 keys), committed as one group (the caller waits). `accumulate` false
-// overwrites O.
+// each k-step of 16 keys; kHalf: 8, P and V in fp16, for e4m3 caches), committed as one group (the
+// caller waits). `accumulate` false overwrites O.
+template <bool kHalf = false>
 __device__ __forceinline__ void issue_tile_values(float (&o)[64], uint32_t (&p_hi)[8][4],
                                                   uint32_t (&p_lo)[8][4], uint32_t v_tile,
                                                   bool accumulate) {
   sm90::fence_fragments(p_hi);
-  sm90::fence_fragments(p_lo);
+  if constexpr (!kHalf) sm90::fence_fragments(p_lo);
   sm90::wgmma_fence();
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     // V MN-major at 16 keys from the tile: rows of 64 dims, the two 64-dim halves a box apart.
     const uint64_t v = sm90::operand_descriptor(v_tile + j * 16 * 128, PrefillSm90Tiles::kBoxBytes);
-    sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_hi[j], v, j > 0 || accumulate);
-    sm90::wgmma_m64n128k16_bf16_rs_mn_major_b(o, p_lo[j], v, 1);
+    sm90::wgmma_m64n128k16_rs_mn_major_b<kHalf>(o, p_hi[j], v, j > 0 || accumulate);
+    if constexpr (!kHalf) sm90::wgmma_m64n128k16_rs_mn_major_b(o, p_lo[j], v, 1);
   }
   sm90::wgmma_commit_group();
 }
@@ -380,7 +387,10 @@ __device__ __forceinline__ float exp2_flushed(float x) {
 
 // The weights 2^(logit_scale s - m_use) of a warp's 16 rows over a page (s: raw q.k) as A
 // fragments of 8 k-steps of 16 keys (the m64k16 A layout is mma.sync's per warp), split into bf16
-// high and low parts; each row's sum over this thread's keys is added to l.
+// high and low parts (kHalf: one fp16 part, p_lo untouched: fp16 keeps 11 bits of a weight in
+// [0, 1], a relative rounding of at most 2^-11); each row's sum over this thread's keys is added
+// to l.
+template <bool kHalf = false>
 __device__ __forceinline__ void page_weights(const float (&s)[64], float logit_scale,
                                              const float (&m_use)[2], float (&l)[2],
                                              uint32_t (&p_hi)[8][4], uint32_t (&p_lo)[8][4]) {
@@ -394,7 +404,12 @@ __device__ __forceinline__ void page_weights(const float (&s)[64], float logit_s
         const float w0 = exp2_flushed(fmaf(s[4 * i + 2 * r], logit_scale, -m_use[r]));
         const float w1 = exp2_flushed(fmaf(s[4 * i + 2 * r + 1], logit_scale, -m_use[r]));
         l[r] += w0 + w1;
-        split_weights(w0, w1, p_hi[j][2 * h + r], p_lo[j][2 * h + r]);
+        if constexpr (kHalf) {
+          const __half2 w = __floats2half2_rn(w0, w1);
+          p_hi[j][2 * h + r] = *reinterpret_cast<const uint32_t*>(&w);
+        } else {
+          split_weights(w0, w1, p_hi[j][2 * h + r], p_lo[j][2 * h + r]);
+        }
       }
 }
 
@@ -493,7 +508,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
       m_use[r] = row_max[r] == -INFINITY ? 0.f : row_max[r];
       st.l[r] = 0.f;
     }
-    page_weights(s, logit_scale, m_use, st.l, p_hi, p_lo);
+    page_weights<kFp8>(s, logit_scale, m_use, st.l, p_hi, p_lo);
   };
 
   // The member's partial: m, l and a stored directly; O staged in the member's rows of the spent
@@ -550,11 +565,11 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
       uint32_t p_hi[8][4], p_lo[8][4];
       page_softmax(s, live ? entry_visible(value) : 128, st, p_hi, p_lo);
       float o[64];
-      issue_tile_values(o, p_hi, p_lo, v_tile, false);
+      issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile, false);
       sm90::wgmma_wait_all();
       sm90::fence_accumulators(o);
       sm90::fence_fragments(p_hi);
-      sm90::fence_fragments(p_lo);
+      if constexpr (!kFp8) sm90::fence_fragments(p_lo);
       store_member_partial(st, o, live, value, g, group);
     }
     ring.release(sequence);

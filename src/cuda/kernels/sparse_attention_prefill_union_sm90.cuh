@@ -8,8 +8,8 @@
 // the keys its selections make visible: page union_pages[i] with union_visible[i]'s byte for the
 // token (0: not selected; else the first that many keys). Such tiles' entries are sentinels and the
 // merge skips their tokens (gather_selection_entries_kernel decides, per tile, on the device). The
-// numerics are the block-major kernels' per page (logits in fp32 from bf16 operands, e4m3 widened
-// exactly to bf16, P.V with P's bf16 high and low parts), merged across pages online in fp32
+// numerics are the bf16 block-major kernel's per page (logits in fp32 from bf16 operands, P.V
+// with P's bf16 high and low parts), merged across pages online in fp32
 // instead of through 16-bit fixed-point partials.
 //
 // Why: the block-major path writes and reads a 4.2 KB partial for every (token, selected block),
@@ -38,7 +38,8 @@
 // page the two-page ring stalled the turns: bench/NOTES.md s15 r3), raw_full / raw_empty for
 // e4m3, q_full / q_empty per consumer and slot (a slot is released after the tile's last page).
 // Instantiated for bf16 caches only (attention.cu says why not e4m3); the template keeps the
-// ring's e4m3 form, which the block-major kernel uses, for a widening that keeps up.
+// ring's e4m3 form, which the block-major kernel uses, for a widening that keeps up (and e4m3's
+// P.V in fp16, one part, as there).
 #include "cuda/kernels/sparse_attention_prefill_sm90.cuh"
 
 namespace m3sa::cuda {
@@ -210,7 +211,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
 #pragma unroll
         for (int k = 0; k < 64; ++k) o[k] *= rescale[(k >> 1) & 1];
       }
-      page_weights(s, logit_scale, m_use, l, p_hi, p_lo);
+      page_weights<kFp8>(s, logit_scale, m_use, l, p_hi, p_lo);
     };
     const auto k_tile_of = [&](int i) { return sm90::shared_address(ring.page(first_page + i)); };
     const auto v_tile_of = [&](int i) { return k_tile_of(i) + 2 * L::kBoxBytes; };
@@ -232,13 +233,13 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
         ring.wait_values(first_page + i - 1);
         ring.wait_keys(first_page + i);
         take_turn();
-        issue_tile_values(o, p_hi, p_lo, v_tile_of(i - 1), true);
+        issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile_of(i - 1), true);
         issue_tile_scores(s, q_tile, k_tile_of(i));
         pass_turn();
         sm90::wgmma_wait<1>(); // P.V of page i - 1
         sm90::fence_accumulators(o);
         sm90::fence_fragments(p_hi);
-        sm90::fence_fragments(p_lo);
+        if constexpr (!kFp8) sm90::fence_fragments(p_lo);
         ring.release_values(first_page + i - 1);
         sm90::wgmma_wait_all(); // S of page i
         sm90::fence_accumulators(s);
@@ -247,12 +248,12 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
       }
       ring.wait_values(first_page + t.count - 1);
       take_turn();
-      issue_tile_values(o, p_hi, p_lo, v_tile_of(t.count - 1), true);
+      issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile_of(t.count - 1), true);
       pass_turn();
       sm90::wgmma_wait_all();
       sm90::fence_accumulators(o);
       sm90::fence_fragments(p_hi);
-      sm90::fence_fragments(p_lo);
+      if constexpr (!kFp8) sm90::fence_fragments(p_lo);
       ring.release_values(first_page + t.count - 1);
     }
     __syncwarp();
