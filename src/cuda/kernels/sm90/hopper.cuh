@@ -266,13 +266,14 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t d
                : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// D (+)= A (64 x 16, bf16 in registers: the m64k16 fragment, per warp mma.sync's m16k16 A
-// layout) . B (16 x 128), B MN-major in shared memory (consecutive elements run along N).
-// (kHalf: both operands fp16.)
-#define M3SA_WGMMA_RS_MN_MAJOR(TYPE)                                                               \
+// D (+)= A (64 x 16 in registers: the m64k16 fragment, per warp mma.sync's m16k16 A layout) . B,
+// B in shared memory; both operands bf16 (kHalf: fp16). TRANSPOSE_B "1": B (16 x 128) MN-major
+// (consecutive elements run along N); "0": B (128 x 16)^T, K-major.
+#define M3SA_WGMMA_RS(TYPE, TRANSPOSE_B)                                                           \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                        \
                "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE                        \
-               " " M3SA_WGMMA_D64_LIST ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"             \
+               " " M3SA_WGMMA_D64_LIST ", {%64, %65, %66, %67}, %68, p, 1, 1, " TRANSPOSE_B        \
+               ";\n}\n"                                                                            \
                : M3SA_WGMMA_D64_OUTPUTS(d)                                                         \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 template <bool kHalf = false>
@@ -280,28 +281,19 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_mn_major_b(float (&d)[64],
                                                                const uint32_t (&a)[4],
                                                                uint64_t desc_b, int accumulate) {
   if constexpr (kHalf)
-    M3SA_WGMMA_RS_MN_MAJOR("f16");
+    M3SA_WGMMA_RS("f16", "1");
   else
-    M3SA_WGMMA_RS_MN_MAJOR("bf16");
+    M3SA_WGMMA_RS("bf16", "1");
 }
-#undef M3SA_WGMMA_RS_MN_MAJOR
-// D (64 x 128) (+)= A (64 x 16, bf16 in registers: the m64k16 fragment, per warp mma.sync's m16k16
-// A layout) . B (128 x 16)^T, B K-major in shared memory. (kHalf: both operands fp16.)
-#define M3SA_WGMMA_RS_K_MAJOR(TYPE)                                                                \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                        \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE                        \
-               " " M3SA_WGMMA_D64_LIST ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"             \
-               : M3SA_WGMMA_D64_OUTPUTS(d)                                                         \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 template <bool kHalf = false>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
                                                     uint64_t desc_b, int accumulate) {
   if constexpr (kHalf)
-    M3SA_WGMMA_RS_K_MAJOR("f16");
+    M3SA_WGMMA_RS("f16", "0");
   else
-    M3SA_WGMMA_RS_K_MAJOR("bf16");
+    M3SA_WGMMA_RS("bf16", "0");
 }
-#undef M3SA_WGMMA_RS_K_MAJOR
+#undef M3SA_WGMMA_RS
 
 // The m16k16 A fragment of rows row0 .. row0 + 15, 16-byte chunks `chunk` and `chunk` + 1 of a
 // 128 B-swizzled operand at shared address `operand`: lane l addresses row row0 + (l / 8 % 2) * 8
