@@ -261,6 +261,11 @@ const AttentionCase kCases[] = {
     // take two passes of 1,504 and 1,497.
     {"PrefillTwoPassesK32", spec({3001}, {6000}, 0, 1, 64, 4), 32},
     {"PrefillFp8", spec({513}, {5000}, 0, 1, 64, 4, DType::fp8_e4m3), 16, 0.25f, 4.f},
+    // Rows of one to three blocks from the start of their requests: where fp16 P (the sm90 e4m3
+    // kernel's single part) costs the most of the bound in a model of this comparison (9.4e-4 of
+    // 1e-3 at one block a row and k scale 0.25; design doc, session 47).
+    {"PrefillFp8ShortRows", spec({256, 300}, {256, 300}, 0, 1, 64, 4, DType::fp8_e4m3), 16, 0.25f,
+     4.f},
     // Shared selections: page-union tiles (bf16 caches on sm90; tiles inside an even block, some
     // across a block boundary) next to block-major ones, GQA groups of 16 and 8; e4m3 caches
     // run them block-major.
