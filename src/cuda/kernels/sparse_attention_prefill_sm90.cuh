@@ -31,11 +31,11 @@
 //     fp32, 64 per thread), the softmax of each row over the page (a warp holds one member's 16
 //     rows, in the mma.sync layout the portable kernel uses), then O = P V as 16 m64n128k16 RS
 //     wgmmas (P's high and low parts from registers, V from shared memory MN-major; e4m3: 8, P
-//     in fp16). Each warp
-//     then writes its member's m, l and scale directly and stages O, in fixed point, in its rows
-//     of the spent Q slot (the slot's swizzled layout: conflict-free), from where two TMA stores
-//     write it as whole rows: per-thread stores of the 4 KB partial were two thirds of the
-//     kernel's time (s13 r3). One consumer's softmax and epilogue overlap the other's MMAs.
+//     in fp16). Each warp then writes its member's m, l and scale directly and stages O, in
+//     fixed point, in its rows of the spent Q slot (the slot's swizzled layout: conflict-free),
+//     from where two TMA stores write it as whole rows: per-thread stores of the 4 KB partial
+//     were two thirds of the kernel's time (s13 r3). One consumer's softmax and epilogue overlap
+//     the other's MMAs.
 // Barriers: the page ring's (PrefillPageRing: a page's keys and values ready and empty, each
 // released by the 8 consumer warps once per run, whether or not they had a group in it; this
 // kernel waits for and releases both halves together), q_full / q_empty per consumer and slot (a
