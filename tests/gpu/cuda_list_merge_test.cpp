@@ -265,8 +265,8 @@ TEST(GpuListMergeSmall, AtMost64KeysSortedByOneWarp) {
     for (bool by_ranks : {false, true}) {
       SCOPED_TRACE(by_ranks ? "rank_of_64" : "best_of_64");
       ASSERT_TRUE(ranked.fill(0xcd).ok());
-      ASSERT_EQ(run_best_of_64_probe(static_cast<const uint64_t*>(keys.data()),
-                                     static_cast<uint64_t*>(ranked.data()), by_ranks),
+      ASSERT_EQ(run_warp_ranking_probe(static_cast<const uint64_t*>(keys.data()),
+                                       static_cast<uint64_t*>(ranked.data()), by_ranks),
                 cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const HostTensor got = ranked.download();

@@ -56,7 +56,7 @@ template <bool kShared, bool kSampleFewLists> cudaError_t launch(const ListMerge
 // kByRanks: rank_of_64 (its [96] keys of shared memory poisoned first), else best_of_64.
 template <bool kByRanks>
 __global__ void __launch_bounds__(32)
-    best_of_64_probe_kernel(const uint64_t* keys, uint64_t* ranked) {
+    warp_ranking_probe_kernel(const uint64_t* keys, uint64_t* ranked) {
   __shared__ __align__(16) uint64_t scratch[96];
   const int lane = threadIdx.x;
   for (int i = lane; i < 96; i += 32) scratch[i] = ~uint64_t{0};
@@ -67,11 +67,11 @@ __global__ void __launch_bounds__(32)
 
 } // namespace
 
-cudaError_t run_best_of_64_probe(const uint64_t* keys, uint64_t* ranked, bool by_ranks) {
+cudaError_t run_warp_ranking_probe(const uint64_t* keys, uint64_t* ranked, bool by_ranks) {
   if (by_ranks)
-    best_of_64_probe_kernel<true><<<1, 32>>>(keys, ranked);
+    warp_ranking_probe_kernel<true><<<1, 32>>>(keys, ranked);
   else
-    best_of_64_probe_kernel<false><<<1, 32>>>(keys, ranked);
+    warp_ranking_probe_kernel<false><<<1, 32>>>(keys, ranked);
   return cudaGetLastError();
 }
 

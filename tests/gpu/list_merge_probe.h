@@ -31,6 +31,6 @@ cudaError_t run_list_merge_probe(const ListMergeProbe& probe);
 // merge's path where a row's lists hold that few), else best_of_64 (the context-parallel merge's
 // rounds): `keys` device [64] (lane l brings keys l and 32 + l, 0 = no key), `ranked` device [32]:
 // lane l's result, the key of rank l (0 past the last key).
-cudaError_t run_best_of_64_probe(const uint64_t* keys, uint64_t* ranked, bool by_ranks);
+cudaError_t run_warp_ranking_probe(const uint64_t* keys, uint64_t* ranked, bool by_ranks);
 
 } // namespace m3sa::testing
