@@ -65,17 +65,24 @@ M3SA_HOST_DEVICE float power_of_two_at_least(float x) {
   return float_from_bits((bits & 0x7f800000u) + ((bits & 0x007fffffu) != 0 ? 0x00800000u : 0u));
 }
 
-// Two values times `scale` (= 2^15 / a, |value| <= a) as packed 16-bit fixed point (x in the low
-// half): rounded to nearest even and clamped to +-32767. Adding 1.5 x 2^23 rounds once and leaves
-// the integer in the float's low mantissa bits, so the conversion runs on the FMA pipe (F2I is
-// quarter rate, and two a word were a visible share of the prefill's epilogue, bench/NOTES.md
-// s13); the clamp is on the biased value, whose neighbours are exact. A NaN becomes -32767 (F2I
-// gave 0): neither propagates it, and the row's scale ignores NaN either way.
+// The compact partials' fixed-point levels: a row's values O / a in [-1, 1] become integers in
+// [-32767, 32767]. 32767, not 2^15, so that a value at the row's scale (|O| = a, or a hair below
+// it, which rounds up to 2^15) still fits in 16 bits without a clamp: the clamp's two FMNMX a
+// value were ~15 % of the prefill consumers' epilogue (bench/NOTES.md s48). The scale 32767 / a
+// is exact in fp32 (a is a power of two).
+inline constexpr float kFixedLevels = 32767.f;
+
+// Two values times `scale` (= kFixedLevels / a, |value| <= a, so |value x scale| <= 32767) as
+// packed 16-bit fixed point (x in the low half), rounded to nearest even. Adding 1.5 x 2^23 rounds
+// once and leaves the integer in the float's low mantissa bits, so the conversion runs on the FMA
+// pipe (F2I is quarter rate, and two a word were a visible share of the prefill's epilogue,
+// bench/NOTES.md s13). Values past the scale are the caller's error: the row's scale is its
+// largest |value| rounded up to a power of two, which bounds every finite value; a NaN or an
+// infinity (the row's scale ignores both) leaves the float's low bits (a canonical NaN's 0xffff,
+// infinity's 0): neither propagates it.
 M3SA_HOST_DEVICE uint32_t pack_fixed2(float x, float y, float scale) {
   constexpr float kBias = 12582912.f; // 1.5 x 2^23
-  const float bx = fminf(fmaxf(fmaf(x, scale, kBias), kBias - 32767.f), kBias + 32767.f);
-  const float by = fminf(fmaxf(fmaf(y, scale, kBias), kBias - 32767.f), kBias + 32767.f);
-  return (float_bits(bx) & 0xffffu) | (float_bits(by) << 16);
+  return (float_bits(fmaf(x, scale, kBias)) & 0xffffu) | (float_bits(fmaf(y, scale, kBias)) << 16);
 }
 
 } // namespace m3sa::cuda

@@ -108,8 +108,8 @@ TEST(E4m3QueryScale, KeepsTheLargestQueryInFp16Range) {
 }
 
 // The compact partials' row scale: a power of two at or above x, below 2x (x itself when it is
-// one) for normal x, the smallest normal power for subnormal x (so that 2^15 / a stays finite);
-// 1 where x is not a positive finite number.
+// one) for normal x, the smallest normal power for subnormal x (so that kFixedLevels / a stays
+// finite); 1 where x is not a positive finite number.
 TEST(CompactFixedPoint, RowScaleIsTheNextPowerOfTwo) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> mantissa(1.f, 2.f);
@@ -135,28 +135,40 @@ TEST(CompactFixedPoint, RowScaleIsTheNextPowerOfTwo) {
   EXPECT_EQ(cuda::power_of_two_at_least(NAN), 1.f);
 }
 
-// The 16-bit fixed point (the biased-add rounding) equals round-to-nearest-even then the clamp to
-// +-32767, for values of the row's range [-a, a], ties and the extremes included.
-TEST(CompactFixedPoint, PackIsRoundToNearestEvenClamped) {
+// The 16-bit fixed point (the biased-add rounding, no clamp) equals round-to-nearest-even for
+// every value of a row's range [-a, a] at scale kFixedLevels / a: the row's extremes land on
+// +-32767 (2^15 would not fit in 16 bits), ties go to even.
+TEST(CompactFixedPoint, PackIsRoundToNearestEvenWithinTheRowScale) {
   const auto expected = [](float v, float scale) {
     const double q = std::nearbyint(static_cast<double>(v) * scale); // FE_TONEAREST: ties to even
-    return static_cast<uint32_t>(static_cast<int32_t>(std::clamp(q, -32767.0, 32767.0))) & 0xffffu;
+    EXPECT_LE(std::fabs(q), 32767.0) << v << " " << scale;
+    return static_cast<uint32_t>(static_cast<int32_t>(q)) & 0xffffu;
   };
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> unit(-1.f, 1.f);
   std::uniform_int_distribution<int> exponent(-20, 20);
   for (int i = 0; i < 200000; ++i) {
-    const float a = std::ldexp(1.f, exponent(rng)), scale = 32768.f / a;
+    const float a = std::ldexp(1.f, exponent(rng)), scale = cuda::kFixedLevels / a;
     const float x = unit(rng) * a, y = unit(rng) * a;
     const uint32_t word = cuda::pack_fixed2(x, y, scale);
     ASSERT_EQ(word & 0xffffu, expected(x, scale)) << x << " " << a;
     ASSERT_EQ(word >> 16, expected(y, scale)) << y << " " << a;
   }
-  for (int k = -32768; k <= 32768; ++k) { // every integer and every tie k + 0.5
-    for (const float v : {k / 32768.f, (k + 0.5f) / 32768.f}) {
-      const uint32_t word = cuda::pack_fixed2(v, -v, 32768.f);
-      ASSERT_EQ(word & 0xffffu, expected(v, 32768.f)) << v;
-      ASSERT_EQ(word >> 16, expected(-v, 32768.f)) << v;
+  for (int e = -20; e <= 20; ++e) { // the row's largest value, and the float just below it
+    const float a = std::ldexp(1.f, e), scale = cuda::kFixedLevels / a;
+    for (const float v : {a, std::nextafter(a, 0.f)}) {
+      const uint32_t word = cuda::pack_fixed2(v, -v, scale);
+      ASSERT_EQ(word & 0xffffu, 32767u) << v;
+      ASSERT_EQ(word >> 16, expected(-v, scale)) << v;
+      ASSERT_EQ(word >> 16, 0x8001u) << v; // -32767
+    }
+  }
+  for (int k = -32767; k <= 32767; ++k) { // every integer and every tie k + 0.5, at scale 1
+    for (const float v : {static_cast<float>(k), k + 0.5f}) {
+      if (std::fabs(v) > 32767.f) continue;
+      const uint32_t word = cuda::pack_fixed2(v, -v, 1.f);
+      ASSERT_EQ(word & 0xffffu, expected(v, 1.f)) << v;
+      ASSERT_EQ(word >> 16, expected(-v, 1.f)) << v;
     }
   }
 }

@@ -399,19 +399,34 @@ __device__ __forceinline__ void store_partial(RowState& st, float* partial) {
 
 // Compact partials (the prefill's, one per token, KV head and selected block, written once and
 // read once from HBM): m and l as above, then per row a power of two `a` at or above the row's
-// largest |O| and O / a in 16-bit fixed point (step 2^-15), half the bytes of the fp32 form; its
-// error is at most 2^-16 of the row's largest element (fp16, 2^-12 of it, was part of a variant
-// measured beyond the output bound; bench/NOTES.md).
+// largest |O| and O / a in 16-bit fixed point (step 1 / 32767), half the bytes of the fp32 form;
+// its error is at most 2^-16 of the row's largest element (fp16, 2^-12 of it, was part of a
+// variant measured beyond the output bound; bench/NOTES.md).
 struct CompactPartialView {
   float* m;   // [16]
   float* l;   // [16]
   float* a;   // [16]
-  int16_t* o; // [16][128] round(O / a * 2^15), clamped to +-32767
+  int16_t* o; // [16][128] round(O / a * kFixedLevels)
   __device__ explicit CompactPartialView(void* base)
       : m(static_cast<float*>(base)), l(m + kAttentionRows), a(l + kAttentionRows),
         o(reinterpret_cast<int16_t*>(a + kAttentionRows)) {}
 };
-inline constexpr float kFixedOne = 32768.f;
+// A fixed-point value's weight: a / kFixedLevels is a x kFixedStep, to 2^-24 relative.
+inline constexpr float kFixedStep = 1.f / kFixedLevels;
+
+// The largest of N values (N a power of two; NaN only where all are), as a tree of depth
+// log2 N: a chain of N dependent FMNMX is latency the prefill consumers' softmax and epilogue
+// could not hide (bench/NOTES.md s48). Overwrites v.
+template <int N, int kWidth = N / 2> __device__ __forceinline__ float tree_max(float (&v)[N]) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "a power of two");
+  if constexpr (kWidth == 0) {
+    return v[0];
+  } else {
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) v[i] = fmaxf(v[i], v[i + kWidth]);
+    return tree_max<N, kWidth / 2>(v); // a template per level: every index a constant
+  }
+}
 
 // A warp's state as a compact partial: m, l and a to the partial at `base`, and each word of O
 // (two values: row, dims 8 nt + 2 tid and + 1, as 16-bit fixed point) through
@@ -424,13 +439,14 @@ __device__ __forceinline__ void store_compact_partial(RowState& st, void* base,
   st.sum_denominators_over_quad();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float largest = 0.f;
+    float pairs[16];
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
-      largest = fmaxf(largest, fmaxf(fabsf(st.o[nt][2 * r]), fabsf(st.o[nt][2 * r + 1])));
+      pairs[nt] = fmaxf(fabsf(st.o[nt][2 * r]), fabsf(st.o[nt][2 * r + 1]));
+    float largest = tree_max(pairs);
     largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, 1));
     largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, 2));
-    const float a = power_of_two_at_least(largest), scale = kFixedOne / a;
+    const float a = power_of_two_at_least(largest), scale = kFixedLevels / a;
     const int row = gid + 8 * r;
     if (tid == 0) part.m[row] = st.m[r], part.l[row] = st.l[r], part.a[row] = a;
 #pragma unroll
@@ -487,7 +503,7 @@ __device__ __forceinline__ MergedRow merge_rows(const void* first, int64_t strid
     const float w = exp2f(m_i - m_use);
     merged.l += w * load_partial<kCoherent>(part + kAttentionRows + row);
     if constexpr (kCompact) {
-      const float wa = w * load_partial<kCoherent>(part + 2 * kAttentionRows + row) / kFixedOne;
+      const float wa = w * load_partial<kCoherent>(part + 2 * kAttentionRows + row) * kFixedStep;
       const uint4* po =
           reinterpret_cast<const uint4*>(part + 3 * kAttentionRows) + (row * 128 + d0) / 8;
 #pragma unroll
@@ -579,7 +595,7 @@ __device__ __forceinline__ void store_merged_compact_partial(const MergedRow& me
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1)
     largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, o));
-  const float a = power_of_two_at_least(largest), scale = kFixedOne / a;
+  const float a = power_of_two_at_least(largest), scale = kFixedLevels / a;
   if ((thread & 7) == 0) part.m[row] = merged.m, part.l[row] = merged.l, part.a[row] = a;
   uint32_t* po = reinterpret_cast<uint32_t*>(part.o + row * 128 + d0);
 #pragma unroll

@@ -15,49 +15,62 @@
 // Why this shape: a GQA group gives 16 query rows per token, and wgmma needs M = 64, so a tile is
 // 4 member tokens of one (KV head, page) - the entries of a page are consecutive after the sort,
 // so any 4 of them share the page's K and V (bench/NOTES.md s13; design doc, section 4).
-// Mapping: one CTA per SM, persistent over work items of kRunEntries sorted entries, 3
-// warpgroups. Every warp walks the same items, runs (the entries of one page) and groups (up to 4
-// consecutive entries of a run), from the item's keys and values held in its registers (read one
-// item ahead), so no schedule is shared through memory and no role waits on a load per group:
+// Mapping: one CTA per SM, persistent over work items of kRunEntries sorted entries, a producer
+// warpgroup and 2 consumer warpgroups (bf16: 384 threads) or 3 (e4m3: 512). Every warp walks the
+// same items, runs (the entries of one page) and groups (up to 4 consecutive entries of a run),
+// from the item's keys and values held in its registers (read one item ahead), so no schedule is
+// shared through memory and no role waits on a load per group:
 //   - producer warpgroup (registers released): warp 0 brings each run's page, K and V as four
-//     128-key x 64-dim TMA boxes (e4m3: two raw 128 x 128 B boxes), into one of two page
-//     buffers; warp 1 brings each group's 4 tokens x 16 query rows (two 16 x 64 boxes a token)
-//     into one of its consumer's Q slots; warp 2 (e4m3: warps 2 and 3) relays "page ready" once a
-//     page has landed, after zeroing the V rows past the run's last visible key (pages hold
-//     whatever the engine left there, and 0 x NaN would poison P.V; K rows past it are masked to
-//     -inf in the logits instead) - for e4m3, after widening the raw page into the page buffer
-//     (exact: K to bf16, V to fp16);
-//   - consumer warpgroups 1 and 2 take alternate groups: S = Q K^T (m64n128k16 SS, 8 k-steps:
+//     128-key x 64-dim TMA boxes, into one of two page buffers (e4m3: two raw 128 x 128 B boxes
+//     into the raw page); warp 1 brings each group's 4 tokens x 16 query rows (two 16 x 64 boxes
+//     a token) into one of its consumer's Q slots; warp 2 (e4m3: warps 2 and 3) relays "page
+//     ready" once a page has landed, after zeroing the V rows past the run's last visible key
+//     (pages hold whatever the engine left there, and 0 x NaN would poison P.V; K rows past it
+//     are masked to -inf in the logits instead) - for e4m3, after widening the raw page into the
+//     one page buffer (exact: K to bf16, V to fp16), keys first, each half as soon as the
+//     consumers have released it;
+//   - the consumer warpgroups take the groups in turn: S = Q K^T (m64n128k16 SS, 8 k-steps:
 //     fp32, 64 per thread), the softmax of each row over the page (a warp holds one member's 16
 //     rows, in the mma.sync layout the portable kernel uses), then O = P V as 16 m64n128k16 RS
 //     wgmmas (P's high and low parts from registers, V from shared memory MN-major; e4m3: 8, P
 //     in fp16). Each warp then writes its member's m, l and scale directly and stages O, in
 //     fixed point, in its rows of the spent Q slot (the slot's swizzled layout: conflict-free),
-//     from where two TMA stores write it as whole rows: per-thread stores of the 4 KB partial
-//     were two thirds of the kernel's time (s13 r3). One consumer's softmax and epilogue overlap
-//     the other's MMAs.
+//     from where two TMA stores write it as whole rows (per-thread stores of the 4 KB partial
+//     were two thirds of the kernel's time, s13 r3), released once they have read it, after the
+//     warp's next S is issued. One consumer's softmax and epilogue overlap the others' MMAs.
+// Why three consumers with e4m3: at two warps a scheduler the consumers were latency-bound
+// (s48 r2's stall samples: 44 % issue use, tensor cores a third busy); fp16 P (one part) lets a
+// consumer live in 152 registers, and the shared memory of the second page buffer holds the third
+// consumer's Q slots (bench/NOTES.md s48).
 // Barriers: the page ring's (PrefillPageRing: a page's keys and values ready and empty, each
-// released by the 8 consumer warps once per run, whether or not they had a group in it; this
-// kernel waits for and releases both halves together), q_full / q_empty per consumer and slot (a
-// slot is released once its staged partials have been read by their TMA stores), raw_full /
-// raw_empty (e4m3).
+// released by every consumer warp once per run, whether or not it had a group in it; bf16 waits
+// for and releases both halves together, e4m3 releases the keys after its last S of the run),
+// q_full / q_empty per consumer and slot (a slot is released once its staged partials have been
+// read by their TMA stores), raw_full / raw_empty (e4m3).
 #include "cuda/kernels/sm90/hopper.cuh"
 #include "cuda/kernels/sparse_attention_prefill.cuh"
 
 namespace m3sa::cuda {
 
-inline constexpr int kPrefillSm90Threads = 384;
 inline constexpr int kPrefillSm90Members = 4; // tokens a tile: 4 x 16 query rows = wgmma's M
-// setmaxnreg moves registers within the launch allocation (168 a thread at 384 threads, checked
-// where the plan asks whether the binary holds the kernel).
-inline constexpr int kPrefillSm90LaunchRegisters = 168;
-// The e4m3 widening loop needs 56 registers in the producers; bf16's 40 leave the consumers 232.
+// Consumer warpgroups of a kernel: 2 (bf16, and the page-union kernel), or 3 (the block-major
+// kernel with an e4m3 cache: its consumers are latency-bound at two warps a scheduler - s48 r2's
+// stall samples - and with P in one fp16 part their registers fit 152 a thread).
+template <int kConsumers> inline constexpr int kPrefillSm90ThreadsOf = 128 * (1 + kConsumers);
+inline constexpr int kPrefillSm90Threads = kPrefillSm90ThreadsOf<2>;
+// setmaxnreg moves registers within the launch allocation (the register file over the threads,
+// in steps of 8: 168 a thread at 384 threads, 128 at 512; checked where the plan asks whether the
+// binary holds the kernel).
+template <int kConsumers>
+inline constexpr int kPrefillSm90LaunchRegistersOf = 65536 / kPrefillSm90ThreadsOf<kConsumers> / 8 * 8;
+inline constexpr int kPrefillSm90LaunchRegisters = kPrefillSm90LaunchRegistersOf<2>;
+// The e4m3 widening loop needs 56 registers in the producers; bf16's 40 leave two consumers 232.
 template <bool kFp8> inline constexpr int kPrefillSm90ProducerRegisters = kFp8 ? 56 : 40;
-template <bool kFp8>
-inline constexpr int kPrefillSm90ConsumerRegisters = (kPrefillSm90LaunchRegisters *
-                                                          kPrefillSm90Threads -
-                                                      128 * kPrefillSm90ProducerRegisters<kFp8>) /
-                                                     256 / 8 * 8;
+template <bool kFp8, int kConsumers = 2>
+inline constexpr int kPrefillSm90ConsumerRegisters =
+    (kPrefillSm90LaunchRegistersOf<kConsumers> * kPrefillSm90ThreadsOf<kConsumers> -
+     128 * kPrefillSm90ProducerRegisters<kFp8>) /
+    (128 * kConsumers) / 8 * 8;
 
 // What both Hopper prefill kernels (this one and the page-union kernel) stage: a page's K and V as
 // four 128-key x 64-dim boxes (K dims 0-63, 64-127, then V the same; an e4m3 page arrives raw, K
@@ -71,14 +84,21 @@ struct PrefillSm90Tiles {
   static constexpr int kPages = 2;
 };
 
+// The block-major kernel's: bf16 two page buffers and two consumers of three query slots; e4m3
+// three consumers of two slots and one page buffer (its keys and values are released and
+// widened separately, so the next page's keys widen while the last groups run P.V, and its
+// values while the first group runs S).
 template <bool kFp8> struct PrefillSm90Layout : PrefillSm90Tiles {
+  static constexpr int kConsumers = kFp8 ? 3 : 2;
+  static constexpr int kPageBuffers = kFp8 ? 1 : 2;
+  static constexpr int kThreads = kPrefillSm90ThreadsOf<kConsumers>;
   // Per consumer; a slot is also where its group's partials are staged for their TMA stores, so
   // it is released only after them: three where shared memory allows.
   static constexpr int kQuerySlots = kFp8 ? 2 : 3;
-  static constexpr int kQueryOffset = kPages * kPageBytes;
+  static constexpr int kQueryOffset = kPageBuffers * kPageBytes;
   // e4m3: one raw page that the relay warps widen into a page buffer; one is enough, since a raw
   // page is free again as soon as it is widened.
-  static constexpr int kRawOffset = kQueryOffset + 2 * kQuerySlots * kQueryBytes;
+  static constexpr int kRawOffset = kQueryOffset + kConsumers * kQuerySlots * kQueryBytes;
   static constexpr int kSmemBytes = kRawOffset + (kFp8 ? kRawBytes : 0) + 1024; // + atom alignment
   static_assert(kSmemBytes <= 227 * 1024 - 2048, "one CTA per SM, with the static barriers");
 };
@@ -90,7 +110,8 @@ template <bool kFp8> struct PrefillSm90Layout : PrefillSm90Tiles {
 // bytes), values_ready (the relay), keys_empty / values_empty (the 8 consumer warps, once per page
 // each); for e4m3 the raw page's raw_full / raw_empty. A page's sequence number (its count among
 // the pages the CTA streams) picks its buffer and barrier phases.
-template <bool kFp8> struct PrefillPageRing {
+template <bool kFp8, int kPages = PrefillSm90Tiles::kPages, int kConsumers = 2>
+struct PrefillPageRing {
   static constexpr int kRelayWarps = kFp8 ? 2 : 1;   // warps 2 (and 3) of the producer warpgroup
   uint8_t* pages;                                    // [kPages][kPageBytes], 1024-aligned
   uint8_t* raw;                                      // e4m3: [kRawBytes]
@@ -99,22 +120,20 @@ template <bool kFp8> struct PrefillPageRing {
   uint64_t *raw_full, *raw_empty;
 
   __device__ void init() const { // one thread, before the CTA's first barrier
-    for (int i = 0; i < PrefillSm90Tiles::kPages; ++i) {
+    for (int i = 0; i < kPages; ++i) {
       sm90::mbarrier_init(&keys_ready[i], 1);
       sm90::mbarrier_init(&values_full[i], 1);
       sm90::mbarrier_init(&values_ready[i], 1);
-      sm90::mbarrier_init(&keys_empty[i], 8); // each consumer warp, once per page
-      sm90::mbarrier_init(&values_empty[i], 8);
+      sm90::mbarrier_init(&keys_empty[i], 4 * kConsumers); // each consumer warp, once per page
+      sm90::mbarrier_init(&values_empty[i], 4 * kConsumers);
     }
     sm90::mbarrier_init(raw_full, 1);
     sm90::mbarrier_init(raw_empty, 1);
   }
   __device__ uint8_t* page(uint32_t sequence) const {
-    return pages + (sequence % PrefillSm90Tiles::kPages) * PrefillSm90Tiles::kPageBytes;
+    return pages + (sequence % kPages) * PrefillSm90Tiles::kPageBytes;
   }
-  __device__ static uint32_t use(uint32_t sequence) {
-    return (sequence / PrefillSm90Tiles::kPages) & 1;
-  }
+  __device__ static uint32_t use(uint32_t sequence) { return (sequence / kPages) & 1; }
 
   // Producer warp 0, one lane: brings page `page` of KV head g (e4m3: into the raw page). The keys
   // go in as soon as the buffer's keys are free, the values when its values are.
@@ -127,7 +146,7 @@ template <bool kFp8> struct PrefillPageRing {
       sm90::tma_load_4d(raw, params.k_map, raw_full, 0, 0, g, page_id);
       sm90::tma_load_4d(raw + T::kRawBytes / 2, params.v_map, raw_full, 0, 0, g, page_id);
     } else {
-      const int b = sequence % T::kPages;
+      const int b = sequence % kPages;
       sm90::mbarrier_wait(&keys_empty[b], use(sequence) ^ 1);
       sm90::mbarrier_arrive_expect_tx(&keys_ready[b], 2 * T::kBoxBytes);
       for (int box = 0; box < 2; ++box)
@@ -149,36 +168,43 @@ template <bool kFp8> struct PrefillPageRing {
   // fp16 (the page-union kernel, bf16 only, shares this ring).
   __device__ void relay(uint32_t sequence, int rows, int thread) const {
     using T = PrefillSm90Tiles;
-    const int b = sequence % T::kPages;
+    const int b = sequence % kPages;
     uint8_t* dst_page = page(sequence);
     if constexpr (kFp8) {
+      // Keys, then values, each as soon as the consumers have released the buffer's half: with
+      // one page buffer the keys of the next page widen while the last groups of this one run
+      // P.V.
       sm90::mbarrier_wait(raw_full, sequence & 1);
-      sm90::mbarrier_wait(&keys_empty[b], use(sequence) ^ 1);
-      sm90::mbarrier_wait(&values_empty[b], use(sequence) ^ 1);
       const SwizzledHalves widened{dst_page, T::kBoxBytes};
-      for (int i = thread; i < 2 * 128 * 8; i += 32 * kRelayWarps) {
-        const int which = i >> 10, row = (i >> 3) & 127, chunk = i & 7; // which: K, V
+      for (int which = 0; which < 2; ++which) { // K, V
+        sm90::mbarrier_wait(which == 0 ? &keys_empty[b] : &values_empty[b], use(sequence) ^ 1);
         uint8_t* dst = dst_page + which * 2 * T::kBoxBytes;
-        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-        if (which == 0 || row < rows) {
-          const uint4 bits = *reinterpret_cast<const uint4*>(raw + which * (T::kRawBytes / 2) +
-                                                             sm90::swizzled_offset(row, chunk));
-          uint32_t w[8];
-          if (which == 0)
-            widen_e4m3x16(bits, w);
-          else
-            widen_e4m3x16_to_half(bits, w);
-          lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
+        for (int i = thread; i < 128 * 8; i += 32 * kRelayWarps) {
+          const int row = i >> 3, chunk = i & 7;
+          uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+          if (which == 0 || row < rows) {
+            const uint4 bits = *reinterpret_cast<const uint4*>(
+                raw + which * (T::kRawBytes / 2) + sm90::swizzled_offset(row, chunk));
+            uint32_t w[8];
+            if (which == 0)
+              widen_e4m3x16(bits, w);
+            else
+              widen_e4m3x16_to_half(bits, w);
+            lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
+          }
+          *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk)) = lo;
+          *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk + 1)) = hi;
         }
-        *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk)) = lo;
-        *reinterpret_cast<uint4*>(dst + widened.offset(row, 2 * chunk + 1)) = hi;
-      }
-      sm90::fence_proxy_async_shared(); // the widened page before wgmma's reads
-      sm90::named_barrier_sync(1, 32 * kRelayWarps);
-      if (thread == 0) {
-        sm90::mbarrier_arrive(raw_empty);
-        sm90::mbarrier_arrive(&keys_ready[b]);
-        sm90::mbarrier_arrive(&values_ready[b]);
+        sm90::fence_proxy_async_shared(); // the widened half before wgmma's reads
+        sm90::named_barrier_sync(1, 32 * kRelayWarps);
+        if (thread == 0) {
+          if (which == 0) {
+            sm90::mbarrier_arrive(&keys_ready[b]);
+          } else {
+            sm90::mbarrier_arrive(raw_empty);
+            sm90::mbarrier_arrive(&values_ready[b]);
+          }
+        }
       }
     } else {
       const int lane = thread & 31;
@@ -200,10 +226,10 @@ template <bool kFp8> struct PrefillPageRing {
   // Consumer warps: every consumer warp waits for every page and releases its keys and its values
   // once each (its arrivals must fall in this page's phase, whether or not it had work on it).
   __device__ void wait_keys(uint32_t sequence) const {
-    sm90::mbarrier_wait(&keys_ready[sequence % PrefillSm90Tiles::kPages], use(sequence));
+    sm90::mbarrier_wait(&keys_ready[sequence % kPages], use(sequence));
   }
   __device__ void wait_values(uint32_t sequence) const {
-    sm90::mbarrier_wait(&values_ready[sequence % PrefillSm90Tiles::kPages], use(sequence));
+    sm90::mbarrier_wait(&values_ready[sequence % kPages], use(sequence));
   }
   __device__ void wait_ready(uint32_t sequence) const {
     wait_keys(sequence);
@@ -217,27 +243,27 @@ template <bool kFp8> struct PrefillPageRing {
   }
   __device__ static void arrive_once(uint64_t* empty, uint32_t sequence) { // a warp's arrival
     __syncwarp();
-    if ((threadIdx.x & 31) == 0) sm90::mbarrier_arrive(&empty[sequence % PrefillSm90Tiles::kPages]);
+    if ((threadIdx.x & 31) == 0) sm90::mbarrier_arrive(&empty[sequence % kPages]);
   }
 };
 
 // A Hopper prefill kernel's barriers, in static shared memory: the page ring's, and per consumer
 // and query slot q_full (the TMA bytes) / q_empty (the consumer's 4 warps). init() by one thread,
 // then a CTA barrier, before any use.
-template <bool kFp8, int kQuerySlots> struct PrefillSm90Barriers {
-  static constexpr int kPages = PrefillSm90Tiles::kPages;
+template <bool kFp8, int kQuerySlots, int kConsumers = 2, int kPages = PrefillSm90Tiles::kPages>
+struct PrefillSm90Barriers {
   uint64_t keys_ready[kPages], values_full[kPages], values_ready[kPages];
   uint64_t keys_empty[kPages], values_empty[kPages];
-  uint64_t q_full[2][kQuerySlots], q_empty[2][kQuerySlots];
+  uint64_t q_full[kConsumers][kQuerySlots], q_empty[kConsumers][kQuerySlots];
   uint64_t raw_full, raw_empty; // e4m3 only
 
-  __device__ PrefillPageRing<kFp8> ring(uint8_t* pages, uint8_t* raw) {
+  __device__ PrefillPageRing<kFp8, kPages, kConsumers> ring(uint8_t* pages, uint8_t* raw) {
     return {pages,      raw,          keys_ready, values_full, values_ready,
             keys_empty, values_empty, &raw_full,  &raw_empty};
   }
   __device__ void init() {
     ring(nullptr, nullptr).init();
-    for (int c = 0; c < 2; ++c)
+    for (int c = 0; c < kConsumers; ++c)
       for (int s = 0; s < kQuerySlots; ++s) {
         sm90::mbarrier_init(&q_full[c][s], 1);
         sm90::mbarrier_init(&q_empty[c][s], 4); // each warp of the consumer
@@ -251,13 +277,14 @@ template <bool kFp8, int kQuerySlots> struct PrefillSm90Barriers {
 __device__ __forceinline__ void issue_tile_scores(float (&s)[64], uint32_t q_tile,
                                                   uint32_t k_tile) {
   using T = PrefillSm90Tiles;
+  const uint64_t q = sm90::operand_descriptor(q_tile), k = sm90::operand_descriptor(k_tile);
   sm90::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     const uint32_t k_offset = (kk >> 2) * T::kBoxBytes + (kk & 3) * 32;
     const uint32_t q_offset = (kk >> 2) * (T::kQueryBytes / 2) + (kk & 3) * 32;
-    sm90::wgmma_m64n128k16_bf16(s, sm90::operand_descriptor(q_tile + q_offset),
-                                sm90::operand_descriptor(k_tile + k_offset), kk > 0);
+    sm90::wgmma_m64n128k16_bf16(s, sm90::advance_descriptor(q, q_offset),
+                                sm90::advance_descriptor(k, k_offset), kk > 0);
   }
   sm90::wgmma_commit_group();
 }
@@ -271,11 +298,12 @@ __device__ __forceinline__ void issue_tile_values(float (&o)[64], uint32_t (&p_h
                                                   bool accumulate) {
   sm90::fence_fragments(p_hi);
   if constexpr (!kHalf) sm90::fence_fragments(p_lo);
+  // V MN-major at 16 keys a k-step: rows of 64 dims, the two 64-dim halves a box apart.
+  const uint64_t v0 = sm90::operand_descriptor(v_tile, PrefillSm90Tiles::kBoxBytes);
   sm90::wgmma_fence();
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    // V MN-major at 16 keys from the tile: rows of 64 dims, the two 64-dim halves a box apart.
-    const uint64_t v = sm90::operand_descriptor(v_tile + j * 16 * 128, PrefillSm90Tiles::kBoxBytes);
+    const uint64_t v = sm90::advance_descriptor(v0, j * 16 * 128);
     sm90::wgmma_m64n128k16_rs_mn_major_b<kHalf>(o, p_hi[j], v, j > 0 || accumulate);
     if constexpr (!kHalf) sm90::wgmma_m64n128k16_rs_mn_major_b(o, p_lo[j], v, 1);
   }
@@ -297,11 +325,12 @@ __device__ __forceinline__ void mask_logits(float (&s)[64], float logit_scale, i
       for (int e = 0; e < 4; ++e)
         if (8 * i + 2 * tid + (e & 1) >= visible) s[4 * i + e] = -INFINITY;
   }
-  row_max[0] = row_max[1] = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < 64; ++i) row_max[(i >> 1) & 1] = fmaxf(row_max[(i >> 1) & 1], s[i]);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    float pairs[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) pairs[i] = fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]);
+    row_max[r] = tree_max(pairs);
     row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
     row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
     row_max[r] *= logit_scale;
@@ -414,18 +443,19 @@ __device__ __forceinline__ void page_weights(const float (&s)[64], float logit_s
 }
 
 template <bool kFp8>
-__global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_sm90_kernel(
-    const __grid_constant__ SparseAttentionPrefillSm90Params params) {
+__global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
+    attend_block_members_sm90_kernel(const __grid_constant__ SparseAttentionPrefillSm90Params params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = PrefillSm90Layout<kFp8>;
-  using Ring = PrefillPageRing<kFp8>;
+  constexpr int kConsumers = L::kConsumers;
+  using Ring = PrefillPageRing<kFp8, L::kPageBuffers, kConsumers>;
   const SparseAttentionParams& p = params.attention;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
-  __shared__ PrefillSm90Barriers<kFp8, L::kQuerySlots> barriers;
+  __shared__ PrefillSm90Barriers<kFp8, L::kQuerySlots, kConsumers, L::kPageBuffers> barriers;
   const Ring ring = barriers.ring(smem, smem + L::kRawOffset);
-  uint64_t(&q_full)[2][L::kQuerySlots] = barriers.q_full;
-  uint64_t(&q_empty)[2][L::kQuerySlots] = barriers.q_empty;
+  uint64_t(&q_full)[kConsumers][L::kQuerySlots] = barriers.q_full;
+  uint64_t(&q_empty)[kConsumers][L::kQuerySlots] = barriers.q_empty;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) barriers.init();
   __syncthreads();
@@ -456,8 +486,8 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
           // last member (the tile's bytes stay constant; the repeated rows are not stored).
           const int m = lane >> 1, half = lane & 1;
           const int t = p.token_begin + entry_token(entries.value(min(first + (m & 3), end - 1)));
-          const int consumer = group & 1, slot = (group >> 1) % L::kQuerySlots;
-          const uint32_t use = group / (2 * L::kQuerySlots);
+          const int consumer = group % kConsumers, slot = (group / kConsumers) % L::kQuerySlots;
+          const uint32_t use = group / (kConsumers * L::kQuerySlots);
           if (lane == 0) {
             sm90::mbarrier_wait(&q_empty[consumer][slot], (use & 1) ^ 1);
             sm90::mbarrier_arrive_expect_tx(&q_full[consumer][slot], L::kQueryBytes);
@@ -486,12 +516,12 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
   }
 
   // Consumers.
-  sm90::claim_registers<kPrefillSm90ConsumerRegisters<kFp8>>();
+  sm90::claim_registers<kPrefillSm90ConsumerRegisters<kFp8, kConsumers>>();
   const int consumer = (warp - 4) >> 2, member_of_warp = warp & 3;
   const int tid = lane & 3;
   const float logit_scale = logit_scale_log2(p.k_scale);
-  // The query slot of a group (groups alternate between the consumers) and its barriers.
-  const auto slot_of = [](uint32_t group) { return (group >> 1) % L::kQuerySlots; };
+  // The query slot of a group (groups go round the consumers) and its barriers.
+  const auto slot_of = [](uint32_t group) { return (group / kConsumers) % L::kQuerySlots; };
   const auto query_tile = [&](uint32_t group) {
     return smem + L::kQueryOffset + (consumer * L::kQuerySlots + slot_of(group)) * L::kQueryBytes;
   };
@@ -511,10 +541,25 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
     page_weights<kFp8>(s, logit_scale, m_use, st.l, p_hi, p_lo);
   };
 
+  // A warp's spent query slot is released once its TMA stores have read the staged partial, but
+  // not right after issuing them: lane 0's wait there held the warp ~7 % of its time (s48 r2's
+  // stall samples), so the wait comes after the warp's next S = Q K^T is issued (that group uses
+  // the consumer's other slot), or after its last group. -1: nothing pending.
+  int pending_slot = -1;
+  const auto release_pending_slot = [&] {
+    if (pending_slot < 0) return;
+    if (lane == 0) {
+      sm90::bulk_wait_group_read(); // the slot may be refilled from here on
+      sm90::mbarrier_arrive(&q_empty[consumer][pending_slot]);
+    }
+    __syncwarp();
+    pending_slot = -1;
+  };
+
   // The member's partial: m, l and a stored directly; O staged in the member's rows of the spent
   // query slot, in the slot's own swizzled layout (conflict-free), and written by two TMA stores,
-  // so that the partial leaves as whole 128 B rows without holding up the warp; then the slot is
-  // released.
+  // so that the partial leaves as whole 128 B rows without holding up the warp; the slot is
+  // released later (release_pending_slot).
   const auto store_member_partial = [&](RowState& st, const float(&o)[64], bool live,
                                         uint32_t value, int g, uint32_t group) {
     if (live) {
@@ -533,37 +578,54 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
       sm90::fence_proxy_async_shared(); // the staged words before the TMA stores read them
       __syncwarp();
       if (lane == 0) {
-        sm90::tma_store_3d(params.partial_map, staged, 0, 0, index);
-        sm90::tma_store_3d(params.partial_map, staged + L::kQueryBytes / 2, 64, 0, index);
+        // evict_first: the merge reads the partials after the whole pass (~1 GB at 64/4), and
+        // they would otherwise push the query tiles and pages out of L2 (s48 r4: consumers
+        // waited on query tiles ~11 % of their time).
+        const uint64_t policy = sm90::l2_evict_first_policy();
+        sm90::tma_store_3d(params.partial_map, staged, 0, 0, index, policy);
+        sm90::tma_store_3d(params.partial_map, staged + L::kQueryBytes / 2, 64, 0, index, policy);
         sm90::bulk_commit_group();
-        sm90::bulk_wait_group_read(); // the slot may be refilled from here on
       }
     }
     __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(&q_empty[consumer][slot_of(group)]);
+    pending_slot = static_cast<int>(slot_of(group));
   };
 
-  uint32_t group = 0;
+  uint32_t group = 0; // counts the CTA's groups: group % kConsumers takes a group
   for_each_run(p, [&](const ItemEntries& entries, int begin, int end, uint32_t sequence) {
     const int g = static_cast<int>(entries.key(begin) / p.num_pages);
-    // Every warp waits for the page, even without a group in this run.
-    ring.wait_ready(sequence);
     const uint32_t k_tile = sm90::shared_address(ring.page(sequence));
     const uint32_t v_tile = k_tile + 2 * L::kBoxBytes;
     const int groups = group_count(begin, end);
+    // Every warp waits for the page, even without a group in this run: its releases must fall in
+    // this page's phases. With one page buffer (e4m3) the keys are released after the warp's last
+    // S of the run (`last`; -1: no group), the values at the run's end.
+    constexpr bool kOneBuffer = L::kPageBuffers == 1;
+    int last = -1;
+    if constexpr (kOneBuffer) {
+      const int first = static_cast<int>((consumer + kConsumers - group % kConsumers) % kConsumers);
+      if (first < groups) last = first + (groups - 1 - first) / kConsumers * kConsumers;
+      ring.wait_keys(sequence);
+    } else {
+      ring.wait_ready(sequence);
+    }
     for (int i = 0; i < groups; ++i, ++group) {
-      if ((group & 1) != static_cast<uint32_t>(consumer)) continue;
+      if (group % kConsumers != static_cast<uint32_t>(consumer)) continue;
       const int entry = begin + kPrefillSm90Members * i + member_of_warp;
       const bool live = entry < end;
       const uint32_t value = entries.value(min(entry, end - 1));
       float s[64];
-      sm90::mbarrier_wait(&q_full[consumer][slot_of(group)], (group / (2 * L::kQuerySlots)) & 1);
+      sm90::mbarrier_wait(&q_full[consumer][slot_of(group)],
+                          (group / (kConsumers * L::kQuerySlots)) & 1);
       issue_tile_scores(s, sm90::shared_address(query_tile(group)), k_tile);
+      release_pending_slot(); // while the tensor cores run S
       sm90::wgmma_wait_all();
       sm90::fence_accumulators(s);
+      if (kOneBuffer && i == last) ring.release_keys(sequence); // they may be rewritten (widened)
       RowState st;
       uint32_t p_hi[8][4], p_lo[8][4];
       page_softmax(s, live ? entry_visible(value) : 128, st, p_hi, p_lo);
+      if constexpr (kOneBuffer) ring.wait_values(sequence);
       float o[64];
       issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile, false);
       sm90::wgmma_wait_all();
@@ -572,8 +634,16 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_block_members_s
       if constexpr (!kFp8) sm90::fence_fragments(p_lo);
       store_member_partial(st, o, live, value, g, group);
     }
-    ring.release(sequence);
+    if (kOneBuffer && last < 0) {
+      ring.wait_values(sequence);
+      ring.release_keys(sequence);
+    }
+    if constexpr (kOneBuffer)
+      ring.release_values(sequence);
+    else
+      ring.release(sequence);
   });
+  release_pending_slot(); // the last group's stores have read their slot before the CTA exits
 #endif
 }
 
@@ -581,11 +651,13 @@ template <bool kFp8>
 cudaError_t launch_attend_block_members_sm90(const SparseAttentionPrefillSm90Params& p, int grid,
                                              cudaStream_t stream) {
   return launch_with_shared_memory(attend_block_members_sm90_kernel<kFp8>, dim3(grid),
-                                   kPrefillSm90Threads, PrefillSm90Layout<kFp8>::kSmemBytes, stream,
+                                   PrefillSm90Layout<kFp8>::kThreads,
+                                   PrefillSm90Layout<kFp8>::kSmemBytes, stream,
                                    p);
 }
 template <bool kFp8> bool attend_block_members_sm90_has_sm90a_code() {
-  return has_sm90a_code(attend_block_members_sm90_kernel<kFp8>, kPrefillSm90LaunchRegisters);
+  return has_sm90a_code(attend_block_members_sm90_kernel<kFp8>,
+                        kPrefillSm90LaunchRegistersOf<PrefillSm90Layout<kFp8>::kConsumers>);
 }
 
 } // namespace m3sa::cuda

@@ -168,6 +168,21 @@ __device__ __forceinline__ void tma_store_3d(const void* map, const void* src, i
       "r"(shared_address(src)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// The same, with an L2 eviction policy (l2_evict_first_policy): for bytes written now and read
+// much later, which should not displace what is read again soon.
+__device__ __forceinline__ void tma_store_3d(const void* map, const void* src, int c0, int c1,
+                                             int c2, uint64_t policy) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint"
+               " [%0, {%2, %3, %4}], [%1], %5;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+               "r"(shared_address(src)), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
+               : "memory");
+}
+// An L2 policy for the cache-hinted copies: evict these lines first.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
 __device__ __forceinline__ void bulk_commit_group() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -215,6 +230,15 @@ __device__ __forceinline__ uint64_t operand_descriptor(uint32_t address,
   return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
          (static_cast<uint64_t>(leading_bytes >> 4) << 16) | (uint64_t{1024 >> 4} << 32) |
          (uint64_t{1} << 62);
+}
+
+// The descriptor of the operand `bytes` (a multiple of 16) past the one `descriptor` describes,
+// within the same shared-memory window: one add to the address field (bits 0-13, address / 16),
+// which cannot carry out of it while the address stays below 2^18, as every shared address
+// does; the per-wgmma masking and shifting of operand_descriptor was ~5 % of the prefill
+// consumers' instructions (bench/NOTES.md s48).
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t descriptor, uint32_t bytes) {
+  return descriptor + (bytes >> 4);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
