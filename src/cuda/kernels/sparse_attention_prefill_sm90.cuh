@@ -107,7 +107,7 @@ template <bool kFp8> struct PrefillSm90Layout : PrefillSm90Tiles {
 // released separately, so that a consumer that runs P.V of one page with S of the next (the
 // page-union kernel's ping-pong) frees the keys of a page as soon as its S is done and the values
 // after its P.V: keys_ready (the K boxes' TMA bytes; e4m3: the relay), values_full (the V boxes'
-// bytes), values_ready (the relay), keys_empty / values_empty (the 8 consumer warps, once per page
+// bytes), values_ready (the relay), keys_empty / values_empty (every consumer warp, once per page
 // each); for e4m3 the raw page's raw_full / raw_empty. A page's sequence number (its count among
 // the pages the CTA streams) picks its buffer and barrier phases.
 template <bool kFp8, int kPages = PrefillSm90Tiles::kPages, int kConsumers = 2>
