@@ -105,8 +105,8 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
           // Four 16-byte stores, not sixteen scattered ones: the first 2K tokens of a chunk at
           // prefix 0 pad about half their slots (s48 r4: the gather took 28 us at 16/1 S=8K,
           // 8 us without padding).
-          float4* m = reinterpret_cast<float4*>(
-              CompactPartialView(prefill_partial(p, token, g, slot)).m);
+          float4* m =
+              reinterpret_cast<float4*>(CompactPartialView(prefill_partial(p, token, g, slot)).m);
 #pragma unroll
           for (int r = 0; r < kAttentionRows / 4; ++r)
             m[r] = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);

@@ -62,15 +62,16 @@ inline constexpr int kPrefillSm90Threads = kPrefillSm90ThreadsOf<2>;
 // in steps of 8: 168 a thread at 384 threads, 128 at 512; checked where the plan asks whether the
 // binary holds the kernel).
 template <int kConsumers>
-inline constexpr int kPrefillSm90LaunchRegistersOf = 65536 / kPrefillSm90ThreadsOf<kConsumers> / 8 * 8;
+inline constexpr int kPrefillSm90LaunchRegistersOf =
+    65536 / kPrefillSm90ThreadsOf<kConsumers> / 8 * 8;
 inline constexpr int kPrefillSm90LaunchRegisters = kPrefillSm90LaunchRegistersOf<2>;
 // The e4m3 widening loop needs 56 registers in the producers; bf16's 40 leave two consumers 232.
 template <bool kFp8> inline constexpr int kPrefillSm90ProducerRegisters = kFp8 ? 56 : 40;
 template <bool kFp8, int kConsumers = 2>
-inline constexpr int kPrefillSm90ConsumerRegisters =
-    (kPrefillSm90LaunchRegistersOf<kConsumers> * kPrefillSm90ThreadsOf<kConsumers> -
-     128 * kPrefillSm90ProducerRegisters<kFp8>) /
-    (128 * kConsumers) / 8 * 8;
+inline constexpr int kPrefillSm90ConsumerRegisters = (kPrefillSm90LaunchRegistersOf<kConsumers> *
+                                                          kPrefillSm90ThreadsOf<kConsumers> -
+                                                      128 * kPrefillSm90ProducerRegisters<kFp8>) /
+                                                     (128 * kConsumers) / 8 * 8;
 
 // What both Hopper prefill kernels (this one and the page-union kernel) stage: a page's K and V as
 // four 128-key x 64-dim boxes (K dims 0-63, 64-127, then V the same; an e4m3 page arrives raw, K
@@ -183,8 +184,8 @@ struct PrefillPageRing {
           const int row = i >> 3, chunk = i & 7;
           uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
           if (which == 0 || row < rows) {
-            const uint4 bits = *reinterpret_cast<const uint4*>(
-                raw + which * (T::kRawBytes / 2) + sm90::swizzled_offset(row, chunk));
+            const uint4 bits = *reinterpret_cast<const uint4*>(raw + which * (T::kRawBytes / 2) +
+                                                               sm90::swizzled_offset(row, chunk));
             uint32_t w[8];
             if (which == 0)
               widen_e4m3x16(bits, w);
@@ -444,7 +445,8 @@ __device__ __forceinline__ void page_weights(const float (&s)[64], float logit_s
 
 template <bool kFp8>
 __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
-    attend_block_members_sm90_kernel(const __grid_constant__ SparseAttentionPrefillSm90Params params) {
+    attend_block_members_sm90_kernel(
+        const __grid_constant__ SparseAttentionPrefillSm90Params params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = PrefillSm90Layout<kFp8>;
   constexpr int kConsumers = L::kConsumers;
@@ -652,8 +654,7 @@ cudaError_t launch_attend_block_members_sm90(const SparseAttentionPrefillSm90Par
                                              cudaStream_t stream) {
   return launch_with_shared_memory(attend_block_members_sm90_kernel<kFp8>, dim3(grid),
                                    PrefillSm90Layout<kFp8>::kThreads,
-                                   PrefillSm90Layout<kFp8>::kSmemBytes, stream,
-                                   p);
+                                   PrefillSm90Layout<kFp8>::kSmemBytes, stream, p);
 }
 template <bool kFp8> bool attend_block_members_sm90_has_sm90a_code() {
   return has_sm90a_code(attend_block_members_sm90_kernel<kFp8>,
