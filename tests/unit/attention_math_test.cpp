@@ -108,8 +108,8 @@ TEST(E4m3QueryScale, KeepsTheLargestQueryInFp16Range) {
 }
 
 // The compact partials' row scale: a power of two at or above x, below 2x (x itself when it is
-// one) for normal x, the smallest normal power for subnormal x (so that kFixedLevels / a stays
-// finite); 1 where x is not a positive finite number.
+// one) for normal x, the smallest normal power for subnormal x; 1 where x is not a positive
+// finite number.
 TEST(CompactFixedPoint, RowScaleIsTheNextPowerOfTwo) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> mantissa(1.f, 2.f);

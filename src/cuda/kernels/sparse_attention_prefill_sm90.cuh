@@ -72,6 +72,16 @@ inline constexpr int kPrefillSm90ConsumerRegisters = (kPrefillSm90LaunchRegister
                                                           kPrefillSm90ThreadsOf<kConsumers> -
                                                       128 * kPrefillSm90ProducerRegisters<kFp8>) /
                                                      (128 * kConsumers) / 8 * 8;
+// The warpgroups' registers after setmaxnreg stay within the register file, for every kernel
+// shape built: bf16 (and the page-union kernel) with two consumers, e4m3 block-major with three
+// (152 a consumer, what ptxas compiled without spills, s48).
+template <bool kFp8, int kConsumers>
+inline constexpr bool kPrefillSm90RegistersFit =
+    128 * kPrefillSm90ProducerRegisters<kFp8> +
+        128 * kConsumers* kPrefillSm90ConsumerRegisters<kFp8, kConsumers> <=
+    65536;
+static_assert(kPrefillSm90RegistersFit<false, 2> && kPrefillSm90RegistersFit<true, 2> &&
+              kPrefillSm90RegistersFit<true, 3> && kPrefillSm90ConsumerRegisters<true, 3> == 152);
 
 // What both Hopper prefill kernels (this one and the page-union kernel) stage: a page's K and V as
 // four 128-key x 64-dim boxes (K dims 0-63, 64-127, then V the same; an e4m3 page arrives raw, K

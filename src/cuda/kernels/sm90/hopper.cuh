@@ -200,10 +200,16 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 
 // ---- warp specialisation ---------------------------------------------------------------------
 
+// setmaxnreg takes a multiple of 8 in [24, 256].
+template <int Registers>
+inline constexpr bool kValidRegisterCount =
+    Registers >= 24 && Registers <= 256 && Registers % 8 == 0;
 template <int Registers> __device__ __forceinline__ void release_registers() {
+  static_assert(kValidRegisterCount<Registers>, "setmaxnreg: a multiple of 8 in [24, 256]");
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Registers));
 }
 template <int Registers> __device__ __forceinline__ void claim_registers() {
+  static_assert(kValidRegisterCount<Registers>, "setmaxnreg: a multiple of 8 in [24, 256]");
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
 }
 // bar.sync on a named barrier (id 1..15; 0 is __syncthreads) among `threads` threads.
