@@ -71,6 +71,9 @@ M3SA_HOST_DEVICE float power_of_two_at_least(float x) {
 // value were ~15 % of the prefill consumers' epilogue (bench/NOTES.md s48). The scale 32767 / a
 // is exact in fp32 (a is a power of two).
 inline constexpr float kFixedLevels = 32767.f;
+// A fixed-point value's weight in the merge: a / kFixedLevels as a x kFixedStep, to 2^-24
+// relative.
+inline constexpr float kFixedStep = 1.f / kFixedLevels;
 
 // Two values times `scale` (= kFixedLevels / a, |value| <= a, so |value x scale| <= 32767) as
 // packed 16-bit fixed point (x in the low half), rounded to nearest even. Adding 1.5 x 2^23 rounds

@@ -173,5 +173,22 @@ TEST(CompactFixedPoint, PackIsRoundToNearestEvenWithinTheRowScale) {
   }
 }
 
+// What the merge reads back: the fixed-point word times a x kFixedStep is within half a step
+// (a / 65534) of the value, plus the step's own fp32 rounding, for every value of the row's range.
+TEST(CompactFixedPoint, RoundTripIsWithinHalfAStep) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> unit(-1.f, 1.f);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  for (int i = 0; i < 200000; ++i) {
+    const float a = std::ldexp(1.f, exponent(rng)), scale = cuda::kFixedLevels / a;
+    const float x = i % 1000 == 0 ? (i % 2000 == 0 ? a : -a) : unit(rng) * a;
+    const uint32_t word = cuda::pack_fixed2(x, 0.f, scale);
+    const float decoded =
+        static_cast<float>(static_cast<int16_t>(word & 0xffffu)) * (a * cuda::kFixedStep);
+    ASSERT_LE(std::fabs(static_cast<double>(decoded) - x), a / 65534.0 * (1 + 1e-6) + a * 0x1p-23)
+        << x << " " << a;
+  }
+}
+
 } // namespace
 } // namespace m3sa::testing

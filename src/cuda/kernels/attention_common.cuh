@@ -411,8 +411,6 @@ struct CompactPartialView {
       : m(static_cast<float*>(base)), l(m + kAttentionRows), a(l + kAttentionRows),
         o(reinterpret_cast<int16_t*>(a + kAttentionRows)) {}
 };
-// A fixed-point value's weight: a / kFixedLevels is a x kFixedStep, to 2^-24 relative.
-inline constexpr float kFixedStep = 1.f / kFixedLevels;
 
 // The largest of N values (N a power of two; NaN only where all are), as a tree of depth
 // log2 N: a chain of N dependent FMNMX is latency the prefill consumers' softmax and epilogue
