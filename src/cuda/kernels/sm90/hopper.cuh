@@ -159,17 +159,9 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, uint64_t
 }
 
 // One box from shared memory at `src` to a 3D tensor map at (c0, c1, c2), as a bulk group of
-// this thread (bulk_commit_group / bulk_wait_group_read).
-__device__ __forceinline__ void tma_store_3d(const void* map, const void* src, int c0, int c1,
-                                             int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
-      "r"(shared_address(src)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-// The same, with an L2 eviction policy (l2_evict_first_policy): for bytes written now and read
-// much later, which should not displace what is read again soon.
+// this thread (bulk_commit_group / bulk_wait_group_read), with an L2 eviction policy
+// (l2_evict_first_policy: the prefill's partials are read only after the whole pass, and should
+// not displace what is read again soon).
 __device__ __forceinline__ void tma_store_3d(const void* map, const void* src, int c0, int c1,
                                              int c2, uint64_t policy) {
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint"
