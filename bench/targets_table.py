@@ -2,7 +2,8 @@
 """Every target of issues 11 (GPU sparse attention), 12 (Hopper prefill indexer) and 13 (decode
 indexer) as measured in one GPU run: `m3sa bench --set full --json M3SA.json` and the peer's
 `peer_bench.py --out DIR` (DIR/peer_bench.json) from the same device call (bench/gpu_check.sh
-with BENCH_SET=full does both and runs this). Prints a markdown table a target a row: the figure, the target, met / missed.
+with BENCH_SET=full does both and runs this). Prints a markdown table a target a row: the
+figure, the target, met / missed.
 Ratios are vLLM time / m3sa time (> 1: m3sa faster), vLLM's decode times graph replays, as in
 side_by_side.py; copy fractions are m3sa's own (bytes read / time against the copy rate it measured
 in the same run). The structured-selection attention target needs bench/structured_attention.py
