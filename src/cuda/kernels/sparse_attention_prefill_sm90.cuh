@@ -23,7 +23,7 @@
 //   - producer warpgroup (registers released): warp 0 brings each run's page, K and V as four
 //     128-key x 64-dim TMA boxes, into one of two page buffers (e4m3: two raw 128 x 128 B boxes
 //     into the raw page); warp 1 brings each group's 4 tokens x 16 query rows (two 16 x 64 boxes
-//     a token) into one of its consumer's Q slots; warp 2 (e4m3: warps 2 and 3) relays "page
+//     a token) into the next of a pool of Q slots; warp 2 (e4m3: warps 2 and 3) relays "page
 //     ready" once a page has landed, after zeroing the V rows past the run's last visible key
 //     (pages hold whatever the engine left there, and 0 x NaN would poison P.V; K rows past it
 //     are masked to -inf in the logits instead) - for e4m3, after widening the raw page into the
@@ -40,13 +40,14 @@
 //     warp's next S is issued. One consumer's softmax and epilogue overlap the others' MMAs.
 // Why three consumers with e4m3: at two warps a scheduler the consumers were latency-bound
 // (s48 r2's stall samples: 44 % issue use, tensor cores a third busy); fp16 P (one part) lets a
-// consumer live in 152 registers, and the shared memory of the second page buffer holds the third
-// consumer's Q slots (bench/NOTES.md s48).
+// consumer live in 152 registers, and the shared memory of the second page buffer holds the
+// query slots a third consumer needs (bench/NOTES.md s48).
 // Barriers: the page ring's (PrefillPageRing: a page's keys and values ready and empty, each
 // released by every consumer warp once per run, whether or not it had a group in it; bf16 waits
 // for and releases both halves together, e4m3 releases the keys after its last S of the run),
-// q_full / q_empty per consumer and slot (a slot is released once its staged partials have been
-// read by their TMA stores), raw_full / raw_empty (e4m3).
+// q_full / q_empty per Q slot (a slot is released once its staged partials have been read by
+// their TMA stores; where a slot passes to another consumer, e4m3, that consumer waits for the
+// release before the fill, and every lane releases), raw_full / raw_empty (e4m3).
 #include "cuda/kernels/sm90/hopper.cuh"
 #include "cuda/kernels/sparse_attention_prefill.cuh"
 
@@ -95,21 +96,25 @@ struct PrefillSm90Tiles {
   static constexpr int kPages = 2;
 };
 
-// The block-major kernel's: bf16 two page buffers and two consumers of three query slots; e4m3
-// three consumers of two slots and one page buffer (its keys and values are released and
-// widened separately, so the next page's keys widen while the last groups run P.V, and its
-// values while the first group runs S).
+// The block-major kernel's: bf16 two page buffers, two consumers and six query slots; e4m3 one
+// page buffer (its keys and values are released and widened separately, so the next page's keys
+// widen while the last groups run P.V, and its values while the first group runs S), three
+// consumers and eight slots.
 template <bool kFp8> struct PrefillSm90Layout : PrefillSm90Tiles {
   static constexpr int kConsumers = kFp8 ? 3 : 2;
   static constexpr int kPageBuffers = kFp8 ? 1 : 2;
   static constexpr int kThreads = kPrefillSm90ThreadsOf<kConsumers>;
-  // Per consumer; a slot is also where its group's partials are staged for their TMA stores, so
-  // it is released only after them: three where shared memory allows.
-  static constexpr int kQuerySlots = kFp8 ? 2 : 3;
+  // Query slots, one pool that the groups take in turn (group % kQueryPool) whichever consumer
+  // runs them; a slot is also where its group's partials are staged for their TMA stores, so it
+  // is released only after them (after its consumer's next S): as many as shared memory holds.
+  // A consumer's next group is kConsumers groups on, a slot's next group kQueryPool on: the query
+  // tile of a group is loaded while the kQueryPool - kConsumers groups before it run.
+  static constexpr int kQueryPool = kFp8 ? 8 : 6;
+  static_assert(kQueryPool > kConsumers, "a consumer's next group takes another slot");
   static constexpr int kQueryOffset = kPageBuffers * kPageBytes;
   // e4m3: one raw page that the relay warps widen into a page buffer; one is enough, since a raw
   // page is free again as soon as it is widened.
-  static constexpr int kRawOffset = kQueryOffset + kConsumers * kQuerySlots * kQueryBytes;
+  static constexpr int kRawOffset = kQueryOffset + kQueryPool * kQueryBytes;
   static constexpr int kSmemBytes = kRawOffset + (kFp8 ? kRawBytes : 0) + 1024; // + atom alignment
   static_assert(kSmemBytes <= 227 * 1024 - 2048, "one CTA per SM, with the static barriers");
 };
@@ -258,14 +263,17 @@ struct PrefillPageRing {
   }
 };
 
-// A Hopper prefill kernel's barriers, in static shared memory: the page ring's, and per consumer
-// and query slot q_full (the TMA bytes) / q_empty (the consumer's 4 warps). init() by one thread,
-// then a CTA barrier, before any use.
-template <bool kFp8, int kQuerySlots, int kConsumers = 2, int kPages = PrefillSm90Tiles::kPages>
+// A Hopper prefill kernel's barriers, in static shared memory: the page ring's, and per query slot
+// (of a consumer, or of the pool) q_full (the TMA bytes) / q_empty (kQueryReleases arrivals: the
+// 4 warps of the consumer that used the slot, or their 128 lanes where slots change consumers).
+// init() by one thread, then a CTA barrier, before any use.
+template <bool kFp8, int kQuerySlots, int kConsumers = 2, int kPages = PrefillSm90Tiles::kPages,
+          int kQueryOwners = kConsumers, // 1: the slots are one pool
+          int kQueryReleases = 4>
 struct PrefillSm90Barriers {
   uint64_t keys_ready[kPages], values_full[kPages], values_ready[kPages];
   uint64_t keys_empty[kPages], values_empty[kPages];
-  uint64_t q_full[kConsumers][kQuerySlots], q_empty[kConsumers][kQuerySlots];
+  uint64_t q_full[kQueryOwners][kQuerySlots], q_empty[kQueryOwners][kQuerySlots];
   uint64_t raw_full, raw_empty; // e4m3 only
 
   __device__ PrefillPageRing<kFp8, kPages, kConsumers> ring(uint8_t* pages, uint8_t* raw) {
@@ -274,10 +282,10 @@ struct PrefillSm90Barriers {
   }
   __device__ void init() {
     ring(nullptr, nullptr).init();
-    for (int c = 0; c < kConsumers; ++c)
+    for (int c = 0; c < kQueryOwners; ++c)
       for (int s = 0; s < kQuerySlots; ++s) {
         sm90::mbarrier_init(&q_full[c][s], 1);
-        sm90::mbarrier_init(&q_empty[c][s], 4); // each warp of the consumer
+        sm90::mbarrier_init(&q_empty[c][s], kQueryReleases);
       }
     sm90::fence_barrier_init();
   }
@@ -461,13 +469,18 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
   using L = PrefillSm90Layout<kFp8>;
   constexpr int kConsumers = L::kConsumers;
   using Ring = PrefillPageRing<kFp8, L::kPageBuffers, kConsumers>;
+  // Whether a slot passes from one consumer to another (e4m3: 8 slots, 3 consumers); bf16's 6
+  // slots of 2 consumers stay each with one.
+  constexpr bool kHandOff = L::kQueryPool % kConsumers != 0;
   const SparseAttentionParams& p = params.attention;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
-  __shared__ PrefillSm90Barriers<kFp8, L::kQuerySlots, kConsumers, L::kPageBuffers> barriers;
+  __shared__ PrefillSm90Barriers<kFp8, L::kQueryPool, kConsumers, L::kPageBuffers, 1,
+                                 kHandOff ? 4 * 32 : 4>
+      barriers;
   const Ring ring = barriers.ring(smem, smem + L::kRawOffset);
-  uint64_t(&q_full)[kConsumers][L::kQuerySlots] = barriers.q_full;
-  uint64_t(&q_empty)[kConsumers][L::kQuerySlots] = barriers.q_empty;
+  uint64_t(&q_full)[L::kQueryPool] = barriers.q_full[0];
+  uint64_t(&q_empty)[L::kQueryPool] = barriers.q_empty[0];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) barriers.init();
   __syncthreads();
@@ -498,18 +511,17 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
           // last member (the tile's bytes stay constant; the repeated rows are not stored).
           const int m = lane >> 1, half = lane & 1;
           const int t = p.token_begin + entry_token(entries.value(min(first + (m & 3), end - 1)));
-          const int consumer = group % kConsumers, slot = (group / kConsumers) % L::kQuerySlots;
-          const uint32_t use = group / (kConsumers * L::kQuerySlots);
+          const int slot = group % L::kQueryPool;
+          const uint32_t use = group / L::kQueryPool;
           if (lane == 0) {
-            sm90::mbarrier_wait(&q_empty[consumer][slot], (use & 1) ^ 1);
-            sm90::mbarrier_arrive_expect_tx(&q_full[consumer][slot], L::kQueryBytes);
+            sm90::mbarrier_wait(&q_empty[slot], (use & 1) ^ 1);
+            sm90::mbarrier_arrive_expect_tx(&q_full[slot], L::kQueryBytes);
           }
           __syncwarp();
           if (lane < 2 * kPrefillSm90Members)
-            sm90::tma_load_3d(smem + L::kQueryOffset +
-                                  (consumer * L::kQuerySlots + slot) * L::kQueryBytes +
+            sm90::tma_load_3d(smem + L::kQueryOffset + slot * L::kQueryBytes +
                                   half * (L::kQueryBytes / 2) + m * L::kQueryBoxBytes,
-                              params.q_map, &q_full[consumer][slot], 64 * half, g * p.group, t);
+                              params.q_map, &q_full[slot], 64 * half, g * p.group, t);
         }
       });
     } else if (warp < 2 + Ring::kRelayWarps) { // page ready (e4m3: widened)
@@ -533,9 +545,9 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
   const int tid = lane & 3;
   const float logit_scale = logit_scale_log2(p.k_scale);
   // The query slot of a group (groups go round the consumers) and its barriers.
-  const auto slot_of = [](uint32_t group) { return (group / kConsumers) % L::kQuerySlots; };
+  const auto slot_of = [](uint32_t group) { return group % L::kQueryPool; };
   const auto query_tile = [&](uint32_t group) {
-    return smem + L::kQueryOffset + (consumer * L::kQuerySlots + slot_of(group)) * L::kQueryBytes;
+    return smem + L::kQueryOffset + slot_of(group) * L::kQueryBytes;
   };
 
   // Softmax of this warp's member's rows over the page alone: m and the denominator's share into
@@ -556,13 +568,20 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
   // A warp's spent query slot is released once its TMA stores have read the staged partial, but
   // not right after issuing them: lane 0's wait there held the warp ~7 % of its time (s48 r2's
   // stall samples), so the wait comes after the warp's next S = Q K^T is issued (that group uses
-  // the consumer's other slot), or after its last group. -1: nothing pending.
+  // another slot), or after its last group. -1: nothing pending.
   int pending_slot = -1;
   const auto release_pending_slot = [&] {
     if (pending_slot < 0) return;
-    if (lane == 0) {
-      sm90::bulk_wait_group_read(); // the slot may be refilled from here on
-      sm90::mbarrier_arrive(&q_empty[consumer][pending_slot]);
+    if (lane == 0) sm90::bulk_wait_group_read(); // the slot may be refilled from here on
+    if constexpr (kHandOff) {
+      // Every lane arrives, each for its own staged words: the next consumer's staging waits on
+      // this release, and compute-sanitizer's racecheck orders a lane's writes before another
+      // thread's only through that lane's own arrival (lane 0's, after a __syncwarp, leaves the
+      // other lanes' writes unordered for it, though the memory model orders them).
+      __syncwarp();
+      sm90::mbarrier_arrive(&q_empty[pending_slot]);
+    } else if (lane == 0) {
+      sm90::mbarrier_arrive(&q_empty[pending_slot]);
     }
     __syncwarp();
     pending_slot = -1;
@@ -611,7 +630,8 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
     const int groups = group_count(begin, end);
     // Every warp waits for the page, even without a group in this run: its releases must fall in
     // this page's phases. With one page buffer (e4m3) the keys are released after the warp's last
-    // S of the run (`last`; -1: no group), the values at the run's end.
+    // S of the run (`last`; -1: no group), the values after its last P.V (before that group's
+    // epilogue, so that the relay widens the next page's values meanwhile).
     constexpr bool kOneBuffer = L::kPageBuffers == 1;
     int last = -1;
     if constexpr (kOneBuffer) {
@@ -627,8 +647,16 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
       const bool live = entry < end;
       const uint32_t value = entries.value(min(entry, end - 1));
       float s[64];
-      sm90::mbarrier_wait(&q_full[consumer][slot_of(group)],
-                          (group / (kConsumers * L::kQuerySlots)) & 1);
+      const uint32_t use = group / L::kQueryPool; // of its slot
+      if (kHandOff && use > 0) {
+        // The slot's previous group ran on another consumer, so this warp has not seen the
+        // slot's last fill land: waiting on q_full's parity alone could pass on the phase
+        // before it (one phase behind reads as done). Its release, which follows that fill's
+        // use, comes first; that wait is sound, since this warp saw the fill of its own
+        // previous group land, issued after the producer waited for the release before it.
+        sm90::mbarrier_wait(&q_empty[slot_of(group)], (use - 1) & 1);
+      }
+      sm90::mbarrier_wait(&q_full[slot_of(group)], use & 1);
       issue_tile_scores(s, sm90::shared_address(query_tile(group)), k_tile);
       release_pending_slot(); // while the tensor cores run S
       sm90::wgmma_wait_all();
@@ -644,16 +672,14 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
       sm90::fence_accumulators(o);
       sm90::fence_fragments(p_hi);
       if constexpr (!kFp8) sm90::fence_fragments(p_lo);
+      if (kOneBuffer && i == last) ring.release_values(sequence); // they may be rewritten
       store_member_partial(st, o, live, value, g, group);
     }
     if (kOneBuffer && last < 0) {
       ring.wait_values(sequence);
-      ring.release_keys(sequence);
-    }
-    if constexpr (kOneBuffer)
-      ring.release_values(sequence);
-    else
       ring.release(sequence);
+    }
+    if constexpr (!kOneBuffer) ring.release(sequence);
   });
   release_pending_slot(); // the last group's stores have read their slot before the CTA exits
 #endif
