@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds a standalone microbenchmark of bench/micro into <repo>/.gpu/<name>: page_stream (the
 # default; no m3sa dependency), attend_rate (the library's attention device code, from src/),
-# qgmma_error (e4m3 wgmma's error against exact index scores) or wgmma_rate (the SM90 scorer's MMA
-# step with and without its epilogue).
+# qgmma_error (e4m3 wgmma's error against exact index scores), wgmma_rate (the SM90 scorer's MMA
+# step with and without its epilogue) or racecheck_mbarrier_probe (which orders racecheck follows).
 # sm_90a only (H100/H200), static cudart and static libstdc++/libgcc so the binary built here runs
 # on the device machine's image. Prints ptxas' per-kernel registers / shared memory / spills.
 set -euo pipefail

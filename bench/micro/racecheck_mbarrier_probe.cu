@@ -9,8 +9,8 @@
 //   3: as 1, but only lane 0 of warp 0 arrives (count 1), after a __syncwarp - the prefill's
 //      slot release (the memory model orders the other lanes' writes before it: bar.warp.sync,
 //      then a cumulative release).
-// Build: nvcc -arch=sm_90a -O2 -o probe racecheck_mbarrier_probe.cu
-// Run:   for c in 0 1 2 3; do compute-sanitizer --tool racecheck ./probe $c; done
+// Build: bench/micro/build.sh racecheck_mbarrier_probe (-> .gpu/racecheck_mbarrier_probe)
+// Run:   for c in 0 1 2 3; do compute-sanitizer --tool racecheck .gpu/racecheck_mbarrier_probe $c; done
 // Clean in case 1 and 2: racecheck follows mbarriers; hazards: it does not (then a kernel whose
 // slots change hands through mbarriers reports hazards that are no races). Measured (s49 r3 / r4,
 // H100): 0, 1 and 2 clean, 3 one hazard - racecheck follows an mbarrier from each arriving
