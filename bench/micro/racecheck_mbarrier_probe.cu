@@ -1,6 +1,6 @@
 // Does compute-sanitizer's racecheck order shared-memory accesses by an mbarrier? (s49: the pooled
 // query slots of the e4m3 prefill drew write-write reports between consumers that hand a slot on
-// through mbarriers only.) One CTA of 96 threads, three cases, each a write by warp 0 then a write
+// through mbarriers only.) One CTA of 96 threads, four cases, each a write by warp 0 then a write
 // of the same words by another warp:
 //   0: __syncthreads between them (racecheck's own barrier: must be clean);
 //   1: warp 0 arrives on an mbarrier (count 32), warp 1 waits on its phase (try_wait.parity);
