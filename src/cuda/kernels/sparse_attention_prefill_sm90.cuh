@@ -26,9 +26,9 @@
 //     a token) into the next of a pool of Q slots; warp 2 (e4m3: warps 2 and 3) relays "page
 //     ready" once a page has landed, after zeroing the V rows past the run's last visible key
 //     (pages hold whatever the engine left there, and 0 x NaN would poison P.V; K rows past it
-//     are masked to -inf in the logits instead) - for e4m3, after widening the raw page into the
-//     one page buffer (exact: K to bf16, V to fp16), keys first, each half as soon as the
-//     consumers have released it;
+//     are masked to -inf in the logits instead) - for e4m3, after widening the raw page (exact:
+//     K to bf16 into one of two key buffers, V to fp16 into the one value buffer), keys first,
+//     each as soon as the consumers have released that buffer;
 //   - the consumer warpgroups take the groups in turn: S = Q K^T (m64n128k16 SS, 8 k-steps:
 //     fp32, 64 per thread), the softmax of each row over the page (a warp holds one member's 16
 //     rows, in the mma.sync layout the portable kernel uses), then O = P V as 16 m64n128k16 RS
@@ -41,13 +41,17 @@
 // Why three consumers with e4m3: at two warps a scheduler the consumers were latency-bound
 // (s48 r2's stall samples: 44 % issue use, tensor cores a third busy); fp16 P (one part) lets a
 // consumer live in 152 registers, and the shared memory of the second page buffer holds the
-// query slots a third consumer needs (bench/NOTES.md s48).
+// query slots a third consumer needs (bench/NOTES.md s48). Why two key buffers then: with one,
+// the next page's keys widened only after every consumer's last S of the page, and the
+// consumers waited for them 6 % of their time (s49 r5's stall samples); the second takes the
+// 32 KB of two query slots (six, two a consumer, where the pool had eight).
 // Barriers: the page ring's (PrefillPageRing: a page's keys and values ready and empty, each
 // released by every consumer warp once per run, whether or not it had a group in it; bf16 waits
 // for and releases both halves together, e4m3 releases the keys after its last S of the run),
 // q_full / q_empty per Q slot (a slot is released once its staged partials have been read by
-// their TMA stores; where a slot passes to another consumer, e4m3, that consumer waits for the
-// release before the fill, and every lane releases), raw_full / raw_empty (e4m3).
+// their TMA stores; where a pool's slot passes to another consumer - none of today's layouts -
+// that consumer waits for the release before the fill, and every lane releases), raw_full /
+// raw_empty (e4m3).
 #include "cuda/kernels/sm90/hopper.cuh"
 #include "cuda/kernels/sparse_attention_prefill.cuh"
 
@@ -96,22 +100,23 @@ struct PrefillSm90Tiles {
   static constexpr int kPages = 2;
 };
 
-// The block-major kernel's: bf16 two page buffers, two consumers and six query slots; e4m3 one
-// page buffer (its keys and values are released and widened separately, so the next page's keys
-// widen while the last groups run P.V, and its values while the first group runs S), three
-// consumers and eight slots.
+// The block-major kernel's: bf16 two page buffers, two consumers and six query slots; e4m3 two
+// key buffers and one value buffer (keys and values are released and widened separately, so the
+// next page's keys widen while this page's groups run, and its values while the first group runs
+// S), three consumers and six slots.
 template <bool kFp8> struct PrefillSm90Layout : PrefillSm90Tiles {
   static constexpr int kConsumers = kFp8 ? 3 : 2;
-  static constexpr int kPageBuffers = kFp8 ? 1 : 2;
+  static constexpr int kPageBuffers = kFp8 ? 1 : 2; // values (bf16: whole pages)
+  static constexpr int kKeyBuffers = 2;
   static constexpr int kThreads = kPrefillSm90ThreadsOf<kConsumers>;
   // Query slots, one pool that the groups take in turn (group % kQueryPool) whichever consumer
   // runs them; a slot is also where its group's partials are staged for their TMA stores, so it
   // is released only after them (after its consumer's next S): as many as shared memory holds.
   // A consumer's next group is kConsumers groups on, a slot's next group kQueryPool on: the query
   // tile of a group is loaded while the kQueryPool - kConsumers groups before it run.
-  static constexpr int kQueryPool = kFp8 ? 8 : 6;
+  static constexpr int kQueryPool = 6;
   static_assert(kQueryPool > kConsumers, "a consumer's next group takes another slot");
-  static constexpr int kQueryOffset = kPageBuffers * kPageBytes;
+  static constexpr int kQueryOffset = (kKeyBuffers + kPageBuffers) * (kPageBytes / 2);
   // e4m3: one raw page that the relay warps widen into a page buffer; one is enough, since a raw
   // page is free again as soon as it is widened.
   static constexpr int kRawOffset = kQueryOffset + kQueryPool * kQueryBytes;
@@ -126,30 +131,45 @@ template <bool kFp8> struct PrefillSm90Layout : PrefillSm90Tiles {
 // bytes), values_ready (the relay), keys_empty / values_empty (every consumer warp, once per page
 // each); for e4m3 the raw page's raw_full / raw_empty. A page's sequence number (its count among
 // the pages the CTA streams) picks its buffer and barrier phases.
-template <bool kFp8, int kPages = PrefillSm90Tiles::kPages, int kConsumers = 2>
+template <bool kFp8, int kPages = PrefillSm90Tiles::kPages, int kConsumers = 2,
+          int kKeyPages = kPages> // key buffers: kPages (each page buffer holds K then V), or more
 struct PrefillPageRing {
   static constexpr int kRelayWarps = kFp8 ? 2 : 1;   // warps 2 (and 3) of the producer warpgroup
-  uint8_t* pages;                                    // [kPages][kPageBytes], 1024-aligned
+  static constexpr int kHalfBytes = PrefillSm90Tiles::kPageBytes / 2; // a page's K (or V)
+  // kKeyPages == kPages: [kPages][K, V]; else [kKeyPages][K] then [kPages][V]. 1024-aligned.
+  uint8_t* pages;
   uint8_t* raw;                                      // e4m3: [kRawBytes]
   uint64_t *keys_ready, *values_full, *values_ready; // [kPages] each
   uint64_t *keys_empty, *values_empty;               // [kPages] each
   uint64_t *raw_full, *raw_empty;
 
   __device__ void init() const { // one thread, before the CTA's first barrier
-    for (int i = 0; i < kPages; ++i) {
+    for (int i = 0; i < kKeyPages; ++i) {
       sm90::mbarrier_init(&keys_ready[i], 1);
+      sm90::mbarrier_init(&keys_empty[i], 4 * kConsumers); // each consumer warp, once per page
+    }
+    for (int i = 0; i < kPages; ++i) {
       sm90::mbarrier_init(&values_full[i], 1);
       sm90::mbarrier_init(&values_ready[i], 1);
-      sm90::mbarrier_init(&keys_empty[i], 4 * kConsumers); // each consumer warp, once per page
       sm90::mbarrier_init(&values_empty[i], 4 * kConsumers);
     }
     sm90::mbarrier_init(raw_full, 1);
     sm90::mbarrier_init(raw_empty, 1);
   }
-  __device__ uint8_t* page(uint32_t sequence) const {
+  __device__ uint8_t* page(uint32_t sequence) const { // K, then V (kKeyPages == kPages)
+    static_assert(kKeyPages == kPages, "pages hold K and V together");
     return pages + (sequence % kPages) * PrefillSm90Tiles::kPageBytes;
   }
+  __device__ uint8_t* keys(uint32_t sequence) const {
+    return kKeyPages == kPages ? pages + (sequence % kPages) * 2 * kHalfBytes
+                               : pages + (sequence % kKeyPages) * kHalfBytes;
+  }
+  __device__ uint8_t* values(uint32_t sequence) const {
+    return kKeyPages == kPages ? pages + (sequence % kPages) * 2 * kHalfBytes + kHalfBytes
+                               : pages + (kKeyPages + sequence % kPages) * kHalfBytes;
+  }
   __device__ static uint32_t use(uint32_t sequence) { return (sequence / kPages) & 1; }
+  __device__ static uint32_t key_use(uint32_t sequence) { return (sequence / kKeyPages) & 1; }
 
   // Producer warp 0, one lane: brings page `page` of KV head g (e4m3: into the raw page). The keys
   // go in as soon as the buffer's keys are free, the values when its values are.
@@ -162,16 +182,16 @@ struct PrefillPageRing {
       sm90::tma_load_4d(raw, params.k_map, raw_full, 0, 0, g, page_id);
       sm90::tma_load_4d(raw + T::kRawBytes / 2, params.v_map, raw_full, 0, 0, g, page_id);
     } else {
-      const int b = sequence % kPages;
-      sm90::mbarrier_wait(&keys_empty[b], use(sequence) ^ 1);
-      sm90::mbarrier_arrive_expect_tx(&keys_ready[b], 2 * T::kBoxBytes);
+      const int kb = sequence % kKeyPages, b = sequence % kPages;
+      sm90::mbarrier_wait(&keys_empty[kb], key_use(sequence) ^ 1);
+      sm90::mbarrier_arrive_expect_tx(&keys_ready[kb], 2 * T::kBoxBytes);
       for (int box = 0; box < 2; ++box)
-        sm90::tma_load_4d(page(sequence) + box * T::kBoxBytes, params.k_map, &keys_ready[b],
+        sm90::tma_load_4d(keys(sequence) + box * T::kBoxBytes, params.k_map, &keys_ready[kb],
                           64 * box, 0, g, page_id);
       sm90::mbarrier_wait(&values_empty[b], use(sequence) ^ 1);
       sm90::mbarrier_arrive_expect_tx(&values_full[b], 2 * T::kBoxBytes);
       for (int box = 0; box < 2; ++box)
-        sm90::tma_load_4d(page(sequence) + (2 + box) * T::kBoxBytes, params.v_map, &values_full[b],
+        sm90::tma_load_4d(values(sequence) + box * T::kBoxBytes, params.v_map, &values_full[b],
                           64 * box, 0, g, page_id);
     }
   }
@@ -184,17 +204,17 @@ struct PrefillPageRing {
   // fp16 (the page-union kernel, bf16 only, shares this ring).
   __device__ void relay(uint32_t sequence, int rows, int thread) const {
     using T = PrefillSm90Tiles;
-    const int b = sequence % kPages;
-    uint8_t* dst_page = page(sequence);
+    const int kb = sequence % kKeyPages, b = sequence % kPages;
     if constexpr (kFp8) {
-      // Keys, then values, each as soon as the consumers have released the buffer's half: with
-      // one page buffer the keys of the next page widen while the last groups of this one run
-      // P.V.
+      // Keys, then values, each as soon as the consumers have released that buffer: the next
+      // page's keys widen while this page's groups run (two key buffers), its values once every
+      // consumer has run its last P.V of this one.
       sm90::mbarrier_wait(raw_full, sequence & 1);
-      const SwizzledHalves widened{dst_page, T::kBoxBytes};
       for (int which = 0; which < 2; ++which) { // K, V
-        sm90::mbarrier_wait(which == 0 ? &keys_empty[b] : &values_empty[b], use(sequence) ^ 1);
-        uint8_t* dst = dst_page + which * 2 * T::kBoxBytes;
+        sm90::mbarrier_wait(which == 0 ? &keys_empty[kb] : &values_empty[b],
+                            (which == 0 ? key_use(sequence) : use(sequence)) ^ 1);
+        uint8_t* dst = which == 0 ? keys(sequence) : values(sequence);
+        const SwizzledHalves widened{dst, T::kBoxBytes};
         for (int i = thread; i < 128 * 8; i += 32 * kRelayWarps) {
           const int row = i >> 3, chunk = i & 7;
           uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
@@ -215,7 +235,7 @@ struct PrefillPageRing {
         sm90::named_barrier_sync(1, 32 * kRelayWarps);
         if (thread == 0) {
           if (which == 0) {
-            sm90::mbarrier_arrive(&keys_ready[b]);
+            sm90::mbarrier_arrive(&keys_ready[kb]);
           } else {
             sm90::mbarrier_arrive(raw_empty);
             sm90::mbarrier_arrive(&values_ready[b]);
@@ -226,7 +246,7 @@ struct PrefillPageRing {
       const int lane = thread & 31;
       sm90::mbarrier_wait(&values_full[b], use(sequence));
       if (rows < 128) {
-        uint8_t* v = dst_page + 2 * T::kBoxBytes;
+        uint8_t* v = values(sequence);
         for (int i = lane; i < (128 - rows) * 16; i += 32) { // whole 128 B rows: no swizzle
           const int row = rows + i / 16, half = (i / 8) & 1, chunk = i & 7;
           *reinterpret_cast<uint4*>(v + half * T::kBoxBytes + row * 128 + chunk * 16) =
@@ -242,7 +262,7 @@ struct PrefillPageRing {
   // Consumer warps: every consumer warp waits for every page and releases its keys and its values
   // once each (its arrivals must fall in this page's phase, whether or not it had work on it).
   __device__ void wait_keys(uint32_t sequence) const {
-    sm90::mbarrier_wait(&keys_ready[sequence % kPages], use(sequence));
+    sm90::mbarrier_wait(&keys_ready[sequence % kKeyPages], key_use(sequence));
   }
   __device__ void wait_values(uint32_t sequence) const {
     sm90::mbarrier_wait(&values_ready[sequence % kPages], use(sequence));
@@ -251,15 +271,19 @@ struct PrefillPageRing {
     wait_keys(sequence);
     wait_values(sequence);
   }
-  __device__ void release_keys(uint32_t sequence) const { arrive_once(keys_empty, sequence); }
-  __device__ void release_values(uint32_t sequence) const { arrive_once(values_empty, sequence); }
+  __device__ void release_keys(uint32_t sequence) const {
+    arrive_once(&keys_empty[sequence % kKeyPages]);
+  }
+  __device__ void release_values(uint32_t sequence) const {
+    arrive_once(&values_empty[sequence % kPages]);
+  }
   __device__ void release(uint32_t sequence) const {
     release_keys(sequence);
     release_values(sequence);
   }
-  __device__ static void arrive_once(uint64_t* empty, uint32_t sequence) { // a warp's arrival
+  __device__ static void arrive_once(uint64_t* empty) { // a warp's arrival
     __syncwarp();
-    if ((threadIdx.x & 31) == 0) sm90::mbarrier_arrive(&empty[sequence % kPages]);
+    if ((threadIdx.x & 31) == 0) sm90::mbarrier_arrive(empty);
   }
 };
 
@@ -269,14 +293,15 @@ struct PrefillPageRing {
 // init() by one thread, then a CTA barrier, before any use.
 template <bool kFp8, int kQuerySlots, int kConsumers = 2, int kPages = PrefillSm90Tiles::kPages,
           int kQueryOwners = kConsumers, // 1: the slots are one pool
-          int kQueryReleases = 4>
+          int kQueryReleases = 4, int kKeyPages = kPages>
 struct PrefillSm90Barriers {
-  uint64_t keys_ready[kPages], values_full[kPages], values_ready[kPages];
-  uint64_t keys_empty[kPages], values_empty[kPages];
+  uint64_t keys_ready[kKeyPages], values_full[kPages], values_ready[kPages];
+  uint64_t keys_empty[kKeyPages], values_empty[kPages];
   uint64_t q_full[kQueryOwners][kQuerySlots], q_empty[kQueryOwners][kQuerySlots];
   uint64_t raw_full, raw_empty; // e4m3 only
 
-  __device__ PrefillPageRing<kFp8, kPages, kConsumers> ring(uint8_t* pages, uint8_t* raw) {
+  __device__ PrefillPageRing<kFp8, kPages, kConsumers, kKeyPages> ring(uint8_t* pages,
+                                                                       uint8_t* raw) {
     return {pages,      raw,          keys_ready, values_full, values_ready,
             keys_empty, values_empty, &raw_full,  &raw_empty};
   }
@@ -468,15 +493,16 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = PrefillSm90Layout<kFp8>;
   constexpr int kConsumers = L::kConsumers;
-  using Ring = PrefillPageRing<kFp8, L::kPageBuffers, kConsumers>;
-  // Whether a slot passes from one consumer to another (e4m3: 8 slots, 3 consumers); bf16's 6
-  // slots of 2 consumers stay each with one.
+  using Ring = PrefillPageRing<kFp8, L::kPageBuffers, kConsumers, L::kKeyBuffers>;
+  // Whether a slot passes from one consumer to another: not with today's pools (six slots for
+  // three or two consumers), but s49's eight for three did, and a pool resized for another
+  // layout may again (the hand-off was racecheck-clean at eight, s49 r4).
   constexpr bool kHandOff = L::kQueryPool % kConsumers != 0;
   const SparseAttentionParams& p = params.attention;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
   __shared__ PrefillSm90Barriers<kFp8, L::kQueryPool, kConsumers, L::kPageBuffers, 1,
-                                 kHandOff ? 4 * 32 : 4>
+                                 kHandOff ? 4 * 32 : 4, L::kKeyBuffers>
       barriers;
   const Ring ring = barriers.ring(smem, smem + L::kRawOffset);
   uint64_t(&q_full)[L::kQueryPool] = barriers.q_full[0];
@@ -625,13 +651,13 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
   uint32_t group = 0; // counts the CTA's groups: group % kConsumers takes a group
   for_each_run(p, [&](const ItemEntries& entries, int begin, int end, uint32_t sequence) {
     const int g = static_cast<int>(entries.key(begin) / p.num_pages);
-    const uint32_t k_tile = sm90::shared_address(ring.page(sequence));
-    const uint32_t v_tile = k_tile + 2 * L::kBoxBytes;
+    const uint32_t k_tile = sm90::shared_address(ring.keys(sequence));
+    const uint32_t v_tile = sm90::shared_address(ring.values(sequence));
     const int groups = group_count(begin, end);
     // Every warp waits for the page, even without a group in this run: its releases must fall in
-    // this page's phases. With one page buffer (e4m3) the keys are released after the warp's last
-    // S of the run (`last`; -1: no group), the values after its last P.V (before that group's
-    // epilogue, so that the relay widens the next page's values meanwhile).
+    // this page's phases. With one value buffer (e4m3) the keys are released after the warp's
+    // last S of the run (`last`; -1: no group), the values after its last P.V (before that
+    // group's epilogue, so that the relay widens the next page's values meanwhile).
     constexpr bool kOneBuffer = L::kPageBuffers == 1;
     int last = -1;
     if constexpr (kOneBuffer) {
