@@ -286,11 +286,15 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
       M3SA_CUDA_RETURN_IF_ERROR((fp8 ? launch_attend_block_members_fp8
                                      : launch_attend_block_members_bf16)(p, info.sm_count, s));
     }
-    // The merge waits on its partials' loads: as many 128-thread groups as its registers let an
-    // SM hold (10: s13 r3's ncu measured 25 % occupancy and 2.5 TB/s with 4).
+    // The merge waits on its partials' loads: as many 128-thread groups as an SM holds at once
+    // (s13 r3's ncu measured 25 % occupancy and 2.5 TB/s with 4), each with several partials'
+    // loads in flight.
     const int64_t merge_pairs = int64_t{p.token_end - p.token_begin} * p.kv_heads;
     M3SA_CUDA_RETURN_IF_ERROR(launch_merge_token_partials(
-        p, static_cast<int>(std::min<int64_t>(merge_pairs, 10 * int64_t{info.sm_count})), s));
+        p,
+        static_cast<int>(
+            std::min<int64_t>(merge_pairs, kMergeTokenPartialsCtasPerSm * int64_t{info.sm_count})),
+        s));
   }
   return {};
 }

@@ -138,6 +138,9 @@ bool attend_block_members_sm90_fp8_has_sm90a_code();
 cudaError_t launch_attend_page_unions_sm90_bf16(const SparseAttentionPrefillSm90Params& params,
                                                 int grid, cudaStream_t stream);
 bool attend_page_unions_sm90_bf16_has_sm90a_code();
+// The merge of the prefill's partials: its groups an SM (the kernel's __launch_bounds__ keeps its
+// registers within them, so that a grid of this many a SM is resident at once).
+inline constexpr int kMergeTokenPartialsCtasPerSm = 9;
 cudaError_t launch_merge_token_partials(const SparseAttentionParams& params, int grid,
                                         cudaStream_t stream);
 

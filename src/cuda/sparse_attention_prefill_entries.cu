@@ -116,8 +116,11 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
   }
 }
 
-// One 128-thread group per (pass token, KV head).
-__global__ void __launch_bounds__(128) merge_token_partials_kernel(const SparseAttentionParams p) {
+// One 128-thread group per (pass token, KV head), kMergeTokenPartialsCtasPerSm an SM, each thread
+// with the loads of kMergeBatch partials in flight (56 registers: 9 groups an SM).
+constexpr int kMergeBatch = 2;
+__global__ void __launch_bounds__(128, kMergeTokenPartialsCtasPerSm)
+    merge_token_partials_kernel(const SparseAttentionParams p) {
   const int pass_tokens = p.token_end - p.token_begin;
   const int64_t pairs = int64_t{pass_tokens} * p.kv_heads;
   for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
@@ -125,8 +128,8 @@ __global__ void __launch_bounds__(128) merge_token_partials_kernel(const SparseA
     if (p.union_counts && p.union_counts[g * union_tiles(p) + token / kUnionTokens] >= 0)
       continue; // its tile attended token-major
     store_output_row(p,
-                     merge_rows<true, false>(prefill_partial(p, token, g, 0), kCompactPartialBytes,
-                                             p.top_k, threadIdx.x),
+                     merge_compact_rows<kMergeBatch>(prefill_partial(p, token, g, 0),
+                                                     kCompactPartialBytes, p.top_k, threadIdx.x),
                      p.token_begin + token, g, threadIdx.x);
   }
 }

@@ -512,9 +512,8 @@ __device__ __forceinline__ void finish_decode_item(const SparseAttentionParams& 
     if (*last_arrival) {
       __threadfence();
       store_output_row(p,
-                       merge_rows<false, true>(p.partials + pair * p.splits * kPartialFloats,
-                                               kPartialFloats * sizeof(float), p.splits,
-                                               threadIdx.x),
+                       merge_rows<true>(p.partials + pair * p.splits * kPartialFloats,
+                                        kPartialFloats * sizeof(float), p.splits, threadIdx.x),
                        t, g, threadIdx.x);
     }
   }

@@ -155,9 +155,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
                m += kPrefillThreads / 128) {
             const uint32_t v = values[run_begin[r] + round * groups + m];
             store_merged_compact_partial(
-                merge_rows<false, false>(warp_partials + m * warps_per_member * kPartialFloats,
-                                         kPartialFloats * sizeof(float), warps_per_member,
-                                         threadIdx.x % 128),
+                merge_rows<false>(warp_partials + m * warps_per_member * kPartialFloats,
+                                  kPartialFloats * sizeof(float), warps_per_member,
+                                  threadIdx.x % 128),
                 prefill_partial(p, entry_token(v), g, entry_slot(v)), threadIdx.x % 128);
           }
           __syncthreads();
