@@ -139,8 +139,8 @@ struct PrefillPageRing {
   // kKeyPages == kPages: [kPages][K, V]; else [kKeyPages][K] then [kPages][V]. 1024-aligned.
   uint8_t* pages;
   uint8_t* raw;                                      // e4m3: [kRawBytes]
-  uint64_t *keys_ready, *values_full, *values_ready; // [kPages] each
-  uint64_t *keys_empty, *values_empty;               // [kPages] each
+  uint64_t *keys_ready, *values_full, *values_ready; // [kKeyPages], [kPages], [kPages]
+  uint64_t *keys_empty, *values_empty;               // [kKeyPages], [kPages]
   uint64_t *raw_full, *raw_empty;
 
   __device__ void init() const { // one thread, before the CTA's first barrier
