@@ -49,9 +49,8 @@
 // released by every consumer warp once per run, whether or not it had a group in it; bf16 waits
 // for and releases both halves together, e4m3 releases the keys after its last S of the run),
 // q_full / q_empty per Q slot (a slot is released once its staged partials have been read by
-// their TMA stores; where a pool's slot passes to another consumer - none of today's layouts -
-// that consumer waits for the release before the fill, and every lane releases), raw_full /
-// raw_empty (e4m3).
+// their TMA stores; the pool is a multiple of the consumers, so a slot stays with one),
+// raw_full / raw_empty (e4m3).
 #include "cuda/kernels/sm90/hopper.cuh"
 #include "cuda/kernels/sparse_attention_prefill.cuh"
 
@@ -288,12 +287,11 @@ struct PrefillPageRing {
 };
 
 // A Hopper prefill kernel's barriers, in static shared memory: the page ring's, and per query slot
-// (of a consumer, or of the pool) q_full (the TMA bytes) / q_empty (kQueryReleases arrivals: the
-// 4 warps of the consumer that used the slot, or their 128 lanes where slots change consumers).
-// init() by one thread, then a CTA barrier, before any use.
+// (of a consumer, or of the pool) q_full (the TMA bytes) / q_empty (the 4 warps of the consumer
+// that used the slot). init() by one thread, then a CTA barrier, before any use.
 template <bool kFp8, int kQuerySlots, int kConsumers = 2, int kPages = PrefillSm90Tiles::kPages,
           int kQueryOwners = kConsumers, // 1: the slots are one pool
-          int kQueryReleases = 4, int kKeyPages = kPages>
+          int kKeyPages = kPages>
 struct PrefillSm90Barriers {
   uint64_t keys_ready[kKeyPages], values_full[kPages], values_ready[kPages];
   uint64_t keys_empty[kKeyPages], values_empty[kPages];
@@ -310,7 +308,7 @@ struct PrefillSm90Barriers {
     for (int c = 0; c < kQueryOwners; ++c)
       for (int s = 0; s < kQuerySlots; ++s) {
         sm90::mbarrier_init(&q_full[c][s], 1);
-        sm90::mbarrier_init(&q_empty[c][s], kQueryReleases);
+        sm90::mbarrier_init(&q_empty[c][s], 4); // each warp of the consumer
       }
     sm90::fence_barrier_init();
   }
@@ -494,15 +492,16 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
   using L = PrefillSm90Layout<kFp8>;
   constexpr int kConsumers = L::kConsumers;
   using Ring = PrefillPageRing<kFp8, L::kPageBuffers, kConsumers, L::kKeyBuffers>;
-  // Whether a slot passes from one consumer to another: not with today's pools (six slots for
-  // three or two consumers), but s49's eight for three did, and a pool resized for another
-  // layout may again (the hand-off was racecheck-clean at eight, s49 r4).
-  constexpr bool kHandOff = L::kQueryPool % kConsumers != 0;
+  // Each slot stays with one consumer (group g and g + kQueryPool run on the same one), so a
+  // consumer has seen a slot's previous fill land before it waits for the next. A pool that hands
+  // slots between consumers (s49's eight for three) needs the taker to wait for the release
+  // first, and every lane to release (racecheck): 73f537c had both.
+  static_assert(L::kQueryPool % kConsumers == 0, "a slot stays with one consumer");
   const SparseAttentionParams& p = params.attention;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
   __shared__ PrefillSm90Barriers<kFp8, L::kQueryPool, kConsumers, L::kPageBuffers, 1,
-                                 kHandOff ? 4 * 32 : 4, L::kKeyBuffers>
+                                 L::kKeyBuffers>
       barriers;
   const Ring ring = barriers.ring(smem, smem + L::kRawOffset);
   uint64_t(&q_full)[L::kQueryPool] = barriers.q_full[0];
@@ -598,15 +597,8 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
   int pending_slot = -1;
   const auto release_pending_slot = [&] {
     if (pending_slot < 0) return;
-    if (lane == 0) sm90::bulk_wait_group_read(); // the slot may be refilled from here on
-    if constexpr (kHandOff) {
-      // Every lane arrives, each for its own staged words: the next consumer's staging waits on
-      // this release, and compute-sanitizer's racecheck orders a lane's writes before another
-      // thread's only through that lane's own arrival (lane 0's, after a __syncwarp, leaves the
-      // other lanes' writes unordered for it, though the memory model orders them).
-      __syncwarp();
-      sm90::mbarrier_arrive(&q_empty[pending_slot]);
-    } else if (lane == 0) {
+    if (lane == 0) {
+      sm90::bulk_wait_group_read(); // the slot may be refilled from here on
       sm90::mbarrier_arrive(&q_empty[pending_slot]);
     }
     __syncwarp();
@@ -673,16 +665,7 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
       const bool live = entry < end;
       const uint32_t value = entries.value(min(entry, end - 1));
       float s[64];
-      const uint32_t use = group / L::kQueryPool; // of its slot
-      if (kHandOff && use > 0) {
-        // The slot's previous group ran on another consumer, so this warp has not seen the
-        // slot's last fill land: waiting on q_full's parity alone could pass on the phase
-        // before it (one phase behind reads as done). Its release, which follows that fill's
-        // use, comes first; that wait is sound, since this warp saw the fill of its own
-        // previous group land, issued after the producer waited for the release before it.
-        sm90::mbarrier_wait(&q_empty[slot_of(group)], (use - 1) & 1);
-      }
-      sm90::mbarrier_wait(&q_full[slot_of(group)], use & 1);
+      sm90::mbarrier_wait(&q_full[slot_of(group)], (group / L::kQueryPool) & 1);
       issue_tile_scores(s, sm90::shared_address(query_tile(group)), k_tile);
       release_pending_slot(); // while the tensor cores run S
       sm90::wgmma_wait_all();
