@@ -15,7 +15,7 @@ same cases on random index queries, for contrast.
 Runs on the GPU machine with the package installed (bench/python_gpu_check.sh builds and installs
 it; it runs this script too) and vLLM's ops from the peer folder (M3SA_PEER_DIR, default .peer):
     python3 bench/structured_attention.py --out structured_attention.json
-Not yet run (written in session 13 after its device time was spent): expect to fix small things.
+First run in session 29 (bench/NOTES.md s29 r6: 2.50-2.65x vLLM at 64/4, 2.19-2.53x at 16/1).
 """
 import argparse
 import json
