@@ -320,28 +320,163 @@ TEST(CudaAttentionSmall, DecodeSecondWaveMatchesTheReference) {
        16, 0.5f, 2.f, true});
 }
 
-// The prefill gather's page-union lists (gather_selection_entries_kernel, launched directly):
-// per tile of 8 tokens and KV head, the distinct pages (ascending) with each token's visible keys
-// where they are at most min(32, 2 top_k) and no token names a page twice, -1 (and (KV head,
-// page) entries) otherwise; bad page ids flagged and left out; without union lists every tile's
-// entries are keyed. Checked against a host listing of the same selections.
-TEST(CudaAttentionSmall, PrefillGatherListsPageUnions) {
-  M3SA_SKIP_WITHOUT_CUDA();
+// The prefill gather (gather_selection_entries_kernel, launched directly) on one pass of every
+// token: its inputs, and a host listing of what it must write - per tile of 8 tokens and KV head,
+// the distinct pages (ascending) with each token's visible keys where they are at most
+// min(32, 2 top_k) and no token names a page twice, else -1 and (KV head, page) entries.
+struct GatherCase {
+  std::vector<int32_t> cu_q_lens, seq_lens, table, topk; // topk [Hkv, T, K]
+  int width, pages, kv_heads, top_k;
+  int tokens() const { return cu_q_lens.back(); }
+  int tiles() const { return (tokens() + 7) / 8; }
+};
+struct GatherItem {
+  uint32_t key = 0, value = 0;
+  bool live = false;
+};
+struct GatherListing {
+  std::vector<int32_t> counts; // [Hkv * tiles]
+  std::vector<std::vector<std::pair<uint32_t, uint64_t>>> lists;
+  std::vector<GatherItem> items; // [Hkv, T, K]
+};
+
+GatherListing host_gather_listing(const GatherCase& c) {
+  const int tokens = c.tokens(), tiles = c.tiles();
+  GatherListing want;
+  want.counts.resize(c.kv_heads * tiles);
+  want.lists.resize(c.kv_heads * tiles);
+  want.items.resize(c.kv_heads * tokens * c.top_k);
+  for (int g = 0; g < c.kv_heads; ++g)
+    for (int tile = 0; tile < tiles; ++tile) {
+      std::map<uint32_t, uint64_t> pages;
+      bool twice = false;
+      for (int t = 8 * tile; t < std::min(tokens, 8 * tile + 8); ++t) {
+        const int r = static_cast<int>(std::upper_bound(c.cu_q_lens.begin(), c.cu_q_lens.end(), t) -
+                                       c.cu_q_lens.begin() - 1);
+        const int q_len = c.cu_q_lens[r + 1] - c.cu_q_lens[r];
+        const int position = c.seq_lens[r] > 0 ? c.seq_lens[r] - q_len + (t - c.cu_q_lens[r]) : -1;
+        for (int k = 0; k < c.top_k; ++k) {
+          const int block = c.topk[(g * tokens + t) * c.top_k + k];
+          if (block < 0 || position < 0 || block > position / 128) continue;
+          const int page = c.table[r * c.width + block];
+          if (page >= c.pages) continue;
+          const int visible = std::min(128, position - block * 128 + 1);
+          uint64_t& bytes = pages[static_cast<uint32_t>(page)];
+          twice |= (bytes >> (8 * (t % 8)) & 255) != 0;
+          bytes |= uint64_t(visible) << (8 * (t % 8));
+          GatherItem& item = want.items[(g * tokens + t) * c.top_k + k];
+          item.key = static_cast<uint32_t>(g * c.pages + page);
+          item.value = (static_cast<uint32_t>(t) << 13) | (k << 8) | (visible - 1);
+          item.live = true;
+        }
+      }
+      const bool listed = !twice && static_cast<int>(pages.size()) <= std::min(32, 2 * c.top_k);
+      want.counts[g * tiles + tile] = listed ? static_cast<int>(pages.size()) : -1;
+      if (listed) want.lists[g * tiles + tile].assign(pages.begin(), pages.end());
+    }
+  return want;
+}
+
+// Runs the gather with union lists and without (then every tile's entries are keyed) on poisoned
+// outputs and checks lists, counts, entries and the error flag against the host listing.
+void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32_t want_flag) {
   using cuda::kCompactPartialBytes, cuda::kUnionPages;
-  constexpr int kHkv = 2, kTopK = 4, kWidth = 16, kPages = 64, kTokens = 36;
+  const int tokens = c.tokens(), tiles = c.tiles();
+  uint32_t sentinel = 1;
+  while (sentinel <= static_cast<uint32_t>(c.kv_heads * c.pages)) sentinel = 2 * sentinel + 1;
+  const auto upload = [](const std::vector<int32_t>& v) {
+    DeviceBuffer d(v.size() * 4);
+    EXPECT_TRUE(d.upload(v.data(), v.size() * 4).ok());
+    return d;
+  };
+  DeviceBuffer d_cu = upload(c.cu_q_lens), d_seq = upload(c.seq_lens), d_table = upload(c.table),
+               d_topk = upload(c.topk), d_flags = upload({0});
+  const int entries = c.kv_heads * tokens * c.top_k;
+  DeviceBuffer d_keys(entries * 4), d_values(entries * 4),
+      d_partials(static_cast<size_t>(entries) * kCompactPartialBytes),
+      d_counts(c.kv_heads * tiles * 4), d_pages(c.kv_heads * tiles * kUnionPages * 4),
+      d_visible(c.kv_heads * tiles * kUnionPages * 8);
+  for (bool unions : {true, false}) {
+    SCOPED_TRACE(unions ? "with union lists" : "without");
+    for (const DeviceBuffer* b : {&d_keys, &d_values, &d_counts, &d_pages, &d_visible, &d_flags})
+      ASSERT_TRUE(b->fill(b == &d_flags ? 0 : 0xcd).ok());
+    cuda::SparseAttentionParams p{};
+    p.num_pages = c.pages;
+    p.topk = d_topk.data_as<const int32_t>();
+    p.topk_stride_head = tokens * c.top_k, p.topk_stride_token = c.top_k, p.topk_stride_k = 1;
+    p.cu_q_lens = d_cu.data_as<const int32_t>(), p.seq_lens = d_seq.data_as<const int32_t>();
+    p.block_table = d_table.data_as<const int32_t>();
+    p.block_table_stride = c.width, p.block_table_width = c.width;
+    p.num_requests = static_cast<int32_t>(c.seq_lens.size()), p.token_begin = 0,
+    p.token_end = tokens;
+    p.kv_heads = c.kv_heads, p.group = 16, p.top_k = c.top_k;
+    p.error_flags = d_flags.data_as<int32_t>();
+    p.entry_keys = d_keys.data_as<uint32_t>(), p.entry_values = d_values.data_as<uint32_t>();
+    p.entry_count = entries, p.entry_sentinel = sentinel;
+    p.prefill_partials = d_partials.data_as<unsigned char>();
+    if (unions) {
+      p.union_counts = d_counts.data_as<int32_t>(), p.union_pages = d_pages.data_as<uint32_t>();
+      p.union_visible = d_visible.data_as<uint64_t>();
+    }
+    M3SA_CUDA_ASSERT(cuda::launch_gather_selection_entries(p, 1, nullptr));
+    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<int32_t> counts(c.kv_heads * tiles), flags(1);
+    std::vector<uint32_t> keys(entries), values(entries), pages(c.kv_heads * tiles * kUnionPages);
+    std::vector<uint64_t> visible(c.kv_heads * tiles * kUnionPages);
+    ASSERT_TRUE(d_flags.download(flags.data(), 4).ok());
+    ASSERT_TRUE(d_keys.download(keys.data(), entries * 4).ok());
+    ASSERT_TRUE(d_values.download(values.data(), entries * 4).ok());
+    ASSERT_TRUE(d_counts.download(counts.data(), counts.size() * 4).ok());
+    ASSERT_TRUE(d_pages.download(pages.data(), pages.size() * 4).ok());
+    ASSERT_TRUE(d_visible.download(visible.data(), visible.size() * 8).ok());
+    EXPECT_EQ(flags[0], want_flag);
+    for (int g = 0; g < c.kv_heads; ++g)
+      for (int tile = 0; tile < tiles; ++tile) {
+        const int i = g * tiles + tile, count = unions ? want.counts[i] : -1;
+        if (unions) {
+          EXPECT_EQ(counts[i], count) << "head " << g << " tile " << tile;
+        }
+        for (int k = 0; unions && k < count; ++k) {
+          EXPECT_EQ(pages[i * kUnionPages + k], want.lists[i][k].first) << g << " " << tile;
+          EXPECT_EQ(visible[i * kUnionPages + k], want.lists[i][k].second) << g << " " << tile;
+        }
+        // Entries: keyed where the tile goes block-major, sentinels where it is listed.
+        for (int t = 8 * tile; t < std::min(tokens, 8 * tile + 8); ++t)
+          for (int k = 0; k < c.top_k; ++k) {
+            const int e = (g * tokens + t) * c.top_k + k;
+            const GatherItem& item = want.items[e];
+            if (count < 0 && item.live) {
+              EXPECT_EQ(keys[e], item.key) << g << " " << t << " " << k;
+              EXPECT_EQ(values[e], item.value) << g << " " << t << " " << k;
+            } else {
+              EXPECT_EQ(keys[e], sentinel) << g << " " << t << " " << k;
+            }
+          }
+      }
+  }
+}
+
+// Lists and entries on a hand-made pass: tiles across requests and padding rows, a page named
+// twice, too many pages, and bad page ids flagged and left out.
+TEST(CudaAttentionSmall, PrefillGatherListsPageUnions) {
+  constexpr int kHkv = 2, kTopK = 4, kWidth = 16, kTokens = 36;
+  GatherCase c{{0, 20, 33, 36},
+               {300, 2000, 0},
+               std::vector<int32_t>(3 * kWidth, 0),
+               std::vector<int32_t>(kHkv * kTokens * kTopK, -1),
+               kWidth,
+               64,
+               kHkv,
+               kTopK};
   // r0: 20 tokens at positions 280..299 (own block 2); r1: 13 at 1987..1999 (own block 15);
   // r2: 3 padding rows. Tile 2 spans r0 and r1, tile 4 r1 and r2.
-  const std::vector<int32_t> cu_q_lens = {0, 20, 33, 36}, seq_lens = {300, 2000, 0};
-  std::vector<int32_t> table(3 * kWidth, 0);
-  for (int b = 0; b < 3; ++b) table[0 * kWidth + b] = 10 + b;
-  for (int b = 0; b < kWidth; ++b) table[1 * kWidth + b] = 20 + b;
-  table[1 * kWidth + 5] = 20;  // blocks 0 and 5 of r1 share a page
-  table[1 * kWidth + 7] = 999; // out of range: flagged, never listed
-  // topk [Hkv, T, K]
-  std::vector<int32_t> topk(kHkv * kTokens * kTopK, -1);
+  for (int b = 0; b < 3; ++b) c.table[0 * kWidth + b] = 10 + b;
+  for (int b = 0; b < kWidth; ++b) c.table[1 * kWidth + b] = 20 + b;
+  c.table[1 * kWidth + 5] = 20;  // blocks 0 and 5 of r1 share a page
+  c.table[1 * kWidth + 7] = 999; // out of range: flagged, never listed
   const auto select = [&](int g, int t, std::vector<int32_t> blocks) {
     for (int k = 0; k < static_cast<int>(blocks.size()); ++k)
-      topk[(g * kTokens + t) * kTopK + k] = blocks[k];
+      c.topk[(g * kTokens + t) * kTopK + k] = blocks[k];
   };
   for (int t = 0; t < 20; ++t) select(0, t, {0, 1, 2}), select(1, t, {2});
   for (int i = 0; i < 13; ++i) {
@@ -359,118 +494,69 @@ TEST(CudaAttentionSmall, PrefillGatherListsPageUnions) {
   }
   for (int t = 33; t < 36; ++t) select(0, t, {0}), select(1, t, {0});
 
-  // Host listing: per (KV head, tile) the pages and each token's visible keys, or -1.
-  struct Item {
-    uint32_t key = 0, value = 0;
-    bool live = false;
-  };
-  constexpr int kTiles = (kTokens + 7) / 8;
-  std::vector<int32_t> want_counts(kHkv * kTiles);
-  std::vector<std::vector<std::pair<uint32_t, uint64_t>>> want_lists(kHkv * kTiles);
-  std::vector<Item> want_items(kHkv * kTokens * kTopK);
-  bool any_listed = false, any_block_major = false;
-  for (int g = 0; g < kHkv; ++g)
-    for (int tile = 0; tile < kTiles; ++tile) {
-      std::map<uint32_t, uint64_t> pages;
-      bool twice = false;
-      for (int t = 8 * tile; t < std::min(kTokens, 8 * tile + 8); ++t) {
-        const int r = t < 20 ? 0 : (t < 33 ? 1 : 2);
-        const int position =
-            seq_lens[r] > 0 ? seq_lens[r] - (cu_q_lens[r + 1] - cu_q_lens[r]) + (t - cu_q_lens[r])
-                            : -1;
-        for (int k = 0; k < kTopK; ++k) {
-          const int block = topk[(g * kTokens + t) * kTopK + k];
-          if (block < 0 || position < 0 || block > position / 128) continue;
-          const int page = table[r * kWidth + block];
-          if (page >= kPages) continue;
-          const int visible = std::min(128, position - block * 128 + 1);
-          uint64_t& bytes = pages[static_cast<uint32_t>(page)];
-          twice |= (bytes >> (8 * (t % 8)) & 255) != 0;
-          bytes |= uint64_t(visible) << (8 * (t % 8));
-          Item& item = want_items[(g * kTokens + t) * kTopK + k];
-          item.key = static_cast<uint32_t>(g * kPages + page);
-          item.value = (static_cast<uint32_t>(t) << 13) | (k << 8) | (visible - 1);
-          item.live = true;
-        }
-      }
-      const bool listed = !twice && static_cast<int>(pages.size()) <= std::min(32, 2 * kTopK);
-      want_counts[g * kTiles + tile] = listed ? static_cast<int>(pages.size()) : -1;
-      if (listed) want_lists[g * kTiles + tile].assign(pages.begin(), pages.end());
-      (listed ? any_listed : any_block_major) = true;
-    }
-  ASSERT_TRUE(any_listed && any_block_major); // the case covers both outcomes
-  EXPECT_EQ(want_counts[0 * kTiles + 3], -1) << "nine pages";
-  EXPECT_EQ(want_counts[0 * kTiles + 4], -1) << "a page named twice";
-  EXPECT_EQ(want_counts[0 * kTiles + 2], 7) << "a tile across two requests";
+  const GatherListing want = host_gather_listing(c);
+  ASSERT_TRUE(std::count(want.counts.begin(), want.counts.end(), -1) > 0 &&
+              std::count(want.counts.begin(), want.counts.end(), -1) < c.kv_heads * c.tiles())
+      << "the case covers both outcomes";
+  EXPECT_EQ(want.counts[0 * c.tiles() + 3], -1) << "nine pages";
+  EXPECT_EQ(want.counts[0 * c.tiles() + 4], -1) << "a page named twice";
+  EXPECT_EQ(want.counts[0 * c.tiles() + 2], 7) << "a tile across two requests";
+  M3SA_SKIP_WITHOUT_CUDA(); // the case's own checks above run everywhere
+  expect_gather_matches(c, want, cuda::kPageOutOfRange);
+}
 
-  const auto upload = [](const std::vector<int32_t>& v) {
-    DeviceBuffer d(v.size() * 4);
-    EXPECT_TRUE(d.upload(v.data(), v.size() * 4).ok());
-    return d;
-  };
-  DeviceBuffer d_cu = upload(cu_q_lens), d_seq = upload(seq_lens), d_table = upload(table),
-               d_topk = upload(topk), d_flags = upload({0});
-  const int entries = kHkv * kTokens * kTopK;
-  DeviceBuffer d_keys(entries * 4), d_values(entries * 4),
-      d_partials(size_t{entries} * kCompactPartialBytes), d_counts(kHkv * kTiles * 4),
-      d_pages(kHkv * kTiles * kUnionPages * 4), d_visible(kHkv * kTiles * kUnionPages * 8);
-  for (bool unions : {true, false}) {
-    SCOPED_TRACE(unions ? "with union lists" : "without");
-    for (const DeviceBuffer* b : {&d_keys, &d_values, &d_counts, &d_pages, &d_visible, &d_flags})
-      ASSERT_TRUE(b->fill(b == &d_flags ? 0 : 0xcd).ok());
-    cuda::SparseAttentionParams p{};
-    p.num_pages = kPages;
-    p.topk = d_topk.data_as<const int32_t>();
-    p.topk_stride_head = kTokens * kTopK, p.topk_stride_token = kTopK, p.topk_stride_k = 1;
-    p.cu_q_lens = d_cu.data_as<const int32_t>(), p.seq_lens = d_seq.data_as<const int32_t>();
-    p.block_table = d_table.data_as<const int32_t>();
-    p.block_table_stride = kWidth, p.block_table_width = kWidth;
-    p.num_requests = 3, p.token_begin = 0, p.token_end = kTokens;
-    p.kv_heads = kHkv, p.group = 16, p.top_k = kTopK;
-    p.error_flags = d_flags.data_as<int32_t>();
-    p.entry_keys = d_keys.data_as<uint32_t>(), p.entry_values = d_values.data_as<uint32_t>();
-    p.entry_count = entries, p.entry_sentinel = 255;
-    p.prefill_partials = d_partials.data_as<unsigned char>();
-    if (unions) {
-      p.union_counts = d_counts.data_as<int32_t>(), p.union_pages = d_pages.data_as<uint32_t>();
-      p.union_visible = d_visible.data_as<uint64_t>();
-    }
-    M3SA_CUDA_ASSERT(cuda::launch_gather_selection_entries(p, 1, nullptr));
-    M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
-    std::vector<int32_t> counts(kHkv * kTiles), flags(1);
-    std::vector<uint32_t> keys(entries), values(entries), pages(kHkv * kTiles * kUnionPages);
-    std::vector<uint64_t> visible(kHkv * kTiles * kUnionPages);
-    ASSERT_TRUE(d_flags.download(flags.data(), 4).ok());
-    ASSERT_TRUE(d_keys.download(keys.data(), entries * 4).ok());
-    ASSERT_TRUE(d_values.download(values.data(), entries * 4).ok());
-    ASSERT_TRUE(d_counts.download(counts.data(), counts.size() * 4).ok());
-    ASSERT_TRUE(d_pages.download(pages.data(), pages.size() * 4).ok());
-    ASSERT_TRUE(d_visible.download(visible.data(), visible.size() * 8).ok());
-    EXPECT_EQ(flags[0], cuda::kPageOutOfRange);
-    for (int g = 0; g < kHkv; ++g)
-      for (int tile = 0; tile < kTiles; ++tile) {
-        const int i = g * kTiles + tile, count = unions ? want_counts[i] : -1;
-        if (unions) {
-          EXPECT_EQ(counts[i], count) << "head " << g << " tile " << tile;
-        }
-        for (int k = 0; unions && k < count; ++k) {
-          EXPECT_EQ(pages[i * kUnionPages + k], want_lists[i][k].first) << g << " " << tile;
-          EXPECT_EQ(visible[i * kUnionPages + k], want_lists[i][k].second) << g << " " << tile;
-        }
-        // Entries: keyed where the tile goes block-major, sentinels where it is listed.
-        for (int t = 8 * tile; t < std::min(kTokens, 8 * tile + 8); ++t)
-          for (int k = 0; k < kTopK; ++k) {
-            const int e = (g * kTokens + t) * kTopK + k;
-            const Item& want = want_items[e];
-            if (count < 0 && want.live) {
-              EXPECT_EQ(keys[e], want.key) << g << " " << t << " " << k;
-              EXPECT_EQ(values[e], want.value) << g << " " << t << " " << k;
-            } else {
-              EXPECT_EQ(keys[e], 255u) << g << " " << t << " " << k;
-            }
-          }
-      }
+// Unions at the limit of top_k 16 (32 pages): tiles of 31, 32, 33, 40 and 64 distinct pages,
+// listed up to 32 and block-major above. The gather first bounds a union from below by its pages'
+// distinct 6-bit hashes (the kernel's hash, copied here) and skips the listing above the limit:
+// request 0's pages have distinct hashes, so its tiles over 32 pages stop at the bound; request
+// 1's share 8 hash values, so its tiles over 32 pages reach -1 by the listing itself. Both must
+// agree with the host listing.
+TEST(CudaAttentionSmall, PrefillGatherUnionsAtTheLimit) {
+  constexpr int kTopK = 16, kWidth = 64, kPages = 4096;
+  const std::vector<int> distinct = {31, 32, 33, 40, 64}; // a tile each, in both requests
+  const int per_request = 8 * static_cast<int>(distinct.size());
+  GatherCase c{{0, per_request, 2 * per_request},
+               {kWidth * 128, kWidth * 128},
+               std::vector<int32_t>(2 * kWidth),
+               std::vector<int32_t>(2 * per_request * kTopK, -1),
+               kWidth,
+               kPages,
+               1,
+               kTopK};
+  const auto hash = [](int page) { return static_cast<int>((uint32_t(page) * 2654435761u) >> 26); };
+  // Request 0: 64 pages with 64 distinct hashes (the bound is the union's size); request 1: 64
+  // pages on 8 hash values, 8 each (the bound is at most 8).
+  std::vector<int> first_of(64, 0), per_hash(64, 0);
+  int spread = 0, shared = 0;
+  for (int page = 1; page < kPages && (spread < 64 || shared < 64); ++page) {
+    const int h = hash(page);
+    if (first_of[h] == 0 && spread < 64)
+      first_of[h] = page, c.table[spread++] = page;
+    else if (page >= 2048 && h < 8 && per_hash[h] < 8 && shared < 64)
+      ++per_hash[h], c.table[kWidth + shared++] = page;
   }
+  ASSERT_TRUE(spread == 64 && shared == 64);
+  for (int r = 0; r < 2; ++r)
+    for (int tile = 0; tile < static_cast<int>(distinct.size()); ++tile) {
+      // The tile's blocks: `d` of the 64 (all visible: the tokens sit in the last block), token
+      // k taking 16 consecutive of them (mod d), so that the 8 tokens name every one.
+      const int d = distinct[tile];
+      for (int k = 0; k < 8; ++k) {
+        std::vector<int32_t> blocks;
+        for (int i = 0; i < kTopK; ++i) blocks.push_back((k * kTopK + i) % d * kWidth / d);
+        std::sort(blocks.begin(), blocks.end());
+        const int t = r * per_request + 8 * tile + k;
+        std::copy(blocks.begin(), blocks.end(), c.topk.begin() + t * kTopK);
+      }
+    }
+  const GatherListing want = host_gather_listing(c);
+  for (int r = 0; r < 2; ++r)
+    for (int tile = 0; tile < static_cast<int>(distinct.size()); ++tile)
+      EXPECT_EQ(want.counts[r * static_cast<int>(distinct.size()) + tile],
+                distinct[tile] <= 32 ? distinct[tile] : -1)
+          << "request " << r << " tile " << tile;
+  M3SA_SKIP_WITHOUT_CUDA(); // the case's own checks above run everywhere
+  expect_gather_matches(c, want, 0);
 }
 
 // A batch and its device copies, reused by the tests below.
