@@ -33,6 +33,13 @@ template <typename T> M3SA_HOST_DEVICE constexpr T union_tiles_of(T tokens) {
   return (tokens + kUnionTokens - 1) / kUnionTokens;
 }
 
+// A page's 6-bit hash: the gather bounds a tile's union from below by its pages' distinct hashes
+// and goes block-major without listing where that bound already exceeds the limit (the GPU tests
+// build pages with spread and with shared hashes from it).
+M3SA_HOST_DEVICE constexpr uint32_t union_page_hash(uint32_t page) {
+  return (page * 2654435761u) >> 26;
+}
+
 // Prefill rows run in passes whose compact partials (every (token, KV head, slot)) fit 1.125 GiB
 // of workspace: 4,401 tokens at 4 KV heads and top_k 16 (M3 at TP1), so that an 8K chunk takes
 // two passes rather than three - a pass costs ~50 us besides its attention (gather, sort, merge),

@@ -57,13 +57,13 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
     int count = -1; // the tile's union size; -1: block-major
     if (p.union_counts) {
       const int limit = min(kUnionPages, 2 * p.top_k);
-      // A lower bound of the union's size first: its pages' distinct 6-bit hashes. Above the
+      // A lower bound of the union's size first: its pages' distinct hashes. Above the
       // limit (random selections: ~all 8 x top_k items distinct), the listing below would end
       // there after `limit` latency-bound rounds (s51 r3: 16-45 us a pass at S >= 32K).
       uint64_t hashes = 0;
 #pragma unroll
       for (int j = 0; j < kItems; ++j)
-        if (page[j] != kNoPage) hashes |= uint64_t{1} << ((page[j] * 2654435761u) >> 26);
+        if (page[j] != kNoPage) hashes |= uint64_t{1} << union_page_hash(page[j]);
       hashes = uint64_t{__reduce_or_sync(0xffffffffu, static_cast<uint32_t>(hashes))} |
                uint64_t{__reduce_or_sync(0xffffffffu, static_cast<uint32_t>(hashes >> 32))} << 32;
       uint32_t listed = 0; // items already in the list, bit j

@@ -507,10 +507,10 @@ TEST(CudaAttentionSmall, PrefillGatherListsPageUnions) {
 
 // Unions at the limit of top_k 16 (32 pages): tiles of 31, 32, 33, 40 and 64 distinct pages,
 // listed up to 32 and block-major above. The gather first bounds a union from below by its pages'
-// distinct 6-bit hashes (the kernel's hash, copied here) and skips the listing above the limit:
-// request 0's pages have distinct hashes, so its tiles over 32 pages stop at the bound; request
-// 1's share 8 hash values, so its tiles over 32 pages reach -1 by the listing itself. Both must
-// agree with the host listing.
+// distinct hashes (cuda::union_page_hash) and skips the listing above the limit: request 0's
+// pages have distinct hashes, so its tiles over 32 pages stop at the bound; request 1's share 8
+// hash values, so its tiles over 32 pages reach -1 by the listing itself. Both must agree with
+// the host listing.
 TEST(CudaAttentionSmall, PrefillGatherUnionsAtTheLimit) {
   constexpr int kTopK = 16, kWidth = 64, kPages = 4096;
   const std::vector<int> distinct = {31, 32, 33, 40, 64}; // a tile each, in both requests
@@ -523,7 +523,7 @@ TEST(CudaAttentionSmall, PrefillGatherUnionsAtTheLimit) {
                kPages,
                1,
                kTopK};
-  const auto hash = [](int page) { return static_cast<int>((uint32_t(page) * 2654435761u) >> 26); };
+  const auto hash = [](int page) { return static_cast<int>(cuda::union_page_hash(page)); };
   // Request 0: 64 pages with 64 distinct hashes (the bound is the union's size); request 1: 64
   // pages on 8 hash values, 8 each (the bound is at most 8).
   std::vector<int> first_of(64, 0), per_hash(64, 0);
