@@ -22,7 +22,7 @@ namespace m3sa::cuda {
 namespace {
 
 struct AttentionPlanInfo {
-  static constexpr uint32_t kVersion = 6;
+  static constexpr uint32_t kVersion = 7;
   int32_t sm_count;
   int32_t pass_tokens;     // prefill tokens per block-major pass
   int64_t sort_temp_bytes; // CUB's radix sort scratch for a pass's entries, asked once at plan time
@@ -48,6 +48,13 @@ struct AttentionLayout {
   uint32_t* sorted_values;
   void* sort_temp;
   size_t sort_temp_bytes;
+  // The counting sort: what is zeroed before a pass's gather (the keys' repeats and cursors, then
+  // their token bitmaps: [2 kCountingSortBins + kCountingSortWords] at most), the words' ranks
+  // [kCountingSortWords], the keys' totals [kCountingSortBins] and the live entries [1].
+  uint32_t* counting_zeroed;
+  uint32_t* key_token_ranks;
+  uint32_t* key_totals;
+  int32_t* live_entries;
   unsigned char* prefill_partials; // [pass tokens, Hkv, top_k] compact partials
   int32_t* union_counts;           // [Hkv * union tiles] (attention_params.h)
   uint32_t* union_pages;           // [Hkv * union tiles, kUnionPages]
@@ -76,6 +83,10 @@ AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanI
   l.sorted_values = carver.take<uint32_t>(entries);
   l.sort_temp_bytes = static_cast<size_t>(info.sort_temp_bytes);
   l.sort_temp = carver.take<unsigned char>(l.sort_temp_bytes);
+  l.counting_zeroed = carver.take<uint32_t>(2 * kCountingSortBins + kCountingSortWords);
+  l.key_token_ranks = carver.take<uint32_t>(kCountingSortWords);
+  l.key_totals = carver.take<uint32_t>(kCountingSortBins);
+  l.live_entries = carver.take<int32_t>(1);
   l.prefill_partials = carver.take<unsigned char>(entries * kCompactPartialBytes);
   const int64_t tiles = union_tile_count(info.pass_tokens, request.config.num_index_heads);
   l.union_counts = carver.take<int32_t>(tiles);
@@ -263,6 +274,19 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     p.union_visible = l.union_visible;
   }
   const int per_pass = prefill_pass_tokens(tokens - decode_tokens, info.pass_tokens);
+  // Few keys (the pass's pages are the pool's, as in a single long prefill): sort by counting,
+  // for the wgmma kernel only - its members' results do not depend on which members share a work
+  // item, while the mma.sync kernel splits a page's keys between warps by its member count, so
+  // the repeated entries' order (their atomics') would change its outputs from run to run.
+  const int64_t token_words = (int64_t{per_pass} + 31) / 32;
+  const bool counting_sort = prefill_wgmma && keys - 1 >= 1 && keys - 1 <= kCountingSortBins &&
+                             (keys - 1) * token_words <= kCountingSortWords;
+  if (counting_sort) {
+    p.key_space = static_cast<int32_t>(keys - 1);
+    p.key_repeats = l.counting_zeroed, p.key_tokens = l.counting_zeroed + 2 * p.key_space;
+    p.key_token_ranks = l.key_token_ranks, p.key_totals = l.key_totals;
+    p.live_entries = l.live_entries;
+  }
   for (int begin = decode_tokens; begin < tokens; begin += per_pass) {
     p.token_begin = begin;
     p.token_end = static_cast<int>(std::min<int64_t>(tokens, int64_t{begin} + per_pass));
@@ -270,9 +294,24 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     const int64_t union_tiles = union_tile_count(p.token_end - p.token_begin, p.kv_heads);
     const int gather_grid = static_cast<int>(std::min<int64_t>(
         (union_tiles + kGatherThreads / 32 - 1) / (kGatherThreads / 32), 8 * info.sm_count));
+    if (counting_sort) { // repeats, cursors, token bitmaps
+      p.token_words = (p.token_end - p.token_begin + 31) / 32;
+      M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          p.key_repeats, 0,
+          sizeof(uint32_t) * (2 * p.key_space + int64_t{p.key_space} * p.token_words), s));
+    }
     M3SA_CUDA_RETURN_IF_ERROR(launch_gather_selection_entries(p, gather_grid, s));
-    M3SA_CUDA_RETURN_IF_ERROR(sort_selection_entries(p, l.sorted_keys, l.sorted_values, key_bits,
-                                                     l.sort_temp, l.sort_temp_bytes, s));
+    if (counting_sort) {
+      // About 4 entries a thread: each CTA first scans the keys' totals on its own.
+      const int64_t ctas =
+          (int64_t{p.entry_count} + 4 * kScatterThreads - 1) / (4 * kScatterThreads);
+      M3SA_CUDA_RETURN_IF_ERROR(sort_selection_entries_by_counting(
+          p, l.sorted_keys, l.sorted_values,
+          static_cast<int>(std::min<int64_t>(ctas, 2 * int64_t{info.sm_count})), s));
+    } else {
+      M3SA_CUDA_RETURN_IF_ERROR(sort_selection_entries(p, l.sorted_keys, l.sorted_values, key_bits,
+                                                       l.sort_temp, l.sort_temp_bytes, s));
+    }
     if (prefill_wgmma) {
       prefill_sm90.attention = p;
       const int64_t items = (int64_t{p.entry_count} + kRunEntries - 1) / kRunEntries;

@@ -22,6 +22,19 @@ inline constexpr int kAttentionCtasPerSm = 2;
 inline constexpr int kMaxSelection = 32;   // top_k limit (config.h kMaxTopK)
 inline constexpr int kGatherThreads = 256; // the prefill's entry gather: a warp per union tile
 inline constexpr int kRunEntries = 64; // the prefill's attend step: sorted entries per work item
+// The prefill sorts a pass's entries by counting where its keys (KV head x page) number at most
+// kCountingSortBins and their token bitmaps (a bit a pass token) at most kCountingSortWords words:
+// the gather sets each entry's token bit, a warp a key ranks its words, and every CTA of the
+// scatter scans the keys' totals in shared memory (64 KB) and places each entry at its token's
+// rank - stable, as CUB's radix sort (a key's members in token order: an unstable order cost the
+// attend step up to 3.5 %, s52 r1), in a memset and two small kernels where CUB takes three
+// kernels whatever the entries hold (s51 r2: 24 us a pass of sentinels). Larger pools sort with CUB.
+inline constexpr int kCountingSortBins = 16384;
+inline constexpr int64_t kCountingSortWords = int64_t{1} << 21;
+inline constexpr int kScatterThreads = 512;
+// An entry whose token names its page a second time (two slots, one page: block-table aliasing):
+// the counting sort places it after the key's first ones.
+inline constexpr uint32_t kRepeatedEntry = 1u << 31;
 // The prefill's page-union tiles (sm90): 8 consecutive tokens of a pass and one KV head whose
 // selections together name at most kUnionPages distinct pages (and at most 2 top_k) attend
 // token-major over that union instead of block-major (sparse_attention_prefill_union_sm90.cuh).
@@ -113,6 +126,18 @@ struct SparseAttentionParams {
   const uint32_t* sorted_values;   // [entry_count]
   int32_t entry_count;             // (token_end - token_begin) * Hkv * top_k
   uint32_t entry_sentinel;         // 2^key_bits - 1, above every key
+  // The counting sort (null key_tokens: CUB's radix sort). The gather sets bit t % 32 of word
+  // t / 32 of its key's bitmap for pass token t (a repeated token's entry is keyed | kRepeatedEntry
+  // and counted in key_repeats); rank_key_tokens writes each word's rank (the key's set bits
+  // before it) and each key's total; the scatter places the live entries, sorted, and writes how
+  // many there are (the attend step reads no further).
+  uint32_t* key_tokens;      // [key_space, token_words] zero before the gather
+  uint32_t* key_token_ranks; // [key_space, token_words]
+  uint32_t* key_repeats;     // [2, key_space] zero before the gather: counts, then cursors
+  uint32_t* key_totals;      // [key_space]
+  int32_t* live_entries;     // [1]
+  int32_t key_space;         // Hkv * num_pages, at most kCountingSortBins
+  int32_t token_words;       // (token_end - token_begin + 31) / 32
   unsigned char* prefill_partials; // [token_end - token_begin, Hkv, top_k] compact partials
   // Page-union tiles of the pass (tile = KV head * union_tiles + token / kUnionTokens), or all
   // null where the plan runs every token block-major: the union's size, or -1 where the tile's

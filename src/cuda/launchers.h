@@ -114,14 +114,22 @@ bool sparse_attention_decode_sm90_fp8_has_sm90a_code();
 cudaError_t launch_merge_decode_splits(const SparseAttentionParams& params, bool overlap_prior,
                                        cudaStream_t stream);
 // Sparse attention, prefill rows, block-major: gather (KV head, token, slot) entries (and, with
-// union_counts, list the page-union tiles: grid x 8 warps, a warp per tile), sort them by (KV
-// head, page), attend each page's member tokens, merge each token's partials.
+// union_counts, list the page-union tiles: grid x 8 warps, a warp per tile; with key_tokens, mark
+// each entry's token in its key's bitmap), sort them by (KV head, page), attend each page's member
+// tokens, merge each token's partials.
 cudaError_t launch_gather_selection_entries(const SparseAttentionParams& params, int grid,
                                             cudaStream_t stream);
 cudaError_t selection_sort_temp_bytes(int entries, size_t* bytes); // CUB's, for any 32-bit keys
 cudaError_t sort_selection_entries(const SparseAttentionParams& params, uint32_t* sorted_keys,
                                    uint32_t* sorted_values, int key_bits, void* temp,
                                    size_t temp_bytes, cudaStream_t stream);
+// The counting sort after the gather (params.key_tokens and key_repeats filled by it): the live
+// entries sorted by key, stably, into sorted_keys / sorted_values, their number in live_entries
+// (two kernels; the scatter's grid given); key_space in [1, kCountingSortBins], key_space x
+// token_words at most kCountingSortWords.
+cudaError_t sort_selection_entries_by_counting(const SparseAttentionParams& params,
+                                              uint32_t* sorted_keys, uint32_t* sorted_values,
+                                              int grid, cudaStream_t stream);
 cudaError_t launch_attend_block_members_bf16(const SparseAttentionParams& params, int grid,
                                              cudaStream_t stream);
 cudaError_t launch_attend_block_members_fp8(const SparseAttentionParams& params, int grid,

@@ -1,5 +1,7 @@
 // The dtype-independent steps of the prefill: gather the selection entries (and list the page-union
-// tiles), sort them by (KV head, page) with CUB, merge the per-block partials of every token.
+// tiles), sort them by (KV head, page) - by counting where the pass's keys are few, else with
+// CUB's radix sort - and merge the per-block partials of every token.
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/kernels/sparse_attention_prefill.cuh"
@@ -104,10 +106,19 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       int token, slot;
-      if (!item(first, j, token, slot)) continue;
+      const bool in = item(first, j, token, slot);
+      if (!in) continue;
       const int64_t index = (int64_t{g} * pass_tokens + token) * p.top_k + slot;
       if (count < 0 && page[j] != kNoPage) {
-        p.entry_keys[index] = static_cast<uint32_t>(g * p.num_pages + page[j]);
+        uint32_t key = static_cast<uint32_t>(g * p.num_pages + page[j]);
+        if (p.key_tokens) { // the counting sort: the token's bit in the key's bitmap
+          const uint32_t bit = 1u << (token & 31);
+          if (atomicOr(p.key_tokens + int64_t{key} * p.token_words + token / 32, bit) & bit) {
+            atomicAdd(p.key_repeats + key, 1u);
+            key |= kRepeatedEntry;
+          }
+        }
+        p.entry_keys[index] = key;
         p.entry_values[index] = pack_entry(token, slot, visible[j]);
       } else {
         p.entry_keys[index] = p.entry_sentinel; // sorts last
@@ -124,6 +135,82 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
         }
       }
     }
+  }
+}
+
+// The counting sort's ranks: a warp a key scans the popcounts of its token bitmap's words, so that
+// an entry's rank within its key is its word's rank plus the set bits below its token's.
+__global__ void __launch_bounds__(256) rank_key_tokens_kernel(const SparseAttentionParams p) {
+  const int lane = threadIdx.x & 31;
+  const int key = static_cast<int>((blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32);
+  if (key >= p.key_space) return; // the whole warp
+  const uint32_t* words = p.key_tokens + int64_t{key} * p.token_words;
+  uint32_t* ranks = p.key_token_ranks + int64_t{key} * p.token_words;
+  uint32_t before = 0;
+  for (int base = 0; base < p.token_words; base += 32) {
+    const int w = base + lane;
+    const uint32_t n = w < p.token_words ? __popc(words[w]) : 0u;
+    uint32_t inclusive = n;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const uint32_t other = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += other;
+    }
+    if (w < p.token_words) ranks[w] = before + inclusive - n;
+    before += __shfl_sync(0xffffffffu, inclusive, 31);
+  }
+  if (lane == 0) p.key_totals[key] = before + p.key_repeats[key];
+}
+
+// The counting sort's placement. Every CTA scans the keys' totals into its own shared memory -
+// each key's first sorted position; the CTAs' scans agree, so none waits for another - then
+// places a grid-stride share of the entries: at its key's start plus its token's rank, so a key's
+// entries keep token order (CUB's stable order), and the rare repeated ones after them, in the
+// order of their atomics. CTA 0 writes how many entries are live.
+struct ScatterEntriesParams {
+  SparseAttentionParams attention;
+  uint32_t* sorted_keys;   // [entry_count]
+  uint32_t* sorted_values; // [entry_count]
+};
+__global__ void __launch_bounds__(kScatterThreads)
+    scatter_selection_entries_kernel(const __grid_constant__ ScatterEntriesParams params) {
+  const SparseAttentionParams& p = params.attention;
+  constexpr int kPerThread = 8;
+  constexpr int kTile = kScatterThreads * kPerThread;
+  using Scan = cub::BlockScan<uint32_t, kScatterThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  extern __shared__ uint32_t key_start[]; // [key_space]
+  uint32_t live = 0;                      // totals of the keys scanned so far
+  for (int base = 0; base < p.key_space; base += kTile) {
+    const int first = base + threadIdx.x * kPerThread;
+    uint32_t totals[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i)
+      totals[i] = first + i < p.key_space ? p.key_totals[first + i] : 0u;
+    uint32_t tile_live;
+    Scan(scan_storage).ExclusiveSum(totals, totals, tile_live);
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i)
+      if (first + i < p.key_space) key_start[first + i] = live + totals[i];
+    live += tile_live;
+    __syncthreads(); // scan_storage is reused; key_start complete
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) *p.live_entries = static_cast<int32_t>(live);
+  for (int64_t i = blockIdx.x * int64_t{kScatterThreads} + threadIdx.x; i < p.entry_count;
+       i += int64_t{gridDim.x} * kScatterThreads) {
+    const uint32_t entry_key = p.entry_keys[i];
+    if (entry_key == p.entry_sentinel) continue;
+    const uint32_t key = entry_key & ~kRepeatedEntry, value = p.entry_values[i];
+    uint32_t at = key_start[key];
+    if (entry_key & kRepeatedEntry) {
+      at += p.key_totals[key] - p.key_repeats[key] + atomicAdd(p.key_repeats + p.key_space + key, 1u);
+    } else {
+      const int token = entry_token(value);
+      const int64_t w = int64_t{key} * p.token_words + token / 32;
+      at += p.key_token_ranks[w] + __popc(p.key_tokens[w] & ((1u << (token & 31)) - 1u));
+    }
+    params.sorted_keys[at] = key;
+    params.sorted_values[at] = value;
   }
 }
 
@@ -164,6 +251,19 @@ cudaError_t sort_selection_entries(const SparseAttentionParams& p, uint32_t* sor
   return cub::DeviceRadixSort::SortPairs(temp, temp_bytes, p.entry_keys, sorted_keys,
                                          p.entry_values, sorted_values, p.entry_count, 0, key_bits,
                                          s);
+}
+
+cudaError_t sort_selection_entries_by_counting(const SparseAttentionParams& p,
+                                              uint32_t* sorted_keys, uint32_t* sorted_values,
+                                              int grid, cudaStream_t s) {
+  if (p.key_space < 1 || p.key_space > kCountingSortBins ||
+      int64_t{p.key_space} * p.token_words > kCountingSortWords)
+    return cudaErrorInvalidValue;
+  rank_key_tokens_kernel<<<(p.key_space + 7) / 8, 256, 0, s>>>(p);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  return launch_with_shared_memory(scatter_selection_entries_kernel, dim3(grid), kScatterThreads,
+                                   static_cast<int>(p.key_space * sizeof(uint32_t)), s,
+                                   ScatterEntriesParams{p, sorted_keys, sorted_values});
 }
 
 cudaError_t launch_merge_token_partials(const SparseAttentionParams& p, int grid, cudaStream_t s) {

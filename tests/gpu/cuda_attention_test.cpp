@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -141,13 +142,16 @@ void expect_close(const HostAttention& expected, const HostTensor& out, const Ho
   EXPECT_LE(c.max_lse_error, kGpuAttentionLse) << oracle << ": " << describe(c);
 }
 
-// Both CUDA implementations on case c against the CPU backend (and the reference where asked).
-void expect_matches_host_backends(const AttentionCase& c) {
+// Both CUDA implementations on case c against the CPU backend (and the reference where asked);
+// check_batch, where given, first checks what the case is meant to exercise.
+void expect_matches_host_backends(const AttentionCase& c,
+                                  const std::function<void(const SyntheticBatch&)>& check_batch = {}) {
   const uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   BatchSpec spec = c.spec;
   spec.seed = seed;
   SyntheticBatch sb(spec);
+  if (check_batch) check_batch(sb);
   const MsaConfig config = attention_config(spec, c.top_k);
   HostTensor topk = indexer_selections(sb, config, seed + 1);
   if (c.shared_selections) share_selections_within_even_blocks(sb, topk);
@@ -291,6 +295,27 @@ const AttentionCase kCases[] = {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(kCases),
                          [](const auto& param_info) { return std::string(param_info.param.name); });
 
+// An sm90 plan's prefill pass sorts its entries by counting where its keys (KV heads x pool pages)
+// number at most kCountingSortBins, else with CUB's radix sort (as every sm80 plan does).
+// Counting: 2,048 tokens of one KV head over 64 pages, so every key holds hundreds of entries
+// (token bitmaps of 64 words, words shared by many warps' atomics). Radix: a prefill beside 40
+// long decode contexts, whose pool of ~4,800 pages x 4 KV heads exceeds the bound.
+TEST(CudaAttentionSort, CountingAndRadixSortsMatchTheHostBackends) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const auto keys = [](const SyntheticBatch& sb) {
+    return int64_t{sb.num_pages()} * sb.spec().kv_heads;
+  };
+  expect_matches_host_backends({"Counting", spec({2048}, {8192}, 0, 1, 16, 1), 16},
+                               [&](const SyntheticBatch& sb) {
+                                 ASSERT_LE(keys(sb), cuda::kCountingSortBins);
+                                 ASSERT_GE(sb.num_tokens() * 16 / keys(sb), 256);
+                               });
+  expect_matches_host_backends({"Radix", decode_batch_and_prefill(40, 300, 4000), 16},
+                               [&](const SyntheticBatch& sb) {
+                                 ASSERT_GT(keys(sb), cuda::kCountingSortBins);
+                               });
+}
+
 // The split merges of an sm90 plan on short contexts, small enough for compute-sanitizer's round
 // (`*Small*`): 48 pairs (five ranges a pair, merged by merge_decode_splits_kernel), with padding,
 // one-token and empty ranges; and 80 pairs (three ranges, merged by the last CTA to arrive).
@@ -378,7 +403,9 @@ GatherListing host_gather_listing(const GatherCase& c) {
 }
 
 // Runs the gather with union lists and without (then every tile's entries are keyed) on poisoned
-// outputs and checks lists, counts, entries and the error flag against the host listing.
+// outputs and checks lists, counts, entries and the error flag against the host listing; then the
+// counting sort on its entries: the live entries' number, each exactly once, keys ascending, and
+// within a key each token's first entry in token order (stable, as CUB's) before the repeats.
 void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32_t want_flag) {
   using cuda::kCompactPartialBytes, cuda::kUnionPages;
   const int tokens = c.tokens(), tiles = c.tiles();
@@ -392,14 +419,19 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
   DeviceBuffer d_cu = upload(c.cu_q_lens), d_seq = upload(c.seq_lens), d_table = upload(c.table),
                d_topk = upload(c.topk), d_flags = upload({0});
   const int entries = c.kv_heads * tokens * c.top_k;
-  DeviceBuffer d_keys(entries * 4), d_values(entries * 4),
+  const int key_space = c.kv_heads * c.pages, token_words = (tokens + 31) / 32;
+  DeviceBuffer d_keys(entries * 4), d_values(entries * 4), d_sorted_keys(entries * 4),
+      d_sorted_values(entries * 4), d_zeroed((2 * key_space + key_space * token_words) * 4),
+      d_ranks(key_space * token_words * 4), d_totals(key_space * 4), d_live(4),
       d_partials(static_cast<size_t>(entries) * kCompactPartialBytes),
       d_counts(c.kv_heads * tiles * 4), d_pages(c.kv_heads * tiles * kUnionPages * 4),
       d_visible(c.kv_heads * tiles * kUnionPages * 8);
   for (bool unions : {true, false}) {
     SCOPED_TRACE(unions ? "with union lists" : "without");
-    for (const DeviceBuffer* b : {&d_keys, &d_values, &d_counts, &d_pages, &d_visible, &d_flags})
-      ASSERT_TRUE(b->fill(b == &d_flags ? 0 : 0xcd).ok());
+    for (const DeviceBuffer* b : {&d_keys, &d_values, &d_counts, &d_pages, &d_visible, &d_flags,
+                                  &d_zeroed, &d_ranks, &d_totals, &d_sorted_keys, &d_sorted_values,
+                                  &d_live})
+      ASSERT_TRUE(b->fill(b == &d_flags || b == &d_zeroed ? 0 : 0xcd).ok());
     cuda::SparseAttentionParams p{};
     p.num_pages = c.pages;
     p.topk = d_topk.data_as<const int32_t>();
@@ -418,8 +450,48 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
       p.union_counts = d_counts.data_as<int32_t>(), p.union_pages = d_pages.data_as<uint32_t>();
       p.union_visible = d_visible.data_as<uint64_t>();
     }
+    p.key_space = key_space, p.token_words = token_words;
+    p.key_repeats = d_zeroed.data_as<uint32_t>(), p.key_tokens = p.key_repeats + 2 * key_space;
+    p.key_token_ranks = d_ranks.data_as<uint32_t>(), p.key_totals = d_totals.data_as<uint32_t>();
+    p.live_entries = d_live.data_as<int32_t>();
     M3SA_CUDA_ASSERT(cuda::launch_gather_selection_entries(p, 1, nullptr));
+    // Two scatter CTAs, each scanning the totals on its own.
+    M3SA_CUDA_ASSERT(cuda::sort_selection_entries_by_counting(
+        p, d_sorted_keys.data_as<uint32_t>(), d_sorted_values.data_as<uint32_t>(), 2, nullptr));
     M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<uint32_t> sorted_keys(entries), sorted_values(entries);
+    int32_t live = -1;
+    ASSERT_TRUE(d_sorted_keys.download(sorted_keys.data(), entries * 4).ok());
+    ASSERT_TRUE(d_sorted_values.download(sorted_values.data(), entries * 4).ok());
+    ASSERT_TRUE(d_live.download(&live, 4).ok());
+    // Per key: its tokens in order (each once) and its entries.
+    std::map<uint32_t, std::vector<int>> key_tokens;
+    std::vector<std::pair<uint32_t, uint32_t>> keyed, placed;
+    for (int g = 0; g < c.kv_heads; ++g)
+      for (int t = 0; t < tokens; ++t)
+        for (int k = 0; k < c.top_k; ++k) {
+          const GatherItem& item = want.items[(g * tokens + t) * c.top_k + k];
+          if (!item.live || (unions && want.counts[g * tiles + t / 8] >= 0)) continue;
+          std::vector<int>& in_order = key_tokens[item.key];
+          if (in_order.empty() || in_order.back() != t) in_order.push_back(t);
+          keyed.emplace_back(item.key, item.value);
+        }
+    ASSERT_EQ(live, static_cast<int32_t>(keyed.size()));
+    for (int i = 0; i < live; ++i) placed.emplace_back(sorted_keys[i], sorted_values[i]);
+    for (int i = 0; i < live;) { // a key's range: its tokens' first entries, then the repeats
+      const uint32_t key = sorted_keys[i];
+      if (i > 0) {
+        EXPECT_LT(sorted_keys[i - 1], key) << i;
+      }
+      const std::vector<int>& in_order = key_tokens[key];
+      for (size_t r = 0; r < in_order.size() && i + static_cast<int>(r) < live; ++r)
+        EXPECT_EQ(sorted_values[i + r] >> 13, static_cast<uint32_t>(in_order[r]))
+            << "key " << key << " rank " << r;
+      while (i < live && sorted_keys[i] == key) ++i;
+    }
+    std::sort(keyed.begin(), keyed.end());
+    std::sort(placed.begin(), placed.end());
+    EXPECT_EQ(placed, keyed);
     std::vector<int32_t> counts(c.kv_heads * tiles), flags(1);
     std::vector<uint32_t> keys(entries), values(entries), pages(c.kv_heads * tiles * kUnionPages);
     std::vector<uint64_t> visible(c.kv_heads * tiles * kUnionPages);
@@ -445,8 +517,8 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
           for (int k = 0; k < c.top_k; ++k) {
             const int e = (g * tokens + t) * c.top_k + k;
             const GatherItem& item = want.items[e];
-            if (count < 0 && item.live) {
-              EXPECT_EQ(keys[e], item.key) << g << " " << t << " " << k;
+            if (count < 0 && item.live) { // a token's repeated page flagged for the sort
+              EXPECT_EQ(keys[e] & ~cuda::kRepeatedEntry, item.key) << g << " " << t << " " << k;
               EXPECT_EQ(values[e], item.value) << g << " " << t << " " << k;
             } else {
               EXPECT_EQ(keys[e], sentinel) << g << " " << t << " " << k;

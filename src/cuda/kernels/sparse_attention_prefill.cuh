@@ -7,7 +7,9 @@
 // head. So the chunk is turned around, in passes of up to `pass_tokens` tokens:
 //   1. gather_selection_entries: one entry per (KV head, token, slot) that holds a visible block,
 //      keyed by (KV head, page) - bad metadata is flagged here and dropped;
-//   2. a radix sort (CUB) groups the entries of each (KV head, page);
+//   2. a stable sort groups the entries of each (KV head, page): on sm90 plans with few keys by
+//      counting (the gather marks each token in its key's bitmap, rank_key_tokens and
+//      scatter_selection_entries place it at its rank), else CUB's radix sort;
 //   3. attend_block_members: CTAs stride over runs of 64 sorted entries; for each distinct
 //      (head, page) in its run a CTA copies the 128 keys and values once (cp.async, the next
 //      page's copy in flight during this one's MMAs) and computes the softmax partial (m, l, O) of
@@ -46,6 +48,12 @@ __device__ __forceinline__ int entry_token(uint32_t v) { return static_cast<int>
 __device__ __forceinline__ int entry_slot(uint32_t v) { return (v >> 8) & 31; }
 __device__ __forceinline__ int entry_visible(uint32_t v) { return static_cast<int>(v & 255) + 1; }
 
+// Sorted entries the attend step reads: the live ones where the pass sorted by counting (the
+// rest of the buffer is stale), else all of them (sentinels last).
+__device__ __forceinline__ int sorted_entries(const SparseAttentionParams& p) {
+  return p.live_entries ? min(*p.live_entries, p.entry_count) : p.entry_count;
+}
+
 // Page-union tiles of a KV head in the pass.
 __device__ __forceinline__ int union_tiles(const SparseAttentionParams& p) {
   return union_tiles_of(p.token_end - p.token_begin);
@@ -72,11 +80,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   __shared__ int32_t run_count;
   const int warp = threadIdx.x >> 5;
   const float logit_scale = logit_scale_log2(p.k_scale);
-  const int64_t items = (int64_t{p.entry_count} + kRunEntries - 1) / kRunEntries;
+  const int entries = sorted_entries(p);
+  const int64_t items = (int64_t{entries} + kRunEntries - 1) / kRunEntries;
 
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int64_t base = item * kRunEntries;
-    const int n = static_cast<int>(min(int64_t{kRunEntries}, int64_t{p.entry_count} - base));
+    const int n = static_cast<int>(min(int64_t{kRunEntries}, int64_t{entries} - base));
     const uint32_t* keys = p.sorted_keys + base;
     const uint32_t* values = p.sorted_values + base;
     if (threadIdx.x < 32) { // runs of equal keys (one page of one head each); sentinels last

@@ -396,14 +396,15 @@ struct ItemEntries {
     return i < 32 ? low : high;
   }
 };
-__device__ __forceinline__ ItemEntries load_item(const SparseAttentionParams& p, int64_t item) {
+__device__ __forceinline__ ItemEntries load_item(const SparseAttentionParams& p, int entries,
+                                                 int64_t item) {
   const int lane = threadIdx.x & 31;
   const int64_t base = item * kRunEntries;
   ItemEntries e;
 #pragma unroll
   for (int half = 0; half < kRunEntries / 32; ++half) {
     const int64_t i = base + 32 * half + lane;
-    const bool in = i < p.entry_count;
+    const bool in = i < entries;
     e.keys[half] = in ? p.sorted_keys[i] : p.entry_sentinel;
     e.values[half] = in ? p.sorted_values[i] : 0u;
   }
@@ -416,11 +417,12 @@ __device__ __forceinline__ ItemEntries load_item(const SparseAttentionParams& p,
 template <typename Run>
 __device__ __forceinline__ void for_each_run(const SparseAttentionParams& p, Run&& run) {
   const int lane = threadIdx.x & 31;
-  const int64_t items = (int64_t{p.entry_count} + kRunEntries - 1) / kRunEntries;
+  const int sorted = sorted_entries(p);
+  const int64_t items = (int64_t{sorted} + kRunEntries - 1) / kRunEntries;
   uint32_t sequence = 0;
-  ItemEntries entries = load_item(p, blockIdx.x);
+  ItemEntries entries = load_item(p, sorted, blockIdx.x);
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const ItemEntries next = load_item(p, item + gridDim.x); // in flight during this item
+    const ItemEntries next = load_item(p, sorted, item + gridDim.x); // in flight during this item
     uint64_t run_starts = 0;
     int valid = 0;
 #pragma unroll
