@@ -27,8 +27,8 @@ inline constexpr int kRunEntries = 64; // the prefill's attend step: sorted entr
 // the gather sets each entry's token bit, a warp a key ranks its words, and every CTA of the
 // scatter scans the keys' totals in shared memory (64 KB) and places each entry at its token's
 // rank - stable, as CUB's radix sort (a key's members in token order: an unstable order cost the
-// attend step up to 3.5 %, s52 r1), in a memset and two small kernels where CUB takes three
-// kernels whatever the entries hold (s51 r2: 24 us a pass of sentinels). Larger pools sort with CUB.
+// attend step up to 3.5 %, s52 r1) - in a memset and two small kernels, where CUB takes three
+// kernels whatever the entries hold (s51 r2: 24 us a pass of sentinels). Larger pools: CUB.
 inline constexpr int kCountingSortBins = 16384;
 inline constexpr int64_t kCountingSortWords = int64_t{1} << 21;
 inline constexpr int kScatterThreads = 512;
@@ -131,13 +131,13 @@ struct SparseAttentionParams {
   // and counted in key_repeats); rank_key_tokens writes each word's rank (the key's set bits
   // before it) and each key's total; the scatter places the live entries, sorted, and writes how
   // many there are (the attend step reads no further).
-  uint32_t* key_tokens;      // [key_space, token_words] zero before the gather
-  uint32_t* key_token_ranks; // [key_space, token_words]
-  uint32_t* key_repeats;     // [2, key_space] zero before the gather: counts, then cursors
-  uint32_t* key_totals;      // [key_space]
-  int32_t* live_entries;     // [1]
-  int32_t key_space;         // Hkv * num_pages, at most kCountingSortBins
-  int32_t token_words;       // (token_end - token_begin + 31) / 32
+  uint32_t* key_tokens;            // [key_space, token_words] zero before the gather
+  uint32_t* key_token_ranks;       // [key_space, token_words]
+  uint32_t* key_repeats;           // [2, key_space] zero before the gather: counts, then cursors
+  uint32_t* key_totals;            // [key_space]
+  int32_t* live_entries;           // [1]
+  int32_t key_space;               // Hkv * num_pages, at most kCountingSortBins
+  int32_t token_words;             // (token_end - token_begin + 31) / 32
   unsigned char* prefill_partials; // [token_end - token_begin, Hkv, top_k] compact partials
   // Page-union tiles of the pass (tile = KV head * union_tiles + token / kUnionTokens), or all
   // null where the plan runs every token block-major: the union's size, or -1 where the tile's

@@ -128,8 +128,8 @@ cudaError_t sort_selection_entries(const SparseAttentionParams& params, uint32_t
 // (two kernels; the scatter's grid given); key_space in [1, kCountingSortBins], key_space x
 // token_words at most kCountingSortWords.
 cudaError_t sort_selection_entries_by_counting(const SparseAttentionParams& params,
-                                              uint32_t* sorted_keys, uint32_t* sorted_values,
-                                              int grid, cudaStream_t stream);
+                                               uint32_t* sorted_keys, uint32_t* sorted_values,
+                                               int grid, cudaStream_t stream);
 cudaError_t launch_attend_block_members_bf16(const SparseAttentionParams& params, int grid,
                                              cudaStream_t stream);
 cudaError_t launch_attend_block_members_fp8(const SparseAttentionParams& params, int grid,

@@ -106,8 +106,7 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       int token, slot;
-      const bool in = item(first, j, token, slot);
-      if (!in) continue;
+      if (!item(first, j, token, slot)) continue;
       const int64_t index = (int64_t{g} * pass_tokens + token) * p.top_k + slot;
       if (count < 0 && page[j] != kNoPage) {
         uint32_t key = static_cast<uint32_t>(g * p.num_pages + page[j]);
@@ -203,7 +202,8 @@ __global__ void __launch_bounds__(kScatterThreads)
     const uint32_t key = entry_key & ~kRepeatedEntry, value = p.entry_values[i];
     uint32_t at = key_start[key];
     if (entry_key & kRepeatedEntry) {
-      at += p.key_totals[key] - p.key_repeats[key] + atomicAdd(p.key_repeats + p.key_space + key, 1u);
+      at +=
+          p.key_totals[key] - p.key_repeats[key] + atomicAdd(p.key_repeats + p.key_space + key, 1u);
     } else {
       const int token = entry_token(value);
       const int64_t w = int64_t{key} * p.token_words + token / 32;
@@ -254,8 +254,8 @@ cudaError_t sort_selection_entries(const SparseAttentionParams& p, uint32_t* sor
 }
 
 cudaError_t sort_selection_entries_by_counting(const SparseAttentionParams& p,
-                                              uint32_t* sorted_keys, uint32_t* sorted_values,
-                                              int grid, cudaStream_t s) {
+                                               uint32_t* sorted_keys, uint32_t* sorted_values,
+                                               int grid, cudaStream_t s) {
   if (p.key_space < 1 || p.key_space > kCountingSortBins ||
       int64_t{p.key_space} * p.token_words > kCountingSortWords)
     return cudaErrorInvalidValue;

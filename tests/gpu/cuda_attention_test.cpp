@@ -144,8 +144,8 @@ void expect_close(const HostAttention& expected, const HostTensor& out, const Ho
 
 // Both CUDA implementations on case c against the CPU backend (and the reference where asked);
 // check_batch, where given, first checks what the case is meant to exercise.
-void expect_matches_host_backends(const AttentionCase& c,
-                                  const std::function<void(const SyntheticBatch&)>& check_batch = {}) {
+void expect_matches_host_backends(
+    const AttentionCase& c, const std::function<void(const SyntheticBatch&)>& check_batch = {}) {
   const uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   BatchSpec spec = c.spec;
@@ -310,10 +310,9 @@ TEST(CudaAttentionSort, CountingAndRadixSortsMatchTheHostBackends) {
                                  ASSERT_LE(keys(sb), cuda::kCountingSortBins);
                                  ASSERT_GE(sb.num_tokens() * 16 / keys(sb), 256);
                                });
-  expect_matches_host_backends({"Radix", decode_batch_and_prefill(40, 300, 4000), 16},
-                               [&](const SyntheticBatch& sb) {
-                                 ASSERT_GT(keys(sb), cuda::kCountingSortBins);
-                               });
+  expect_matches_host_backends(
+      {"Radix", decode_batch_and_prefill(40, 300, 4000), 16},
+      [&](const SyntheticBatch& sb) { ASSERT_GT(keys(sb), cuda::kCountingSortBins); });
 }
 
 // The split merges of an sm90 plan on short contexts, small enough for compute-sanitizer's round
@@ -428,9 +427,9 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
       d_visible(c.kv_heads * tiles * kUnionPages * 8);
   for (bool unions : {true, false}) {
     SCOPED_TRACE(unions ? "with union lists" : "without");
-    for (const DeviceBuffer* b : {&d_keys, &d_values, &d_counts, &d_pages, &d_visible, &d_flags,
-                                  &d_zeroed, &d_ranks, &d_totals, &d_sorted_keys, &d_sorted_values,
-                                  &d_live})
+    for (const DeviceBuffer* b :
+         {&d_keys, &d_values, &d_counts, &d_pages, &d_visible, &d_flags, &d_zeroed, &d_ranks,
+          &d_totals, &d_sorted_keys, &d_sorted_values, &d_live})
       ASSERT_TRUE(b->fill(b == &d_flags || b == &d_zeroed ? 0 : 0xcd).ok());
     cuda::SparseAttentionParams p{};
     p.num_pages = c.pages;
