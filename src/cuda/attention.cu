@@ -274,13 +274,9 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     p.union_visible = l.union_visible;
   }
   const int per_pass = prefill_pass_tokens(tokens - decode_tokens, info.pass_tokens);
-  // Few keys (the pass's pages are the pool's, as in a single long prefill): sort by counting,
-  // for the wgmma kernel only - its members' results do not depend on which members share a work
-  // item, while the mma.sync kernel splits a page's keys between warps by its member count, so
-  // the repeated entries' order (their atomics') would change its outputs from run to run.
-  const int64_t token_words = (int64_t{per_pass} + 31) / 32;
-  const bool counting_sort = prefill_wgmma && keys - 1 >= 1 && keys - 1 <= kCountingSortBins &&
-                             (keys - 1) * token_words <= kCountingSortWords;
+  // Few keys (the pass's pages are the pool's, as in a single long prefill): sort by counting.
+  const bool counting_sort =
+      prefill_sorts_by_counting(prefill_wgmma, p.kv_heads, p.num_pages, per_pass);
   if (counting_sort) {
     p.key_space = static_cast<int32_t>(keys - 1);
     p.key_repeats = l.counting_zeroed, p.key_tokens = l.counting_zeroed + 2 * p.key_space;

@@ -32,6 +32,18 @@ inline constexpr int kRunEntries = 64; // the prefill's attend step: sorted entr
 inline constexpr int kCountingSortBins = 16384;
 inline constexpr int64_t kCountingSortWords = int64_t{1} << 21;
 inline constexpr int kScatterThreads = 512;
+// Whether a prefill pass of `pass_tokens` tokens sorts its entries by counting (else with CUB): on
+// the wgmma attend step only (the mma.sync one splits a page's keys between warps by its member
+// count, so the order of a key's repeated entries, their atomics', would change its outputs run to
+// run), with 1 to kCountingSortBins keys (KV heads x pool pages) whose token bitmaps fit
+// kCountingSortWords words. Plain host arithmetic, checked on the CPU
+// (tests/unit/prefill_passes_test.cpp).
+constexpr bool prefill_sorts_by_counting(bool wgmma_attend, int64_t kv_heads, int64_t num_pages,
+                                         int64_t pass_tokens) {
+  const int64_t keys = kv_heads * num_pages;
+  return wgmma_attend && keys >= 1 && keys <= kCountingSortBins &&
+         keys * ((pass_tokens + 31) / 32) <= kCountingSortWords;
+}
 // An entry whose token names its page a second time (two slots, one page: block-table aliasing):
 // the counting sort places it after the key's first ones.
 inline constexpr uint32_t kRepeatedEntry = 1u << 31;

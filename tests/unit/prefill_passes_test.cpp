@@ -1,7 +1,8 @@
-// The prefill's pass rule (prefill_pass_capacity / prefill_pass_tokens, cuda/attention_params.h),
-// checked on the host: how many tokens a pass may hold within the partials' budget, and how the
-// prefill rows of a call split into passes. The kernels of each pass are checked on the GPU
-// (CudaAttention.PrefillTwoPassesK32 runs two).
+// The prefill's pass rules (prefill_pass_capacity / prefill_pass_tokens /
+// prefill_sorts_by_counting, cuda/attention_params.h), checked on the host: how many tokens a pass
+// may hold within the partials' budget, how the prefill rows of a call split into passes, and
+// which passes sort their entries by counting. The kernels of each pass are checked on the GPU
+// (CudaAttention.PrefillTwoPassesK32 runs two; CudaAttentionSort both sorts).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@ using cuda::kCompactPartialBytes;
 using cuda::kPrefillPartialBudget;
 using cuda::prefill_pass_capacity;
 using cuda::prefill_pass_tokens;
+using cuda::prefill_sorts_by_counting;
 
 TEST(PrefillPasses, CapacityKeepsThePartialsWithinTheBudget) {
   // M3 at TP1 (4 KV heads, top_k 16): an 8K chunk in two passes.
@@ -57,6 +59,25 @@ TEST(PrefillPasses, RowsSplitEvenlyIntoTheFewestPassesOfWholeTiles) {
         EXPECT_EQ(per_pass % cuda::kUnionTokens, 0) << rows << " rows";
       }
     }
+}
+
+TEST(PrefillPasses, CountingSortOnTheWgmmaAttendWithFewKeys) {
+  // The bench's single requests: 16/1 S=8K (64 keys) to 64/4 S=128K (4,096 keys, 4,096-token
+  // passes) sort by counting; never on the mma.sync attend.
+  EXPECT_TRUE(prefill_sorts_by_counting(true, 1, 64, 8192));
+  EXPECT_TRUE(prefill_sorts_by_counting(true, 4, 1024, 4096));
+  EXPECT_FALSE(prefill_sorts_by_counting(false, 1, 64, 8192));
+  // The key bound, at its edge.
+  EXPECT_TRUE(prefill_sorts_by_counting(true, 4, cuda::kCountingSortBins / 4, 32));
+  EXPECT_FALSE(prefill_sorts_by_counting(true, 4, cuda::kCountingSortBins / 4 + 1, 32));
+  EXPECT_FALSE(prefill_sorts_by_counting(true, 1, 0, 8192));
+  // The bitmaps' bound: keys x 32-token words, at its edge (16,384 keys x 128 words).
+  EXPECT_TRUE(prefill_sorts_by_counting(true, 4, 4096, 128 * 32));
+  EXPECT_FALSE(prefill_sorts_by_counting(true, 4, 4096, 128 * 32 + 1));
+  // A single head's pass of 17,606 tokens (its capacity at top_k 16): up to 3,806 pages.
+  const int64_t words = (17606 + 31) / 32;
+  EXPECT_TRUE(prefill_sorts_by_counting(true, 1, cuda::kCountingSortWords / words, 17606));
+  EXPECT_FALSE(prefill_sorts_by_counting(true, 1, cuda::kCountingSortWords / words + 1, 17606));
 }
 
 } // namespace
