@@ -291,7 +291,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     const int gather_grid = static_cast<int>(std::min<int64_t>(
         (union_tiles + kGatherThreads / 32 - 1) / (kGatherThreads / 32), 8 * info.sm_count));
     if (counting_sort) { // repeats, cursors, token bitmaps
-      p.token_words = (p.token_end - p.token_begin + 31) / 32;
+      p.token_words = static_cast<int32_t>(token_bitmap_words(p.token_end - p.token_begin));
       M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
           p.key_repeats, 0,
           sizeof(uint32_t) * (2 * p.key_space + int64_t{p.key_space} * p.token_words), s));

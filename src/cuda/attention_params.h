@@ -32,17 +32,21 @@ inline constexpr int kRunEntries = 64; // the prefill's attend step: sorted entr
 inline constexpr int kCountingSortBins = 16384;
 inline constexpr int64_t kCountingSortWords = int64_t{1} << 21;
 inline constexpr int kScatterThreads = 512;
+// Words of a key's token bitmap in a pass of `tokens` tokens (a bit a token).
+M3SA_HOST_DEVICE constexpr int64_t token_bitmap_words(int64_t tokens) { return (tokens + 31) / 32; }
+// Whether the counting sort's buffers hold `keys` keys with bitmaps of `token_words` words: 1 to
+// kCountingSortBins keys, kCountingSortWords words in all.
+M3SA_HOST_DEVICE constexpr bool counting_sort_fits(int64_t keys, int64_t token_words) {
+  return keys >= 1 && keys <= kCountingSortBins && keys * token_words <= kCountingSortWords;
+}
 // Whether a prefill pass of `pass_tokens` tokens sorts its entries by counting (else with CUB): on
 // the wgmma attend step only (the mma.sync one splits a page's keys between warps by its member
 // count, so the order of a key's repeated entries, their atomics', would change its outputs run to
-// run), with 1 to kCountingSortBins keys (KV heads x pool pages) whose token bitmaps fit
-// kCountingSortWords words. Plain host arithmetic, checked on the CPU
-// (tests/unit/prefill_passes_test.cpp).
+// run), where the keys (KV heads x pool pages) and their bitmaps fit. Plain host arithmetic,
+// checked on the CPU (tests/unit/prefill_passes_test.cpp).
 constexpr bool prefill_sorts_by_counting(bool wgmma_attend, int64_t kv_heads, int64_t num_pages,
                                          int64_t pass_tokens) {
-  const int64_t keys = kv_heads * num_pages;
-  return wgmma_attend && keys >= 1 && keys <= kCountingSortBins &&
-         keys * ((pass_tokens + 31) / 32) <= kCountingSortWords;
+  return wgmma_attend && counting_sort_fits(kv_heads * num_pages, token_bitmap_words(pass_tokens));
 }
 // An entry whose token names its page a second time (two slots, one page: block-table aliasing):
 // the counting sort places it after the key's first ones.
@@ -149,7 +153,7 @@ struct SparseAttentionParams {
   uint32_t* key_totals;            // [key_space]
   int32_t* live_entries;           // [1]
   int32_t key_space;               // Hkv * num_pages, at most kCountingSortBins
-  int32_t token_words;             // (token_end - token_begin + 31) / 32
+  int32_t token_words;             // token_bitmap_words(token_end - token_begin)
   unsigned char* prefill_partials; // [token_end - token_begin, Hkv, top_k] compact partials
   // Page-union tiles of the pass (tile = KV head * union_tiles + token / kUnionTokens), or all
   // null where the plan runs every token block-major: the union's size, or -1 where the tile's

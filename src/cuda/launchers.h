@@ -125,8 +125,7 @@ cudaError_t sort_selection_entries(const SparseAttentionParams& params, uint32_t
                                    size_t temp_bytes, cudaStream_t stream);
 // The counting sort after the gather (params.key_tokens and key_repeats filled by it): the live
 // entries sorted by key, stably, into sorted_keys / sorted_values, their number in live_entries
-// (two kernels; the scatter's grid given); key_space in [1, kCountingSortBins], key_space x
-// token_words at most kCountingSortWords.
+// (two kernels; the scatter's grid given); counting_sort_fits(key_space, token_words).
 cudaError_t sort_selection_entries_by_counting(const SparseAttentionParams& params,
                                                uint32_t* sorted_keys, uint32_t* sorted_values,
                                                int grid, cudaStream_t stream);

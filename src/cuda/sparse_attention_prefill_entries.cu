@@ -256,9 +256,7 @@ cudaError_t sort_selection_entries(const SparseAttentionParams& p, uint32_t* sor
 cudaError_t sort_selection_entries_by_counting(const SparseAttentionParams& p,
                                                uint32_t* sorted_keys, uint32_t* sorted_values,
                                                int grid, cudaStream_t s) {
-  if (p.key_space < 1 || p.key_space > kCountingSortBins ||
-      int64_t{p.key_space} * p.token_words > kCountingSortWords)
-    return cudaErrorInvalidValue;
+  if (!counting_sort_fits(p.key_space, p.token_words)) return cudaErrorInvalidValue;
   rank_key_tokens_kernel<<<(p.key_space + 7) / 8, 256, 0, s>>>(p);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   return launch_with_shared_memory(scatter_selection_entries_kernel, dim3(grid), kScatterThreads,
