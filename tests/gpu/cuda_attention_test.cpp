@@ -27,10 +27,12 @@ struct AttentionCase {
   int top_k;
   float k_scale = 1.f, v_scale = 1.f;
   bool use_reference = false; // small enough for the reference as a second oracle
-  // Tokens of the same 128-token position block in even blocks share their selections (an
-  // engine's real selections are close to this), so the sm90 plan's page-union tiles and its
-  // block-major path both run, in one pass.
-  bool shared_selections = false;
+  // Tokens of an even 128-token position block share their selections within aligned spans of
+  // this many positions (an engine's real selections are close to 128: a whole block), so the
+  // sm90 plan's page-union tiles and its block-major path both run, in one pass; a span of 4
+  // gives each half of an 8-token union tile its own selections, so that each of the union
+  // kernel's consumers skips the pages only the other half selected. 0: no sharing.
+  int shared_span = 0;
 };
 
 void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
@@ -53,7 +55,7 @@ HostTensor indexer_selections(SyntheticBatch& sb, const MsaConfig& config, uint6
 
 // Every token of an even 128-token position block takes the selections (every head) of its
 // request's first token in that block: the same own block, so still causal and ascending.
-void share_selections_within_even_blocks(const SyntheticBatch& sb, HostTensor& topk) {
+void share_selections_within_even_blocks(const SyntheticBatch& sb, int span, HostTensor& topk) {
   const TensorView v = topk.view(); // [Hkv, T, K]
   int32_t* ids = topk.data<int32_t>();
   std::vector<int64_t> leader(sb.num_tokens(), -1);
@@ -62,7 +64,8 @@ void share_selections_within_even_blocks(const SyntheticBatch& sb, HostTensor& t
     if (position < 0 || (position / kBlockTokens) % 2 != 0) continue;
     leader[t] = t;
     if (t > 0 && leader[t - 1] >= 0 && sb.request_of(t - 1) == sb.request_of(t) &&
-        sb.position(t - 1) / kBlockTokens == position / kBlockTokens)
+        sb.position(t - 1) / kBlockTokens == position / kBlockTokens &&
+        sb.position(t - 1) / span == position / span)
       leader[t] = leader[t - 1];
     for (int64_t h = 0; h < v.shape[0]; ++h)
       for (int64_t k = 0; k < v.shape[2]; ++k)
@@ -154,7 +157,7 @@ void expect_matches_host_backends(
   if (check_batch) check_batch(sb);
   const MsaConfig config = attention_config(spec, c.top_k);
   HostTensor topk = indexer_selections(sb, config, seed + 1);
-  if (c.shared_selections) share_selections_within_even_blocks(sb, topk);
+  if (c.shared_span > 0) share_selections_within_even_blocks(sb, c.shared_span, topk);
   sb.fill_attention_random(seed + 2);
 
   const HostAttention cpu = host_attention(Backend::cpu, config, sb, topk, c.k_scale, c.v_scale);
@@ -224,8 +227,8 @@ const AttentionCase kCases[] = {
     // block visible only in its first 64 keys (warps 2-3 of that CTA attend no key), and a short
     // context whose selection is mostly -1 padding.
     {"DecodeBatch1OwnBlockFirstHalf", spec({1}, {32950}, 1, 1, 64, 4), 16, 1, 1, true},
-    {"DecodeFp8Batch1OwnBlockFirstHalf", spec({1}, {69900}, 1, 1, 64, 4, DType::fp8_e4m3), 16,
-     0.5f, 2.f},
+    {"DecodeFp8Batch1OwnBlockFirstHalf", spec({1}, {69900}, 1, 1, 64, 4, DType::fp8_e4m3), 16, 0.5f,
+     2.f},
     {"DecodeFp8Batch1ShortPadded", spec({1}, {300}, 1, 1, 16, 1, DType::fp8_e4m3), 16, 1.5f, 0.75f,
      true},
     // Batch 1 in clusters with GQA groups under 8 (bf16: the warps split P.V by dims, and the
@@ -273,12 +276,17 @@ const AttentionCase kCases[] = {
     // Shared selections: page-union tiles (bf16 caches on sm90; tiles inside an even block, some
     // across a block boundary) next to block-major ones, GQA groups of 16 and 8; e4m3 caches
     // run them block-major.
-    {"PrefillSharedSelections", spec({1500}, {20004}, 0, 1, 64, 4), 16, 1.f, 1.f, false, true},
+    {"PrefillSharedSelections", spec({1500}, {20004}, 0, 1, 64, 4), 16, 1.f, 1.f, false,
+     kBlockTokens},
     {"PrefillSharedSelectionsGroup8Scales", spec({700}, {9000}, 0, 1, 32, 4), 16, 0.5f, 2.f, false,
-     true},
+     kBlockTokens},
     {"PrefillSharedSelectionsFp8", spec({700}, {9000}, 0, 1, 32, 4, DType::fp8_e4m3), 16, 0.5f, 2.f,
-     false, true},
-    {"PrefillSharedSelectionsK32", spec({600}, {12000}, 0, 1, 16, 1), 32, 1.f, 1.f, false, true},
+     false, kBlockTokens},
+    {"PrefillSharedSelectionsK32", spec({600}, {12000}, 0, 1, 16, 1), 32, 1.f, 1.f, false,
+     kBlockTokens},
+    // Each half of a union tile with selections of its own (prefix 8,000: tiles start at
+    // multiples of 8 positions): two sets of 16 of ~70 pages, most unions within 32 pages.
+    {"PrefillHalfTileSelections", spec({1000}, {9000}, 0, 1, 16, 1), 16, 1.f, 1.f, false, 4},
     {"SmallPrefillShortRequests", spec({3, 5, 1, 2, 7}, {3, 130, 1, 300, 7}, 0, 1, 16, 1), 16, 1, 1,
      true},
     {"MixedBatchWithPadding", spec({1, 1, 1, 260, 17, 0}, {5000, 0, 300, 2000, 17, 0}, 3, 1, 64, 4),
@@ -795,7 +803,7 @@ void expect_graph_replay_matches_eager(const char* arch, const BatchSpec& s,
   // request 1 is 999 tokens shorter (its selection recomputed for the new position).
   g.sb.seq_lens.data<int32_t>()[1] -= 999;
   M3SA_ASSERT_OK(run_index_topk(g.config, g.sb, {Backend::cpu}, &g.topk));
-  if (share_on_replay) share_selections_within_even_blocks(g.sb, g.topk);
+  if (share_on_replay) share_selections_within_even_blocks(g.sb, kBlockTokens, g.topk);
   M3SA_ASSERT_OK(d.seq_lens.upload(g.sb.seq_lens));
   M3SA_ASSERT_OK(d.q.upload(g.sb.q));
   M3SA_ASSERT_OK(d.k_cache.upload(g.sb.k_cache));

@@ -193,8 +193,8 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
     uint32_t p_hi[8][4], p_lo[8][4];
     // The softmax of page i's S into P (the row maxima, denominators and O rescaled; O must not
     // be in flight), the token's unseen keys masked.
-    const auto page_softmax = [&](float(&s)[64], int i) {
-      const int visible = static_cast<int>(t.visible_of(i) >> (8 * token_of_warp) & 255);
+    const auto page_softmax = [&](float(&s)[64], uint64_t tile_visible) {
+      const int visible = static_cast<int>(tile_visible >> (8 * token_of_warp) & 255);
       float row_max[2], m_use[2], rescale[2];
       mask_logits(s, logit_scale, visible, row_max);
 #pragma unroll
@@ -218,42 +218,66 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
     sm90::mbarrier_wait(&q_full[consumer][slot], query_use(tile_sequence));
     // A page's keys are released once its S is done, its values once its P.V is: the turn of
     // page i holds the values of page i - 1 and the keys of page i, while the keys of page i + 1
-    // and the values of page i come in.
-    if (t.count > 0) {
-      float s[64];
-      ring.wait_keys(first_page);
-      take_turn();
-      issue_tile_scores(s, q_tile, k_tile_of(0));
-      pass_turn();
-      sm90::wgmma_wait_all();
-      sm90::fence_accumulators(s);
-      ring.release_keys(first_page);
-      page_softmax(s, 0);
-      for (int i = 1; i < t.count; ++i) {
-        ring.wait_values(first_page + i - 1);
-        ring.wait_keys(first_page + i);
-        take_turn();
-        issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile_of(i - 1), true);
-        issue_tile_scores(s, q_tile, k_tile_of(i));
-        pass_turn();
-        sm90::wgmma_wait<1>(); // P.V of page i - 1
-        sm90::fence_accumulators(o);
-        sm90::fence_fragments(p_hi);
-        if constexpr (!kFp8) sm90::fence_fragments(p_lo);
-        ring.release_values(first_page + i - 1);
-        sm90::wgmma_wait_all(); // S of page i
-        sm90::fence_accumulators(s);
-        ring.release_keys(first_page + i);
-        page_softmax(s, i);
-      }
-      ring.wait_values(first_page + t.count - 1);
-      take_turn();
-      issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile_of(t.count - 1), true);
-      pass_turn();
-      sm90::wgmma_wait_all();
+    // and the values of page i come in. A page none of the consumer's 4 tokens selected (the
+    // tile's other 4 did) costs it no MMA: its S would be masked whole and its P would add zeros
+    // to O, so skipping both changes no bit. The consumer still waits for, takes the turn of and
+    // releases every page, so that the ring's phases and the turns stay in step. Each branch
+    // issues and waits for its own wgmmas: a wgmma whose wait lies past a branch's end made
+    // ptxas serialise them all (C7518).
+    const auto values_done = [&] {
       sm90::fence_accumulators(o);
       sm90::fence_fragments(p_hi);
       if constexpr (!kFp8) sm90::fence_fragments(p_lo);
+    };
+    if (t.count > 0) {
+      float s[64];
+      bool values_pending = false; // page i - 1 had keys for this consumer: its P.V is due
+      for (int i = 0; i < t.count; ++i) {
+        const uint64_t visible = t.visible_of(i);
+        const bool scores = static_cast<uint32_t>(visible >> (32 * consumer)) != 0;
+        if (i > 0) ring.wait_values(first_page + i - 1);
+        ring.wait_keys(first_page + i);
+        take_turn();
+        if (scores) {
+          if (values_pending) {
+            issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile_of(i - 1), true);
+            issue_tile_scores(s, q_tile, k_tile_of(i));
+            pass_turn();
+            sm90::wgmma_wait<1>(); // P.V of page i - 1
+            values_done();
+          } else {
+            issue_tile_scores(s, q_tile, k_tile_of(i));
+            pass_turn();
+          }
+          if (i > 0) ring.release_values(first_page + i - 1);
+          sm90::wgmma_wait_all(); // S of page i
+          sm90::fence_accumulators(s);
+          ring.release_keys(first_page + i);
+          page_softmax(s, visible);
+        } else {
+          if (values_pending) {
+            issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile_of(i - 1), true);
+            pass_turn();
+            sm90::wgmma_wait_all();
+            values_done();
+          } else {
+            pass_turn();
+          }
+          if (i > 0) ring.release_values(first_page + i - 1);
+          ring.release_keys(first_page + i);
+        }
+        values_pending = scores;
+      }
+      ring.wait_values(first_page + t.count - 1);
+      take_turn();
+      if (values_pending) {
+        issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile_of(t.count - 1), true);
+        pass_turn();
+        sm90::wgmma_wait_all();
+        values_done();
+      } else {
+        pass_turn();
+      }
       ring.release_values(first_page + t.count - 1);
     }
     __syncwarp();
