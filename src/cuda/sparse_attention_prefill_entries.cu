@@ -101,7 +101,12 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
           p.union_visible[tile * kUnionPages + count] = bytes;
         }
       }
-      if (lane == 0) p.union_counts[tile] = count;
+      if (lane == 0) {
+        p.union_counts[tile] = count;
+        // A flag, not a count: a random pass sends every tile block-major, and a store needs
+        // no atomic (s53 r1: with a count's atomics, 16/1's random cases took 2-6 us longer).
+        if (count < 0 && p.block_major_tiles) *p.block_major_tiles = 1u;
+      }
     }
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
@@ -142,7 +147,7 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
 __global__ void __launch_bounds__(256) rank_key_tokens_kernel(const SparseAttentionParams p) {
   const int lane = threadIdx.x & 31;
   const int key = static_cast<int>((blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32);
-  if (key >= p.key_space) return; // the whole warp
+  if (key >= p.key_space || every_tile_token_major(p)) return; // the whole warp
   const uint32_t* words = p.key_tokens + int64_t{key} * p.token_words;
   uint32_t* ranks = p.key_token_ranks + int64_t{key} * p.token_words;
   uint32_t before = 0;
@@ -174,6 +179,10 @@ struct ScatterEntriesParams {
 __global__ void __launch_bounds__(kScatterThreads)
     scatter_selection_entries_kernel(const __grid_constant__ ScatterEntriesParams params) {
   const SparseAttentionParams& p = params.attention;
+  if (every_tile_token_major(p)) { // no live entry: skip the totals' scan too
+    if (blockIdx.x == 0 && threadIdx.x == 0) *p.live_entries = 0;
+    return;
+  }
   constexpr int kPerThread = 8;
   constexpr int kTile = kScatterThreads * kPerThread;
   using Scan = cub::BlockScan<uint32_t, kScatterThreads>;
@@ -219,6 +228,9 @@ __global__ void __launch_bounds__(kScatterThreads)
 constexpr int kMergeBatch = 2;
 __global__ void __launch_bounds__(128, kMergeTokenPartialsCtasPerSm)
     merge_token_partials_kernel(const SparseAttentionParams p) {
+  // Every tile token-major (structured selections): nothing to merge (s51 r2: a pass's 32K pairs
+  // took 9 us to skip one by one).
+  if (every_tile_token_major(p)) return;
   const int pass_tokens = p.token_end - p.token_begin;
   const int64_t pairs = int64_t{pass_tokens} * p.kv_heads;
   for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {

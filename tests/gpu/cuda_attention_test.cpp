@@ -428,7 +428,7 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
   const int entries = c.kv_heads * tokens * c.top_k;
   const int key_space = c.kv_heads * c.pages, token_words = (tokens + 31) / 32;
   DeviceBuffer d_keys(entries * 4), d_values(entries * 4), d_sorted_keys(entries * 4),
-      d_sorted_values(entries * 4), d_zeroed((2 * key_space + key_space * token_words) * 4),
+      d_sorted_values(entries * 4), d_zeroed((2 * key_space + key_space * token_words + 1) * 4),
       d_ranks(key_space * token_words * 4), d_totals(key_space * 4), d_live(4),
       d_partials(static_cast<size_t>(entries) * kCompactPartialBytes),
       d_counts(c.kv_heads * tiles * 4), d_pages(c.kv_heads * tiles * kUnionPages * 4),
@@ -460,6 +460,7 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
     p.key_space = key_space, p.token_words = token_words;
     p.key_repeats = d_zeroed.data_as<uint32_t>(), p.key_tokens = p.key_repeats + 2 * key_space;
     p.key_token_ranks = d_ranks.data_as<uint32_t>(), p.key_totals = d_totals.data_as<uint32_t>();
+    if (unions) p.block_major_tiles = p.key_tokens + key_space * token_words;
     p.live_entries = d_live.data_as<int32_t>();
     M3SA_CUDA_ASSERT(cuda::launch_gather_selection_entries(p, 1, nullptr));
     // Two scatter CTAs, each scanning the totals on its own.
@@ -468,6 +469,11 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
     M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
     std::vector<uint32_t> sorted_keys(entries), sorted_values(entries);
     int32_t live = -1;
+    std::vector<uint32_t> zeroed(2 * key_space + key_space * token_words + 1);
+    ASSERT_TRUE(d_zeroed.download(zeroed.data(), zeroed.size() * 4).ok());
+    // The block-major flag: set where the gather lists unions and sent a tile block-major.
+    const bool block_major = std::count(want.counts.begin(), want.counts.end(), -1) > 0;
+    EXPECT_EQ(zeroed.back(), unions && block_major ? 1u : 0u);
     ASSERT_TRUE(d_sorted_keys.download(sorted_keys.data(), entries * 4).ok());
     ASSERT_TRUE(d_sorted_values.download(sorted_values.data(), entries * 4).ok());
     ASSERT_TRUE(d_live.download(&live, 4).ok());
@@ -582,6 +588,31 @@ TEST(CudaAttentionSmall, PrefillGatherListsPageUnions) {
   EXPECT_EQ(want.counts[0 * c.tiles() + 2], 7) << "a tile across two requests";
   M3SA_SKIP_WITHOUT_CUDA(); // the case's own checks above run everywhere
   expect_gather_matches(c, want, cuda::kPageOutOfRange);
+}
+
+// A pass whose every tile is listed (structured selections): the gather leaves the block-major
+// flag clear, and the rank and scatter steps return at once with no live entry.
+TEST(CudaAttentionSmall, PrefillGatherEveryTileListed) {
+  constexpr int kHkv = 2, kTopK = 4, kWidth = 8, kTokens = 20;
+  GatherCase c{{0, 20},
+               {700},
+               std::vector<int32_t>(kWidth, 0),
+               std::vector<int32_t>(kHkv * kTokens * kTopK, -1),
+               kWidth,
+               16,
+               kHkv,
+               kTopK};
+  for (int b = 0; b < 6; ++b) c.table[b] = 9 - b;
+  // Positions 680..699 (own block 5); head 0 every block but 1, head 1 the last four.
+  for (int t = 0; t < kTokens; ++t)
+    for (int k = 0; k < kTopK; ++k) {
+      c.topk[(0 * kTokens + t) * kTopK + k] = std::vector<int32_t>{0, 2, 4, 5}[k];
+      c.topk[(1 * kTokens + t) * kTopK + k] = 2 + k;
+    }
+  const GatherListing want = host_gather_listing(c);
+  ASSERT_EQ(std::count(want.counts.begin(), want.counts.end(), -1), 0) << "every tile listed";
+  M3SA_SKIP_WITHOUT_CUDA(); // the case's own check above runs everywhere
+  expect_gather_matches(c, want, 0);
 }
 
 // Unions at the limit of top_k 16 (32 pages): tiles of 31, 32, 33, 40 and 64 distinct pages,

@@ -54,6 +54,12 @@ __device__ __forceinline__ int sorted_entries(const SparseAttentionParams& p) {
   return p.live_entries ? min(*p.live_entries, p.entry_count) : p.entry_count;
 }
 
+// True where the pass's gather listed every tile (none went block-major): every entry is a
+// sentinel, so the counting sort and the merge have nothing to do.
+__device__ __forceinline__ bool every_tile_token_major(const SparseAttentionParams& p) {
+  return p.block_major_tiles != nullptr && *p.block_major_tiles == 0;
+}
+
 // Page-union tiles of a KV head in the pass.
 __device__ __forceinline__ int union_tiles(const SparseAttentionParams& p) {
   return union_tiles_of(p.token_end - p.token_begin);
