@@ -156,7 +156,7 @@ struct SparseAttentionParams {
   int32_t token_words;             // token_bitmap_words(token_end - token_begin)
   // With union_counts and the counting sort (else null): nonzero once the gather sent a tile of
   // the pass block-major (zeroed before it). At 0 every tile went token-major, every entry is a
-  // sentinel, and the rank, scatter and merge steps return at once (bench/NOTES.md s53 r1: 19 us
+  // sentinel, and the rank, scatter and merge steps return at once (bench/NOTES.md s53 r1: 20 us
   // of a 16/1 structured pass's 41 us outside the union kernel).
   uint32_t* block_major_tiles;     // [1]
   unsigned char* prefill_partials; // [token_end - token_begin, Hkv, top_k] compact partials
