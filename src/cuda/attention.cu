@@ -293,7 +293,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
         (union_tiles + kGatherThreads / 32 - 1) / (kGatherThreads / 32), 8 * info.sm_count));
     if (counting_sort) { // repeats, cursors, token bitmaps, the block-major flag
       p.token_words = static_cast<int32_t>(token_bitmap_words(p.token_end - p.token_begin));
-      if (p.union_counts) p.block_major_tiles = p.key_tokens + int64_t{p.key_space} * p.token_words;
+      if (p.union_counts) p.block_major_flag = p.key_tokens + int64_t{p.key_space} * p.token_words;
       M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
           p.key_repeats, 0,
           sizeof(uint32_t) * (2 * p.key_space + int64_t{p.key_space} * p.token_words + 1), s));

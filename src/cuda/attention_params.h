@@ -158,7 +158,7 @@ struct SparseAttentionParams {
   // the pass block-major (zeroed before it). At 0 every tile went token-major, every entry is a
   // sentinel, and the rank, scatter and merge steps return at once (bench/NOTES.md s53 r1: 20 us
   // of a 16/1 structured pass's 41 us outside the union kernel).
-  uint32_t* block_major_tiles;     // [1]
+  uint32_t* block_major_flag;      // [1]
   unsigned char* prefill_partials; // [token_end - token_begin, Hkv, top_k] compact partials
   // Page-union tiles of the pass (tile = KV head * union_tiles + token / kUnionTokens), or all
   // null where the plan runs every token block-major: the union's size, or -1 where the tile's

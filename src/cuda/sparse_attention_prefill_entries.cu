@@ -103,9 +103,9 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
       }
       if (lane == 0) {
         p.union_counts[tile] = count;
-        // A flag, not a count: a random pass sends every tile block-major, and a store needs
-        // no atomic (s53 r1: with a count's atomics, 16/1's random cases took 2-6 us longer).
-        if (count < 0 && p.block_major_tiles) *p.block_major_tiles = 1u;
+        // A store, not a count: a random pass sends every tile block-major, and a store needs no
+        // atomic (s53 r1: with a count's atomics, 16/1's random cases took 2-6 us longer).
+        if (count < 0 && p.block_major_flag) *p.block_major_flag = 1u;
       }
     }
 #pragma unroll

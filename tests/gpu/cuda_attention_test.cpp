@@ -460,7 +460,7 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
     p.key_space = key_space, p.token_words = token_words;
     p.key_repeats = d_zeroed.data_as<uint32_t>(), p.key_tokens = p.key_repeats + 2 * key_space;
     p.key_token_ranks = d_ranks.data_as<uint32_t>(), p.key_totals = d_totals.data_as<uint32_t>();
-    if (unions) p.block_major_tiles = p.key_tokens + key_space * token_words;
+    if (unions) p.block_major_flag = p.key_tokens + key_space * token_words;
     p.live_entries = d_live.data_as<int32_t>();
     M3SA_CUDA_ASSERT(cuda::launch_gather_selection_entries(p, 1, nullptr));
     // Two scatter CTAs, each scanning the totals on its own.

@@ -57,7 +57,7 @@ __device__ __forceinline__ int sorted_entries(const SparseAttentionParams& p) {
 // True where the pass's gather listed every tile (none went block-major): every entry is a
 // sentinel, so the counting sort and the merge have nothing to do.
 __device__ __forceinline__ bool every_tile_token_major(const SparseAttentionParams& p) {
-  return p.block_major_tiles != nullptr && *p.block_major_tiles == 0;
+  return p.block_major_flag != nullptr && *p.block_major_flag == 0;
 }
 
 // Page-union tiles of a KV head in the pass.
