@@ -15,9 +15,12 @@ namespace m3sa::cuda {
 // token's visible keys; a tile of at most min(kUnionPages, 2 top_k) pages, none selected twice by
 // one token, attends token-major (sparse_attention_prefill_union_sm90.cuh) and its entries are
 // sentinels; every other tile's (KV head, token, slot) entries are keyed by (KV head, page) for
-// the block-major attend step.
+// the block-major attend step. kItems: a lane's items, at most (top_k <= 32 kItems / kUnionTokens).
+// A tile's listing is one warp's chain of ~18 rounds, each scanning every item of the lane, with
+// ~14 warps an SM (s53 r3's ncu at 64/4: 7.3 cycles between a warp's instructions, 20 us a pass),
+// so its length is the gather's time: top_k <= 16 gets a kernel with half kMaxSelection's items.
+template <int kItems>
 __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
-  constexpr int kItems = kUnionTokens * kMaxSelection / 32; // per lane, at most
   constexpr uint32_t kNoPage = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   const int pass_tokens = p.token_end - p.token_begin;
@@ -68,28 +71,28 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
         if (page[j] != kNoPage) hashes |= uint64_t{1} << union_page_hash(page[j]);
       hashes = uint64_t{__reduce_or_sync(0xffffffffu, static_cast<uint32_t>(hashes))} |
                uint64_t{__reduce_or_sync(0xffffffffu, static_cast<uint32_t>(hashes >> 32))} << 32;
-      uint32_t listed = 0; // items already in the list, bit j
+      // The list ascends, so the items not yet listed are those above the last listed page.
+      uint32_t floor = 0;
       for (count = __popcll(hashes) > limit ? -1 : 0; count >= 0; ++count) {
         uint32_t next = kNoPage;
 #pragma unroll
-        for (int j = 0; j < kItems; ++j)
-          if (!(listed >> j & 1)) next = min(next, page[j]);
+        for (int j = 0; j < kItems; ++j) next = min(next, page[j] >= floor ? page[j] : kNoPage);
         next = __reduce_min_sync(0xffffffffu, next); // one REDUX: this loop is latency-bound
         if (next == kNoPage) break;                  // every selected page listed
-        uint64_t bytes = 0;                          // byte k: visible keys of the tile's token k
+        floor = next + 1;
+        uint64_t bytes = 0; // byte k: visible keys of the tile's token k
         int matches = 0;
 #pragma unroll
         for (int j = 0; j < kItems; ++j)
-          if (page[j] == next && !(listed >> j & 1)) {
-            bytes |= share[j];
-            listed |= 1u << j, ++matches;
-          }
+          if (page[j] == next) bytes |= share[j], ++matches;
         bytes = uint64_t{__reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bytes))} |
                 uint64_t{__reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bytes >> 32))} << 32;
         matches = static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<uint32_t>(matches)));
-        int tokens = 0;
-#pragma unroll
-        for (int k = 0; k < kUnionTokens; ++k) tokens += (bytes >> (8 * k) & 255) != 0;
+        // The tile's tokens that selected the page: its nonzero bytes (0xff each in vcmpne4).
+        static_assert(kUnionTokens == 8, "a byte a token, in two words");
+        const uint32_t low = static_cast<uint32_t>(bytes),
+                       high = static_cast<uint32_t>(bytes >> 32);
+        const int tokens = (__popc(__vcmpne4(low, 0u)) + __popc(__vcmpne4(high, 0u))) / 8;
         // Too many pages, or a page a token selected twice (two slots, one page: block-major
         // attends it twice, as the contract's per-slot sum does).
         if (count == limit || matches != tokens) {
@@ -246,7 +249,11 @@ __global__ void __launch_bounds__(128, kMergeTokenPartialsCtasPerSm)
 
 cudaError_t launch_gather_selection_entries(const SparseAttentionParams& p, int grid,
                                             cudaStream_t s) {
-  gather_selection_entries_kernel<<<grid, kGatherThreads, 0, s>>>(p);
+  constexpr int kLaneItems = kUnionTokens * kMaxSelection / 32;
+  if (p.top_k <= kMaxSelection / 2)
+    gather_selection_entries_kernel<kLaneItems / 2><<<grid, kGatherThreads, 0, s>>>(p);
+  else
+    gather_selection_entries_kernel<kLaneItems><<<grid, kGatherThreads, 0, s>>>(p);
   return cudaGetLastError();
 }
 
