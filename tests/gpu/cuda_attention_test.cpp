@@ -410,9 +410,10 @@ GatherListing host_gather_listing(const GatherCase& c) {
 }
 
 // Runs the gather with union lists and without (then every tile's entries are keyed) on poisoned
-// outputs and checks lists, counts, entries and the error flag against the host listing; then the
-// counting sort on its entries: the live entries' number, each exactly once, keys ascending, and
-// within a key each token's first entry in token order (stable, as CUB's) before the repeats.
+// outputs and checks lists, counts, entries, the error flag and the block-major flag against the
+// host listing; then the counting sort on its entries: the live entries' number, each exactly
+// once, keys ascending, and within a key each token's first entry in token order (stable, as
+// CUB's) before the repeats.
 void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32_t want_flag) {
   using cuda::kCompactPartialBytes, cuda::kUnionPages;
   const int tokens = c.tokens(), tiles = c.tiles();
