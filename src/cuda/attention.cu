@@ -48,10 +48,9 @@ struct AttentionLayout {
   uint32_t* sorted_values;
   void* sort_temp;
   size_t sort_temp_bytes;
-  // The counting sort: what is zeroed before a pass's gather (the keys' repeats and cursors,
-  // their token bitmaps and the block-major flag: [2 kCountingSortBins + kCountingSortWords + 1]
-  // at most), the words' ranks [kCountingSortWords], the keys' totals [kCountingSortBins] and
-  // the live entries [1].
+  // The counting sort: what is zeroed before a pass's gather (counting_zeroed_words, at most
+  // for kCountingSortBins keys and kCountingSortWords bitmap words), the words' ranks
+  // [kCountingSortWords], the keys' totals [kCountingSortBins] and the live entries [1].
   uint32_t* counting_zeroed;
   uint32_t* key_token_ranks;
   uint32_t* key_totals;
@@ -84,7 +83,8 @@ AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanI
   l.sorted_values = carver.take<uint32_t>(entries);
   l.sort_temp_bytes = static_cast<size_t>(info.sort_temp_bytes);
   l.sort_temp = carver.take<unsigned char>(l.sort_temp_bytes);
-  l.counting_zeroed = carver.take<uint32_t>(2 * kCountingSortBins + kCountingSortWords + 1);
+  l.counting_zeroed =
+      carver.take<uint32_t>(counting_zeroed_words(kCountingSortBins, kCountingSortWords));
   l.key_token_ranks = carver.take<uint32_t>(kCountingSortWords);
   l.key_totals = carver.take<uint32_t>(kCountingSortBins);
   l.live_entries = carver.take<int32_t>(1);
@@ -296,7 +296,9 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
       if (p.union_counts) p.block_major_flag = p.key_tokens + int64_t{p.key_space} * p.token_words;
       M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
           p.key_repeats, 0,
-          sizeof(uint32_t) * (2 * p.key_space + int64_t{p.key_space} * p.token_words + 1), s));
+          sizeof(uint32_t) *
+              counting_zeroed_words(p.key_space, int64_t{p.key_space} * p.token_words),
+          s));
     }
     M3SA_CUDA_RETURN_IF_ERROR(launch_gather_selection_entries(p, gather_grid, s));
     if (counting_sort) {

@@ -34,6 +34,11 @@ inline constexpr int64_t kCountingSortWords = int64_t{1} << 21;
 inline constexpr int kScatterThreads = 512;
 // Words of a key's token bitmap in a pass of `tokens` tokens (a bit a token).
 M3SA_HOST_DEVICE constexpr int64_t token_bitmap_words(int64_t tokens) { return (tokens + 31) / 32; }
+// Words zeroed before a counting-sort pass's gather, in this order: the keys' repeats and cursors
+// (2 keys), their token bitmaps (bitmap_words in all), the block-major flag (1).
+M3SA_HOST_DEVICE constexpr int64_t counting_zeroed_words(int64_t keys, int64_t bitmap_words) {
+  return 2 * keys + bitmap_words + 1;
+}
 // Whether the counting sort's buffers hold `keys` keys with bitmaps of `token_words` words: 1 to
 // kCountingSortBins keys, kCountingSortWords words in all.
 M3SA_HOST_DEVICE constexpr bool counting_sort_fits(int64_t keys, int64_t token_words) {

@@ -427,9 +427,12 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
   DeviceBuffer d_cu = upload(c.cu_q_lens), d_seq = upload(c.seq_lens), d_table = upload(c.table),
                d_topk = upload(c.topk), d_flags = upload({0});
   const int entries = c.kv_heads * tokens * c.top_k;
-  const int key_space = c.kv_heads * c.pages, token_words = (tokens + 31) / 32;
+  const int key_space = c.kv_heads * c.pages;
+  const int token_words = static_cast<int>(cuda::token_bitmap_words(tokens));
+  const int zeroed_words =
+      static_cast<int>(cuda::counting_zeroed_words(key_space, key_space * token_words));
   DeviceBuffer d_keys(entries * 4), d_values(entries * 4), d_sorted_keys(entries * 4),
-      d_sorted_values(entries * 4), d_zeroed((2 * key_space + key_space * token_words + 1) * 4),
+      d_sorted_values(entries * 4), d_zeroed(zeroed_words * 4),
       d_ranks(key_space * token_words * 4), d_totals(key_space * 4), d_live(4),
       d_partials(static_cast<size_t>(entries) * kCompactPartialBytes),
       d_counts(c.kv_heads * tiles * 4), d_pages(c.kv_heads * tiles * kUnionPages * 4),
@@ -470,7 +473,7 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
     M3SA_CUDA_ASSERT(cudaDeviceSynchronize());
     std::vector<uint32_t> sorted_keys(entries), sorted_values(entries);
     int32_t live = -1;
-    std::vector<uint32_t> zeroed(2 * key_space + key_space * token_words + 1);
+    std::vector<uint32_t> zeroed(zeroed_words);
     ASSERT_TRUE(d_zeroed.download(zeroed.data(), zeroed.size() * 4).ok());
     // The block-major flag: set where the gather lists unions and sent a tile block-major.
     const bool block_major = std::count(want.counts.begin(), want.counts.end(), -1) > 0;
