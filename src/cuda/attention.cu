@@ -59,6 +59,8 @@ struct AttentionLayout {
   int32_t* union_counts;           // [Hkv * union tiles] (attention_params.h)
   uint32_t* union_pages;           // [Hkv * union tiles, kUnionPages]
   uint64_t* union_visible;         // [Hkv * union tiles, kUnionPages]
+  uint32_t* union_listed;          // [kUnionPages, Hkv * union tiles]
+  uint32_t* union_queue;           // [kUnionQueueWords] where the pass does not sort by counting
 };
 
 // Entries of a prefill pass: one per (token, KV head, selection slot).
@@ -93,6 +95,8 @@ AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanI
   l.union_counts = carver.take<int32_t>(tiles);
   l.union_pages = carver.take<uint32_t>(tiles * kUnionPages);
   l.union_visible = carver.take<uint64_t>(tiles * kUnionPages);
+  l.union_listed = carver.take<uint32_t>(tiles * kUnionPages);
+  l.union_queue = carver.take<uint32_t>(kUnionQueueWords);
   return l;
 }
 
@@ -272,7 +276,7 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
   // (bench/NOTES.md s14 r3).
   if (prefill_wgmma && !fp8 && M3SA_PREFILL_PAGE_UNIONS) {
     p.union_counts = l.union_counts, p.union_pages = l.union_pages;
-    p.union_visible = l.union_visible;
+    p.union_visible = l.union_visible, p.union_listed = l.union_listed;
   }
   const int per_pass = prefill_pass_tokens(tokens - decode_tokens, info.pass_tokens);
   // Few keys (the pass's pages are the pool's, as in a single long prefill): sort by counting.
@@ -291,14 +295,19 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
     const int64_t union_tiles = union_tile_count(p.token_end - p.token_begin, p.kv_heads);
     const int gather_grid = static_cast<int>(std::min<int64_t>(
         (union_tiles + kGatherThreads / 32 - 1) / (kGatherThreads / 32), 8 * info.sm_count));
-    if (counting_sort) { // repeats, cursors, token bitmaps, the block-major flag
+    if (counting_sort) { // repeats, cursors, token bitmaps, the block-major flag, union queue
       p.token_words = static_cast<int32_t>(token_bitmap_words(p.token_end - p.token_begin));
-      if (p.union_counts) p.block_major_flag = p.key_tokens + int64_t{p.key_space} * p.token_words;
+      uint32_t* const after_bitmaps = p.key_tokens + int64_t{p.key_space} * p.token_words;
+      if (p.union_counts) p.block_major_flag = after_bitmaps, p.union_queue = after_bitmaps + 1;
       M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
           p.key_repeats, 0,
           sizeof(uint32_t) *
               counting_zeroed_words(p.key_space, int64_t{p.key_space} * p.token_words),
           s));
+    } else if (p.union_counts) {
+      p.union_queue = l.union_queue;
+      M3SA_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(p.union_queue, 0, kUnionQueueWords * sizeof(uint32_t), s));
     }
     M3SA_CUDA_RETURN_IF_ERROR(launch_gather_selection_entries(p, gather_grid, s));
     if (counting_sort) {

@@ -35,9 +35,11 @@ inline constexpr int kScatterThreads = 512;
 // Words of a key's token bitmap in a pass of `tokens` tokens (a bit a token).
 M3SA_HOST_DEVICE constexpr int64_t token_bitmap_words(int64_t tokens) { return (tokens + 31) / 32; }
 // Words zeroed before a counting-sort pass's gather, in this order: the keys' repeats and cursors
-// (2 keys), their token bitmaps (bitmap_words in all), the block-major flag (1).
+// (2 keys), their token bitmaps (bitmap_words in all), the block-major flag (1) and the union
+// queue (kUnionQueueWords).
+inline constexpr int kUnionQueueWords = 33; // a count per union size (kUnionPages), the claims
 M3SA_HOST_DEVICE constexpr int64_t counting_zeroed_words(int64_t keys, int64_t bitmap_words) {
-  return 2 * keys + bitmap_words + 1;
+  return 2 * keys + bitmap_words + 1 + kUnionQueueWords;
 }
 // Whether the counting sort's buffers hold `keys` keys with bitmaps of `token_words` words: 1 to
 // kCountingSortBins keys, kCountingSortWords words in all.
@@ -61,6 +63,12 @@ inline constexpr uint32_t kRepeatedEntry = 1u << 31;
 // token-major over that union instead of block-major (sparse_attention_prefill_union_sm90.cuh).
 inline constexpr int kUnionTokens = 8;
 inline constexpr int kUnionPages = 32;
+static_assert(kUnionQueueWords == kUnionPages + 1, "a queue count per union size, and the claims");
+// The union queue's bucket of a listed tile of `count` pages: the largest unions first (bucket 0:
+// kUnionPages pages), an empty union with the 1-page ones.
+M3SA_HOST_DEVICE constexpr int union_size_bucket(int count) {
+  return kUnionPages - (count > 1 ? count : 1);
+}
 // Page-union tiles that `tokens` consecutive pass tokens make, for one KV head (the host sizes
 // the lists with it, the kernels map tiles to tokens with it).
 template <typename T> M3SA_HOST_DEVICE constexpr T union_tiles_of(T tokens) {
@@ -172,6 +180,15 @@ struct SparseAttentionParams {
   int32_t* union_counts;   // [Hkv * union_tiles]
   uint32_t* union_pages;   // [Hkv * union_tiles, kUnionPages]
   uint64_t* union_visible; // [Hkv * union_tiles, kUnionPages]
+  // The union kernel's work queue (with union_counts; zeroed before the gather), largest unions
+  // first: the gather appends each listed tile to its size's bucket (union_size_bucket: bucket b
+  // is union_listed[b * Hkv * union_tiles ..], its count union_queue[b]); the union kernel's CTAs
+  // claim the tiles one at a time through union_queue[kUnionPages], bucket 0 first. In a model of
+  // the bench's structured selections at 16/1 (bench/micro/union_claim_model.py) the longest CTA
+  // ran 6-8 % above the mean with a static share of the tiles (tile t on CTA t mod 132), 1-3.3 %
+  // so; s54 r1 measured structured 16/1 -3.2 % and the mixed passes at S=8K -4 to -8 %.
+  uint32_t* union_queue;  // [kUnionQueueWords]
+  uint32_t* union_listed; // [kUnionPages, Hkv * union_tiles]
 };
 
 // The Hopper decode kernel (sparse_attention_decode_sm90.cuh): the parameters plus the TMA

@@ -109,6 +109,11 @@ __global__ void gather_selection_entries_kernel(const SparseAttentionParams p) {
         // A store, not a count: a random pass sends every tile block-major, and a store needs no
         // atomic (s53 r1: with a count's atomics, 16/1's random cases took 2-6 us longer).
         if (count < 0 && p.block_major_flag) *p.block_major_flag = 1u;
+        if (count >= 0) {
+          const int bucket = union_size_bucket(count);
+          p.union_listed[bucket * tiles + atomicAdd(p.union_queue + bucket, 1u)] =
+              static_cast<uint32_t>(tile);
+        }
       }
     }
 #pragma unroll

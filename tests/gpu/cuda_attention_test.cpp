@@ -436,12 +436,13 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
       d_ranks(key_space * token_words * 4), d_totals(key_space * 4), d_live(4),
       d_partials(static_cast<size_t>(entries) * kCompactPartialBytes),
       d_counts(c.kv_heads * tiles * 4), d_pages(c.kv_heads * tiles * kUnionPages * 4),
-      d_visible(c.kv_heads * tiles * kUnionPages * 8);
+      d_visible(c.kv_heads * tiles * kUnionPages * 8),
+      d_listed(c.kv_heads * tiles * kUnionPages * 4);
   for (bool unions : {true, false}) {
     SCOPED_TRACE(unions ? "with union lists" : "without");
     for (const DeviceBuffer* b :
          {&d_keys, &d_values, &d_counts, &d_pages, &d_visible, &d_flags, &d_zeroed, &d_ranks,
-          &d_totals, &d_sorted_keys, &d_sorted_values, &d_live})
+          &d_totals, &d_sorted_keys, &d_sorted_values, &d_live, &d_listed})
       ASSERT_TRUE(b->fill(b == &d_flags || b == &d_zeroed ? 0 : 0xcd).ok());
     cuda::SparseAttentionParams p{};
     p.num_pages = c.pages;
@@ -464,7 +465,10 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
     p.key_space = key_space, p.token_words = token_words;
     p.key_repeats = d_zeroed.data_as<uint32_t>(), p.key_tokens = p.key_repeats + 2 * key_space;
     p.key_token_ranks = d_ranks.data_as<uint32_t>(), p.key_totals = d_totals.data_as<uint32_t>();
-    if (unions) p.block_major_flag = p.key_tokens + key_space * token_words;
+    if (unions) {
+      p.block_major_flag = p.key_tokens + key_space * token_words;
+      p.union_queue = p.block_major_flag + 1, p.union_listed = d_listed.data_as<uint32_t>();
+    }
     p.live_entries = d_live.data_as<int32_t>();
     M3SA_CUDA_ASSERT(cuda::launch_gather_selection_entries(p, 1, nullptr));
     // Two scatter CTAs, each scanning the totals on its own.
@@ -477,7 +481,25 @@ void expect_gather_matches(const GatherCase& c, const GatherListing& want, int32
     ASSERT_TRUE(d_zeroed.download(zeroed.data(), zeroed.size() * 4).ok());
     // The block-major flag: set where the gather lists unions and sent a tile block-major.
     const bool block_major = std::count(want.counts.begin(), want.counts.end(), -1) > 0;
-    EXPECT_EQ(zeroed.back(), unions && block_major ? 1u : 0u);
+    const size_t flag = zeroed.size() - 1 - cuda::kUnionQueueWords;
+    EXPECT_EQ(zeroed[flag], unions && block_major ? 1u : 0u);
+    // The union queue: every listed tile appended once to its size's bucket, none claimed.
+    const uint32_t* const queue = zeroed.data() + flag + 1;
+    std::vector<uint32_t> listed(c.kv_heads * tiles * kUnionPages);
+    ASSERT_TRUE(d_listed.download(listed.data(), listed.size() * 4).ok());
+    for (int bucket = 0; bucket < kUnionPages; ++bucket) {
+      SCOPED_TRACE("bucket " + std::to_string(bucket));
+      std::vector<uint32_t> want_listed;
+      for (int i = 0; unions && i < static_cast<int>(want.counts.size()); ++i)
+        if (want.counts[i] >= 0 && cuda::union_size_bucket(want.counts[i]) == bucket)
+          want_listed.push_back(static_cast<uint32_t>(i));
+      ASSERT_EQ(queue[bucket], static_cast<uint32_t>(want_listed.size()));
+      const auto begin = listed.begin() + int64_t{bucket} * c.kv_heads * tiles;
+      std::vector<uint32_t> got(begin, begin + static_cast<int64_t>(want_listed.size()));
+      std::sort(got.begin(), got.end());
+      EXPECT_EQ(got, want_listed);
+    }
+    EXPECT_EQ(queue[kUnionPages], 0u);
     ASSERT_TRUE(d_sorted_keys.download(sorted_keys.data(), entries * 4).ok());
     ASSERT_TRUE(d_sorted_values.download(sorted_values.data(), entries * 4).ok());
     ASSERT_TRUE(d_live.download(&live, 4).ok());

@@ -508,6 +508,9 @@ __global__ void __launch_bounds__(PrefillSm90Layout<kFp8>::kThreads, 1)
   const Ring ring = barriers.ring(smem, smem + L::kRawOffset);
   uint64_t(&q_full)[L::kQueryPool] = barriers.q_full[0];
   uint64_t(&q_empty)[L::kQueryPool] = barriers.q_empty[0];
+  // A pass without live entries (every tile went token-major: structured selections) returns
+  // before the barriers' set-up: every thread reads the same count, so the whole CTA leaves.
+  if (sorted_entries(p) == 0) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) barriers.init();
   __syncthreads();

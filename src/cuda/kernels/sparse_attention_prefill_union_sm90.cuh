@@ -19,13 +19,13 @@
 // tokens reads each of ~16-20 pages once for 128 query rows, and nothing else leaves the SM but
 // the outputs.
 //
-// Mapping: one CTA per SM, persistent over the pass's listed tiles (every warp walks the same
-// list: tiles blockIdx.x + k gridDim.x whose count is >= 0, their pages from registers, lane i
-// holding entry i), 3 warpgroups:
+// Mapping: one CTA per SM, persistent over the pass's listed tiles, which the CTAs claim one at a
+// time (union_queue: every warp walks its CTA's claimed tiles in order, their pages from
+// registers, lane i holding entry i), 3 warpgroups:
 //   - producer warpgroup: warp 0 brings the tile's pages in list order (PrefillPageRing, as the
-//     block-major kernel), warp 1 the tile's query rows (consumer c gets tokens 4c .. 4c + 3, 16
-//     rows each), warp 2 (and 3 for e4m3) relays page ready after zeroing V rows past the tile's
-//     largest visible key count on that page (e4m3: widening);
+//     block-major kernel), warp 1 claims the tiles and brings their query rows (consumer c gets
+//     tokens 4c .. 4c + 3, 16 rows each), warp 2 (and 3 for e4m3) relays page ready after
+//     zeroing V rows past the tile's largest visible key count on that page (e4m3: widening);
 //   - consumer warpgroups 1 and 2 (4 tokens = wgmma's M of 64 each) run every page of the tile:
 //     S = Q K^T (8 SS wgmmas), the token's visible keys masked (all of them where it did not
 //     select the page), the running max / denominator / O rescaled, O += P V (16 RS wgmmas); they
@@ -66,33 +66,85 @@ struct UnionTile {
   }
 };
 
-// Calls run(tile, tile_sequence, first_page_sequence) for every listed tile of the CTA in order;
-// the sequences count the CTA's tiles and pages (query slots, page buffers and barrier phases).
-// Counts are read 32 tiles at a time, so a pass without listed tiles costs a load per 32.
-template <typename Run>
-__device__ __forceinline__ void for_each_union_tile(const SparseAttentionParams& p, Run&& run) {
-  const int lane = threadIdx.x & 31;
-  const int64_t tiles = int64_t{union_tiles(p)} * p.kv_heads;
-  uint32_t tile_sequence = 0, page_sequence = 0;
-  for (int64_t base = blockIdx.x; base < tiles; base += 32 * int64_t{gridDim.x}) {
-    const int64_t mine = base + lane * int64_t{gridDim.x};
-    const int count = mine < tiles ? p.union_counts[mine] : -1;
-    for (uint32_t listed = __ballot_sync(0xffffffffu, count >= 0); listed != 0;
-         listed &= listed - 1) {
-      const int bit = __ffs(listed) - 1;
-      UnionTile t;
-      t.tile = base + bit * int64_t{gridDim.x};
-      t.count = __shfl_sync(0xffffffffu, count, bit);
-      t.page = 0, t.visible_low = 0, t.visible_high = 0;
-      if (lane < t.count) {
-        t.page = p.union_pages[t.tile * kUnionPages + lane];
-        const uint64_t v = p.union_visible[t.tile * kUnionPages + lane];
-        t.visible_low = static_cast<uint32_t>(v), t.visible_high = static_cast<uint32_t>(v >> 32);
-      }
-      run(t, tile_sequence, page_sequence);
-      ++tile_sequence;
-      page_sequence += t.count;
+// The CTA's tiles, claimed one at a time from the pass's listed tiles, largest unions first
+// (union_queue, union_listed): warp 1 claims a tile and posts it in a ring of slots in shared
+// memory, and every warp that walks the tiles (the readers) takes them from there in order and
+// frees the slot. A CTA that drew larger unions so takes fewer tiles, and the last claims are the
+// smallest (attention_params.h: what a static share of the tiles cost). Warp 1 claims the next tile
+// as soon as it has asked for this one's query rows, so a CTA holds up to two tiles it has not
+// begun: the lead that keeps the query rows ahead of the consumers.
+inline constexpr uint32_t kNoTile = 0xffffffffu; // the CTA's last slot: no tile left
+struct UnionTileQueue {
+  static constexpr int kSlots = 4; // > the tiles a reader runs ahead of another (two query slots)
+  uint32_t tile[kSlots];
+  uint64_t full[kSlots], empty[kSlots];
+  __device__ void init(int readers) { // one thread, before fence_barrier_init
+    for (int s = 0; s < kSlots; ++s) {
+      sm90::mbarrier_init(&full[s], 1);
+      sm90::mbarrier_init(&empty[s], readers); // lane 0 of each reader
     }
+  }
+};
+
+// Calls run(tile, tile_sequence, first_page_sequence) for every tile of the CTA in order; the
+// sequences count the CTA's tiles and pages (query slots, page buffers and barrier phases).
+// `claims`: the warp that claims the tiles (warp 1); every other caller is a reader.
+template <typename Run>
+__device__ __forceinline__ void for_each_union_tile(const SparseAttentionParams& p,
+                                                    UnionTileQueue& queue, bool claims, Run&& run) {
+  const int lane = threadIdx.x & 31;
+  // The claiming warp's lane b: bucket b's count and the end of its claims (the buckets in order).
+  const uint32_t bucket_count = claims ? p.union_queue[lane] : 0u;
+  uint32_t bucket_end = bucket_count;
+  static_assert(kUnionPages == 32, "a bucket a lane");
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const uint32_t below = __shfl_up_sync(0xffffffffu, bucket_end, d);
+    if (lane >= d) bucket_end += below;
+  }
+  const int64_t bucket_stride = int64_t{union_tiles(p)} * p.kv_heads;
+  uint32_t page_sequence = 0;
+  for (uint32_t tile_sequence = 0;; ++tile_sequence) {
+    const int slot = static_cast<int>(tile_sequence % UnionTileQueue::kSlots);
+    const uint32_t use = tile_sequence / UnionTileQueue::kSlots & 1;
+    uint32_t tile = kNoTile;
+    if (claims) {
+      uint32_t claim = 0;
+      if (lane == 0) {
+        if (tile_sequence >= UnionTileQueue::kSlots)
+          sm90::mbarrier_wait(&queue.empty[slot], use ^ 1);
+        claim = atomicAdd(p.union_queue + kUnionPages, 1u);
+      }
+      claim = __shfl_sync(0xffffffffu, claim, 0);
+      // The claim's bucket: the first whose claims end above it (none: every tile claimed).
+      const uint32_t above = __ballot_sync(0xffffffffu, claim < bucket_end);
+      if (above != 0) {
+        const int bucket = __ffs(above) - 1;
+        const uint32_t first = __shfl_sync(0xffffffffu, bucket_end - bucket_count, bucket);
+        tile = p.union_listed[bucket * bucket_stride + (claim - first)];
+      }
+      if (lane == 0) {
+        queue.tile[slot] = tile;
+        sm90::mbarrier_arrive(&queue.full[slot]);
+      }
+    } else {
+      sm90::mbarrier_wait(&queue.full[slot], use);
+      tile = queue.tile[slot];
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&queue.empty[slot]);
+    }
+    if (tile == kNoTile) return;
+    UnionTile t;
+    t.tile = tile;
+    t.count = p.union_counts[tile];
+    t.page = 0, t.visible_low = 0, t.visible_high = 0;
+    if (lane < t.count) {
+      t.page = p.union_pages[t.tile * kUnionPages + lane];
+      const uint64_t v = p.union_visible[t.tile * kUnionPages + lane];
+      t.visible_low = static_cast<uint32_t>(v), t.visible_high = static_cast<uint32_t>(v >> 32);
+    }
+    run(t, tile_sequence, page_sequence);
+    page_sequence += t.count;
   }
 }
 
@@ -106,12 +158,18 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
   __shared__ PrefillSm90Barriers<kFp8, L::kQuerySlots> barriers;
+  __shared__ UnionTileQueue queue;
   const Ring ring = barriers.ring(smem, smem + L::kRawOffset);
   uint64_t(&q_full)[2][L::kQuerySlots] = barriers.q_full;
   uint64_t(&q_empty)[2][L::kQuerySlots] = barriers.q_empty;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) barriers.init();
+  if (threadIdx.x == 0) {
+    queue.init(1 + Ring::kRelayWarps + 8); // readers: warp 0, the relay warps, 8 consumer warps
+    barriers.init();                       // (its fence_barrier_init covers the queue's)
+  }
   __syncthreads();
+  // Every warp walks the CTA's tiles in the order warp 1 claims them.
+  const auto for_each_tile = [&](auto&& run) { for_each_union_tile(p, queue, warp == 1, run); };
   const int tiles_per_head = union_tiles(p);
   const auto query_tile = [&](int consumer, uint32_t tile_sequence) {
     return smem + L::kQueryOffset +
@@ -126,7 +184,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
         sm90::prefetch_tensor_map(params.k_map);
         sm90::prefetch_tensor_map(params.v_map);
       }
-      for_each_union_tile(p, [&](const UnionTile& t, uint32_t, uint32_t first_page) {
+      for_each_tile([&](const UnionTile& t, uint32_t, uint32_t first_page) {
         const int g = static_cast<int>(t.tile / tiles_per_head);
         for (int i = 0; i < t.count; ++i) {
           const uint32_t page = t.page_of(i);
@@ -136,7 +194,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
     } else if (warp == 1) { // query rows: lane 8 c + 2 m + half brings consumer c's token m, dims
                             // 64 half .. + 63
       if (lane == 0) sm90::prefetch_tensor_map(params.q_map);
-      for_each_union_tile(p, [&](const UnionTile& t, uint32_t tile_sequence, uint32_t) {
+      for_each_tile([&](const UnionTile& t, uint32_t tile_sequence, uint32_t) {
         const int g = static_cast<int>(t.tile / tiles_per_head);
         const int first = p.token_begin + static_cast<int>(t.tile % tiles_per_head) * kUnionTokens;
         const int consumer = (lane >> 3) & 1, m = (lane >> 1) & 3, half = lane & 1;
@@ -155,7 +213,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
                             params.q_map, &q_full[consumer][slot], 64 * half, g * p.group, token);
       });
     } else if (warp < 2 + Ring::kRelayWarps) { // page ready (e4m3: widened)
-      for_each_union_tile(p, [&](const UnionTile& t, uint32_t, uint32_t first_page) {
+      for_each_tile([&](const UnionTile& t, uint32_t, uint32_t first_page) {
         for (int i = 0; i < t.count; ++i) {
           const uint64_t visible = t.visible_of(i);
           int rows = 0; // the tile's largest visible key count on this page
@@ -183,7 +241,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
   const auto take_turn = [&] { sm90::named_barrier_sync(kTurn + consumer, 256); };
   const auto pass_turn = [&] { sm90::named_barrier_arrive(kTurn + 1 - consumer, 256); };
   if (consumer == 1) pass_turn();
-  for_each_union_tile(p, [&](const UnionTile& t, uint32_t tile_sequence, uint32_t first_page) {
+  for_each_tile([&](const UnionTile& t, uint32_t tile_sequence, uint32_t first_page) {
     const int slot = tile_sequence % L::kQuerySlots;
     const uint32_t q_tile = sm90::shared_address(query_tile(consumer, tile_sequence));
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
