@@ -61,6 +61,11 @@ struct AttentionLayout {
   uint64_t* union_visible;         // [Hkv * union tiles, kUnionPages]
   uint32_t* union_listed;          // [kUnionPages, Hkv * union tiles]
   uint32_t* union_queue;           // [kUnionQueueWords] where the pass does not sort by counting
+  // sm90 plans: the union tiles' fp16 V (attention_params.h kUnionValueCells; 128 MB of pages)
+  uint32_t* union_value_keys = nullptr;  // [kUnionValueCells]
+  uint32_t* union_value_forms = nullptr; // [kUnionValueCells]
+  uint32_t* union_value_cells = nullptr; // [Hkv * union tiles, kUnionPages]
+  uint16_t* union_values = nullptr;      // [kUnionValueCells, 128, 128] fp16
 };
 
 // Entries of a prefill pass: one per (token, KV head, selection slot).
@@ -97,6 +102,12 @@ AttentionLayout carve_attention(const PlanRequest& request, const AttentionPlanI
   l.union_visible = carver.take<uint64_t>(tiles * kUnionPages);
   l.union_listed = carver.take<uint32_t>(tiles * kUnionPages);
   l.union_queue = carver.take<uint32_t>(kUnionQueueWords);
+  if (info.sm90 && tiles > 0) {
+    l.union_value_keys = carver.take<uint32_t>(kUnionValueCells);
+    l.union_value_forms = carver.take<uint32_t>(kUnionValueCells);
+    l.union_value_cells = carver.take<uint32_t>(tiles * kUnionPages);
+    l.union_values = carver.take<uint16_t>(int64_t{kUnionValueCells} * 128 * 128);
+  }
   return l;
 }
 
@@ -277,6 +288,19 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
   if (prefill_wgmma && !fp8 && M3SA_PREFILL_PAGE_UNIONS) {
     p.union_counts = l.union_counts, p.union_pages = l.union_pages;
     p.union_visible = l.union_visible, p.union_listed = l.union_listed;
+    // Their V in fp16, converted once a pass, as a page cache of one head for the union kernel's
+    // TMA (the map's type is bf16: TMA moves 16-bit values and converts nothing).
+    TensorView cells{};
+    cells.data = l.union_values, cells.dtype = DType::bf16, cells.rank = 4;
+    cells.shape[0] = kUnionValueCells, cells.shape[1] = 128, cells.shape[2] = 1;
+    cells.shape[3] = 128;
+    cells.strides[0] = 128 * 128, cells.strides[1] = 128, cells.strides[2] = 128;
+    cells.strides[3] = 1;
+    cells.device = a.v_cache.device;
+    if (l.union_values && encode_kv_cache_map(cells, 128, prefill_sm90.union_values_map)) {
+      p.union_value_keys = l.union_value_keys, p.union_value_forms = l.union_value_forms;
+      p.union_value_cells = l.union_value_cells, p.union_values = l.union_values;
+    }
   }
   const int per_pass = prefill_pass_tokens(tokens - decode_tokens, info.pass_tokens);
   // Few keys (the pass's pages are the pool's, as in a single long prefill): sort by counting.
@@ -327,6 +351,11 @@ Status sparse_attention(const OpPlan& plan, const SparseAttentionArgs& a, Worksp
       M3SA_CUDA_RETURN_IF_ERROR(
           (fp8 ? launch_attend_block_members_sm90_fp8 : launch_attend_block_members_sm90_bf16)(
               prefill_sm90, static_cast<int>(std::min<int64_t>(items, info.sm_count)), s));
+      if (p.union_value_cells) {
+        M3SA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.union_value_keys, 0,
+                                                  kUnionValueCells * sizeof(uint32_t), s));
+        M3SA_CUDA_RETURN_IF_ERROR(launch_convert_union_values(p, gather_grid, s));
+      }
       if (p.union_counts)
         M3SA_CUDA_RETURN_IF_ERROR(launch_attend_page_unions_sm90_bf16(
             prefill_sm90, static_cast<int>(std::min<int64_t>(union_tiles, info.sm_count)), s));

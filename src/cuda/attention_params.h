@@ -75,6 +75,26 @@ template <typename T> M3SA_HOST_DEVICE constexpr T union_tiles_of(T tokens) {
   return (tokens + kUnionTokens - 1) / kUnionTokens;
 }
 
+// The union tiles' V in fp16, converted once a pass (sparse_attention_prefill_entries.cu): a cell per
+// distinct (KV head, page) that the pass's listed tiles name, found by linear probing from the
+// key's hash, at most kUnionValueProbes cells on; an entry that finds no cell keeps bf16 V. 4,096
+// cells (128 MB of fp16 pages) hold the ~1,000 pages of a 16/1 pass at S=128K and the ~2,600 a
+// 64/4 pass names there.
+inline constexpr int kUnionValueCells = 4096;
+// A page's V goes to fp16 where its values' largest magnitude lies in [2^-6, 65280] (as bf16 bit
+// patterns without the sign, which order as the magnitudes do; NaN and infinity lie above): 65280
+// is the largest bf16 value below fp16's 65504, fp16 holds every |v| >= 2^-17 exactly (bf16's 8
+// significant bits), and from 2^-6 on the 2^-25 by which it may round a smaller value is at most
+// 2^-19 of the page's largest.
+inline constexpr uint32_t kHalfValuesLeast = 0x3c80u; // 2^-6
+inline constexpr uint32_t kHalfValuesMost = 0x477fu;  // 65280
+inline constexpr int kUnionValueProbes = 32;
+inline constexpr uint32_t kNoValueCell = 0xffffffffu;
+M3SA_HOST_DEVICE constexpr uint32_t union_value_cell_hash(uint32_t key) {
+  return (key * 2654435761u) >> 20; // 12 bits: kUnionValueCells
+}
+static_assert(kUnionValueCells == 1 << 12, "the hash's 12 bits");
+
 // A page's 6-bit hash: the gather bounds a tile's union from below by its pages' distinct hashes
 // and goes block-major without listing where that bound already exceeds the limit (the GPU tests
 // build pages with spread and with shared hashes from it).
@@ -189,6 +209,14 @@ struct SparseAttentionParams {
   // so; s54 r1 measured structured 16/1 -3.2 % and the mixed passes at S=8K -4 to -8 %.
   uint32_t* union_queue;  // [kUnionQueueWords]
   uint32_t* union_listed; // [kUnionPages, Hkv * union_tiles]
+  // The union tiles' V in fp16 (with union_counts): each cell's key (KV head x num_pages + page +
+  // 1; 0: free; zeroed before the pass's conversion), its form (1: the cell holds the page's V in
+  // fp16, exactly where |v| >= 2^-17; 0: the page keeps bf16 V), each listed entry's cell (or
+  // kNoValueCell) and the cells' pages.
+  uint32_t* union_value_keys;  // [kUnionValueCells]
+  uint32_t* union_value_forms; // [kUnionValueCells]
+  uint32_t* union_value_cells; // [Hkv * union_tiles, kUnionPages]
+  void* union_values;          // [kUnionValueCells, 128, 128] fp16
 };
 
 // The Hopper decode kernel (sparse_attention_decode_sm90.cuh): the parameters plus the TMA
@@ -213,6 +241,7 @@ struct SparseAttentionPrefillSm90Params {
   alignas(64) uint64_t k_map[16];
   alignas(64) uint64_t v_map[16];
   alignas(64) uint64_t partial_map[16];
+  alignas(64) uint64_t union_values_map[16]; // union_values as a page cache (the union kernel)
   SparseAttentionParams attention;
 };
 

@@ -119,6 +119,11 @@ cudaError_t launch_merge_decode_splits(const SparseAttentionParams& params, bool
 // tokens, merge each token's partials.
 cudaError_t launch_gather_selection_entries(const SparseAttentionParams& params, int grid,
                                             cudaStream_t stream);
+// After the gather, before the page-union kernel: each listed tile's pages' V in fp16, once a pass
+// (union_value_keys zeroed before it): the cells claimed a warp a tile (grid CTAs of
+// kGatherThreads), then each claimed page converted by a CTA of its own.
+cudaError_t launch_convert_union_values(const SparseAttentionParams& params, int grid,
+                                        cudaStream_t stream);
 cudaError_t selection_sort_temp_bytes(int entries, size_t* bytes); // CUB's, for any 32-bit keys
 cudaError_t sort_selection_entries(const SparseAttentionParams& params, uint32_t* sorted_keys,
                                    uint32_t* sorted_values, int key_bits, void* temp,

@@ -252,6 +252,101 @@ __global__ void __launch_bounds__(128, kMergeTokenPartialsCtasPerSm)
   }
 }
 
+// The union tiles' V in fp16, once a pass, before the page-union kernel (attention_params.h
+// kUnionValueCells), in two kernels:
+// - claim_union_value_cells_kernel, a warp a tile, lane i its entry i: each (KV head, page) takes
+//   the first free cell from its hash on (atomicCAS), and the entries that name it find it there;
+// - convert_union_values_kernel, a CTA a claimed cell (read back from the keys): its page's 128
+//   keys x 128 dims of bf16 V to fp16 in one round of loads (eight 16-byte chunks a thread), and
+//   the cell's form - fp16 where the page's largest |v| lies in [2^-6, 65280], else the union
+//   kernel reads bf16 V and splits P for it.
+// The whole page goes, keys past any token's visible ones too (the union kernel zeroes those rows
+// in shared memory), so that a page's form does not depend on which tile names it: an engine's
+// stale rows past a sequence's end may send its last page to bf16.
+// Why a kernel of its own: converted in the union kernel's relay, per page and tile, the
+// conversion lay on the consumers' path (bench/NOTES.md s55 r2: +66 %). Why two: converted by
+// the warp whose lane took the cell, the first warps to run took most pages and converted them
+// one after another, eight round trips a page (s56 r1: +155 us over no conversion at 16/1
+// S=128K, +365 us at 64/4 S=8K with at most 256 pages); a CTA a page reads each in one round and
+// the pass's pages (~1,000 at 16/1 S=128K: 64 MB read and written) at the copy rate.
+__global__ void claim_union_value_cells_kernel(const SparseAttentionParams p) {
+  const int lane = threadIdx.x & 31;
+  const int tiles_per_head = union_tiles(p);
+  const int64_t tiles = int64_t{tiles_per_head} * p.kv_heads;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t tile = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; tile < tiles;
+       tile += warps) {
+    const int count = p.union_counts[tile];
+    if (count <= 0 || lane >= count) continue; // block-major, or no page
+    const int g = static_cast<int>(tile / tiles_per_head);
+    const uint32_t page = p.union_pages[tile * kUnionPages + lane];
+    // Below 2^32 - 1: the plan bounds kv_heads x num_pages by the sort's 32-bit keys.
+    const uint32_t key = static_cast<uint32_t>(int64_t{g} * p.num_pages + page) + 1u;
+    uint32_t at = union_value_cell_hash(key), cell = kNoValueCell;
+    for (int probe = 0; probe < kUnionValueProbes; ++probe) {
+      const uint32_t held = atomicCAS(p.union_value_keys + at, 0u, key);
+      if (held == 0u || held == key) {
+        cell = at;
+        break;
+      }
+      at = (at + 1) % kUnionValueCells;
+    }
+    p.union_value_cells[tile * kUnionPages + lane] = cell;
+  }
+}
+
+inline constexpr int kConvertValuesThreads = 256; // x 8 chunks of 16 bytes: a 32 KB page
+__global__ void __launch_bounds__(kConvertValuesThreads)
+    convert_union_values_kernel(const SparseAttentionParams p) {
+  __shared__ uint32_t warp_largest[kConvertValuesThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int c = blockIdx.x; c < kUnionValueCells; c += gridDim.x) {
+    const uint32_t key = p.union_value_keys[c];
+    if (key == 0u) continue; // free: no listed entry named it (uniform over the CTA)
+    const int64_t g = (key - 1u) / static_cast<uint32_t>(p.num_pages);
+    const int64_t page = (key - 1u) % static_cast<uint32_t>(p.num_pages);
+    const uint16_t* v =
+        static_cast<const uint16_t*>(p.v_cache) + page * p.v_stride_page + g * p.v_stride_head;
+    uint16_t* out = static_cast<uint16_t*>(p.union_values) + int64_t{c} * 128 * 128;
+    // 2,048 16-byte chunks (key i / 16, dims 8 (i % 16) ..); the rows are 16-byte aligned
+    // wherever the plan took the TMA path (its maps need it).
+    uint4 w[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = threadIdx.x + kConvertValuesThreads * u;
+      w[u] = *reinterpret_cast<const uint4*>(v + (i >> 4) * p.v_stride_token + (i & 15) * 8);
+    }
+    uint32_t largest = 0;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = threadIdx.x + kConvertValuesThreads * u;
+      largest = __vmaxu2(largest, __vmaxu2(w[u].x & 0x7fff7fffu, w[u].y & 0x7fff7fffu));
+      largest = __vmaxu2(largest, __vmaxu2(w[u].z & 0x7fff7fffu, w[u].w & 0x7fff7fffu));
+      *reinterpret_cast<uint4*>(out + (i >> 4) * 128 + (i & 15) * 8) =
+          make_uint4(bf16x2_to_half2(w[u].x), bf16x2_to_half2(w[u].y), bf16x2_to_half2(w[u].z),
+                     bf16x2_to_half2(w[u].w));
+    }
+    largest = __reduce_max_sync(0xffffffffu, max(largest >> 16, largest & 0xffffu));
+    if (lane == 0) warp_largest[warp] = largest;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int k = 1; k < kConvertValuesThreads / 32; ++k)
+        largest = max(largest, warp_largest[k]);
+      p.union_value_forms[c] = largest >= kHalfValuesLeast && largest <= kHalfValuesMost;
+    }
+    __syncthreads(); // warp_largest is rewritten for the next cell
+  }
+}
+
+cudaError_t launch_convert_union_values(const SparseAttentionParams& p, int grid,
+                                        cudaStream_t s) {
+  claim_union_value_cells_kernel<<<grid, kGatherThreads, 0, s>>>(p);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  // Enough CTAs to stream: a cell each where the pass names as many pages, up to every cell.
+  convert_union_values_kernel<<<kUnionValueCells / 4, kConvertValuesThreads, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_gather_selection_entries(const SparseAttentionParams& p, int grid,
                                             cudaStream_t s) {
   constexpr int kLaneItems = kUnionTokens * kMaxSelection / 32;

@@ -33,9 +33,24 @@ struct AttentionCase {
   // gives each half of an 8-token union tile its own selections, so that each of the union
   // kernel's consumers skips the pages only the other half selected. 0: no sharing.
   int shared_span = 0;
+  // V of every third page scaled past fp16's range (x 2^16: up to 2^17) and of the next one below
+  // the page-union kernel's fp16 floor (x 2^-10: below 2^-9), so that its fp16 V and its bf16
+  // fallback (P's fp16 weights split into bf16 parts) both run, page by page, in one tile.
+  bool values_past_half = false;
 };
 
 void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
+
+// Scales V page by page as AttentionCase::values_past_half says (powers of two: exact in bf16).
+void scale_values_past_half(SyntheticBatch& sb) {
+  const TensorView v = sb.v_cache.view(); // [P, 128, Hkv, 128], contiguous
+  const int64_t page_values = v.shape[1] * v.shape[2] * v.shape[3];
+  for (int64_t page = 0; page < v.shape[0]; ++page) {
+    const float factor = page % 3 == 1 ? 65536.f : page % 3 == 2 ? 1.f / 1024.f : 1.f;
+    for (int64_t i = page * page_values; i < (page + 1) * page_values; ++i)
+      store(v.dtype, v.data, i, load(v.dtype, v.data, i) * factor);
+  }
+}
 
 MsaConfig attention_config(const BatchSpec& spec, int top_k) {
   MsaConfig c;
@@ -159,6 +174,7 @@ void expect_matches_host_backends(
   HostTensor topk = indexer_selections(sb, config, seed + 1);
   if (c.shared_span > 0) share_selections_within_even_blocks(sb, c.shared_span, topk);
   sb.fill_attention_random(seed + 2);
+  if (c.values_past_half) scale_values_past_half(sb);
 
   const HostAttention cpu = host_attention(Backend::cpu, config, sb, topk, c.k_scale, c.v_scale);
   HostAttention reference;
@@ -284,6 +300,8 @@ const AttentionCase kCases[] = {
      false, kBlockTokens},
     {"PrefillSharedSelectionsK32", spec({600}, {12000}, 0, 1, 16, 1), 32, 1.f, 1.f, false,
      kBlockTokens},
+    {"PrefillSharedSelectionsValuesPastHalf", spec({700}, {9000}, 0, 1, 16, 1), 16, 1.f, 1.f,
+     false, kBlockTokens, true},
     // Each half of a union tile with selections of its own (prefix 8,000: tiles start at
     // multiples of 8 positions): two sets of 16 of ~70 pages, most unions within 32 pages.
     {"PrefillHalfTileSelections", spec({1000}, {9000}, 0, 1, 16, 1), 16, 1.f, 1.f, false, 4},

@@ -102,6 +102,14 @@ __device__ __forceinline__ void widen_e4m3x4_to_half2x2(uint32_t word, uint32_t&
 #endif
 }
 
+// A bf16 pair times `scale` as an fp16 pair, rounded to nearest (exact where fp16 holds the
+// product).
+__device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t w, float scale = 1.f) {
+  const __half2 h = __floats2half2_rn(__uint_as_float(w << 16) * scale,
+                                      __uint_as_float(w & 0xffff0000u) * scale);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 // 16 e4m3 values widened to 16 fp16, order kept: out[i] holds values 2 i and 2 i + 1.
 __device__ __forceinline__ void widen_e4m3x16_to_half(uint4 raw, uint32_t (&out)[8]) {
   widen_e4m3x4_to_half2x2(raw.x, out[0], out[1]);

@@ -82,12 +82,7 @@ __device__ __forceinline__ float queries_to_scaled_half(uint32_t (&q)[8][4]) {
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const uint32_t w = q[ks][r];
-      const __half2 h =
-          __floats2half2_rn(__uint_as_float(w << 16) * up, __uint_as_float(w & 0xffff0000u) * up);
-      q[ks][r] = *reinterpret_cast<const uint32_t*>(&h);
-    }
+    for (int r = 0; r < 4; ++r) q[ks][r] = bf16x2_to_half2(q[ks][r], up);
   return down;
 }
 

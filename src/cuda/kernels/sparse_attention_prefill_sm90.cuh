@@ -174,6 +174,12 @@ struct PrefillPageRing {
   // go in as soon as the buffer's keys are free, the values when its values are.
   __device__ void load(const SparseAttentionPrefillSm90Params& params, uint32_t sequence, int g,
                        int page_id) const {
+    load(params, sequence, g, page_id, params.v_map, g, page_id);
+  }
+  // The same with V from page v_page of head v_g of the cache v_map describes (bf16: the page-union
+  // kernel's fp16 pages, union_values_map; e4m3 reads V from params.v_map whatever is passed).
+  __device__ void load(const SparseAttentionPrefillSm90Params& params, uint32_t sequence, int g,
+                       int page_id, const void* v_map, int v_g, int v_page) const {
     using T = PrefillSm90Tiles;
     if constexpr (kFp8) {
       sm90::mbarrier_wait(raw_empty, (sequence & 1) ^ 1);
@@ -190,8 +196,8 @@ struct PrefillPageRing {
       sm90::mbarrier_wait(&values_empty[b], use(sequence) ^ 1);
       sm90::mbarrier_arrive_expect_tx(&values_full[b], 2 * T::kBoxBytes);
       for (int box = 0; box < 2; ++box)
-        sm90::tma_load_4d(values(sequence) + box * T::kBoxBytes, params.v_map, &values_full[b],
-                          64 * box, 0, g, page_id);
+        sm90::tma_load_4d(values(sequence) + box * T::kBoxBytes, v_map, &values_full[b], 64 * box,
+                          0, v_g, v_page);
     }
   }
 

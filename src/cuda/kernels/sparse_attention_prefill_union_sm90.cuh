@@ -7,11 +7,22 @@
 // union_counts >= 0, the bf16 output (and lse) of each of its tokens' 16 query rows of group g over
 // the keys its selections make visible: page union_pages[i] with union_visible[i]'s byte for the
 // token (0: not selected; else the first that many keys). Such tiles' entries are sentinels and the
-// merge skips their tokens (gather_selection_entries_kernel decides, per tile, on the device). The
-// numerics are the bf16 block-major kernel's per page (logits in fp32 from bf16 operands, P.V
-// with P's bf16 high and low parts), merged across pages online in fp32
-// instead of through 16-bit fixed-point partials.
+// merge skips their tokens (gather_selection_entries_kernel decides, per tile, on the device).
+// Numerics: logits in fp32 from bf16 operands (as the block-major kernel), merged across pages
+// online in fp32 instead of through 16-bit fixed-point partials; P rounded once to fp16 (11 bits
+// of a weight in [0, 1], a relative rounding of at most 2^-11, as the e4m3 block-major kernel),
+// and V read in fp16 from union_values, where convert_union_values_kernel put each page the
+// pass's tiles name once (attention_params.h kUnionValueCells) - exact for every |v| >= 2^-17
+// (fp16 holds bf16's 8 significant bits there) and within 2^-25 below it, which is where the
+// page's largest |v| lies in [2^-6, 65280] (kHalfValuesLeast, kHalfValuesMost): P.V then takes 8
+// f16 wgmmas a page. A page outside that range (values fp16 cannot hold, or so small that its
+// 2^-25 would matter), or one that found no cell, keeps bf16 V from the cache, and P's fp16 value
+// is split exactly into bf16 high and low parts for it (16 wgmmas).
 //
+// Why fp16 P.V: with no partials the kernel is bound by its MMAs, a third of which were the bf16
+// split's low part (bench/NOTES.md s15, s29). Why converted outside the kernel: converted in the
+// relay, per page and tile, the conversion stood between a page's landing and its values_ready,
+// on the consumers' path in a two-page ring (s55 r2: +66 %; s14 r3 and s44 r3 with e4m3).
 // Why: the block-major path writes and reads a 4.2 KB partial for every (token, selected block),
 // which bounds it at ~1.2 ms for an 8K chunk at 64/4 whatever the selections (bench/NOTES.md s13
 // r4-r5). When the tokens of a query block share their blocks (an engine's real selections:
@@ -24,11 +35,13 @@
 // registers, lane i holding entry i), 3 warpgroups:
 //   - producer warpgroup: warp 0 brings the tile's pages in list order (PrefillPageRing, as the
 //     block-major kernel), warp 1 claims the tiles and brings their query rows (consumer c gets
-//     tokens 4c .. 4c + 3, 16 rows each), warp 2 (and 3 for e4m3) relays page ready after
-//     zeroing V rows past the tile's largest visible key count on that page (e4m3: widening);
+//     tokens 4c .. 4c + 3, 16 rows each) and which of its pages read fp16 V (posted with the
+//     tile), warp 2 (and 3 for e4m3) relays page ready after zeroing V rows past the tile's
+//     largest visible key count on that page (e4m3: widening);
 //   - consumer warpgroups 1 and 2 (4 tokens = wgmma's M of 64 each) run every page of the tile:
 //     S = Q K^T (8 SS wgmmas), the token's visible keys masked (all of them where it did not
-//     select the page), the running max / denominator / O rescaled, O += P V (16 RS wgmmas); they
+//     select the page), the running max / denominator / O rescaled, O += P V (8 RS wgmmas, or 16
+//     on a page whose V stayed bf16); they
 //     take turns issuing (FA3's ping-pong, two named barriers): a turn issues P.V of the previous
 //     page and S of this one, and a consumer's softmax runs while the other's wgmmas do; at the
 //     end each warp writes its token's 16 rows (rows < group) times v_scale / l, and the lse.
@@ -38,8 +51,7 @@
 // page the two-page ring stalled the turns: bench/NOTES.md s15 r3), raw_full / raw_empty for
 // e4m3, q_full / q_empty per consumer and slot (a slot is released after the tile's last page).
 // Instantiated for bf16 caches only (attention.cu says why not e4m3); the template keeps the
-// ring's e4m3 form, which the block-major kernel uses, for a widening that keeps up (and e4m3's
-// P.V in fp16, one part, as there).
+// ring's e4m3 form, which the block-major kernel uses, for a widening that keeps up.
 #include "cuda/kernels/sparse_attention_prefill_sm90.cuh"
 
 namespace m3sa::cuda {
@@ -58,7 +70,10 @@ struct UnionTile {
   int64_t tile;
   int count;
   uint32_t page, visible_low, visible_high;
+  uint32_t cell;        // the entry's union_values cell (kNoValueCell: none)
+  uint32_t half_values; // bit i: entry i's V is fp16, in its cell (the same in every lane)
   __device__ uint32_t page_of(int i) const { return __shfl_sync(0xffffffffu, page, i); }
+  __device__ uint32_t cell_of(int i) const { return __shfl_sync(0xffffffffu, cell, i); }
   // Visible keys of every token of the tile on entry i: byte k for token k.
   __device__ uint64_t visible_of(int i) const {
     return uint64_t{__shfl_sync(0xffffffffu, visible_low, i)} |
@@ -76,7 +91,7 @@ struct UnionTile {
 inline constexpr uint32_t kNoTile = 0xffffffffu; // the CTA's last slot: no tile left
 struct UnionTileQueue {
   static constexpr int kSlots = 4; // > the tiles a reader runs ahead of another (two query slots)
-  uint32_t tile[kSlots];
+  uint32_t tile[kSlots], half_values[kSlots]; // UnionTile::half_values of the slot's tile
   uint64_t full[kSlots], empty[kSlots];
   __device__ void init(int readers) { // one thread, before fence_barrier_init
     for (int s = 0; s < kSlots; ++s) {
@@ -107,7 +122,7 @@ __device__ __forceinline__ void for_each_union_tile(const SparseAttentionParams&
   for (uint32_t tile_sequence = 0;; ++tile_sequence) {
     const int slot = static_cast<int>(tile_sequence % UnionTileQueue::kSlots);
     const uint32_t use = tile_sequence / UnionTileQueue::kSlots & 1;
-    uint32_t tile = kNoTile;
+    uint32_t tile = kNoTile, half_values = 0;
     if (claims) {
       uint32_t claim = 0;
       if (lane == 0) {
@@ -122,14 +137,23 @@ __device__ __forceinline__ void for_each_union_tile(const SparseAttentionParams&
         const int bucket = __ffs(above) - 1;
         const uint32_t first = __shfl_sync(0xffffffffu, bucket_end - bucket_count, bucket);
         tile = p.union_listed[bucket * bucket_stride + (claim - first)];
+        if (p.union_value_cells) { // which entries read fp16 V (the readers read it from the slot)
+          const int count = p.union_counts[tile];
+          uint32_t form = 0;
+          if (lane < count) {
+            const uint32_t cell = p.union_value_cells[int64_t{tile} * kUnionPages + lane];
+            form = cell != kNoValueCell ? p.union_value_forms[cell] : 0u;
+          }
+          half_values = __ballot_sync(0xffffffffu, form != 0);
+        }
       }
       if (lane == 0) {
-        queue.tile[slot] = tile;
+        queue.tile[slot] = tile, queue.half_values[slot] = half_values;
         sm90::mbarrier_arrive(&queue.full[slot]);
       }
     } else {
       sm90::mbarrier_wait(&queue.full[slot], use);
-      tile = queue.tile[slot];
+      tile = queue.tile[slot], half_values = queue.half_values[slot];
       __syncwarp();
       if (lane == 0) sm90::mbarrier_arrive(&queue.empty[slot]);
     }
@@ -137,15 +161,29 @@ __device__ __forceinline__ void for_each_union_tile(const SparseAttentionParams&
     UnionTile t;
     t.tile = tile;
     t.count = p.union_counts[tile];
-    t.page = 0, t.visible_low = 0, t.visible_high = 0;
+    t.page = 0, t.visible_low = 0, t.visible_high = 0, t.cell = kNoValueCell;
+    t.half_values = half_values;
     if (lane < t.count) {
       t.page = p.union_pages[t.tile * kUnionPages + lane];
+      if (p.union_value_cells) t.cell = p.union_value_cells[t.tile * kUnionPages + lane];
       const uint64_t v = p.union_visible[t.tile * kUnionPages + lane];
       t.visible_low = static_cast<uint32_t>(v), t.visible_high = static_cast<uint32_t>(v >> 32);
     }
     run(t, tile_sequence, page_sequence);
     page_sequence += t.count;
   }
+}
+
+// P's fp16 weights (one part, in p_hi) as bf16 high and low parts, for a page whose V stayed bf16:
+// exact, since fp16's 11 significant bits fit a bf16 pair's 16.
+__device__ __forceinline__ void split_half_weights(uint32_t (&p_hi)[8][4], uint32_t (&p_lo)[8][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 w = __half22float2(*reinterpret_cast<const __half2*>(&p_hi[j][k]));
+      split_weights(w.x, w.y, p_hi[j][k], p_lo[j][k]);
+    }
 }
 
 template <bool kFp8>
@@ -183,12 +221,19 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
       if (lane == 0) {
         sm90::prefetch_tensor_map(params.k_map);
         sm90::prefetch_tensor_map(params.v_map);
+        if (p.union_value_cells) sm90::prefetch_tensor_map(params.union_values_map);
       }
       for_each_tile([&](const UnionTile& t, uint32_t, uint32_t first_page) {
         const int g = static_cast<int>(t.tile / tiles_per_head);
         for (int i = 0; i < t.count; ++i) {
-          const uint32_t page = t.page_of(i);
-          if (lane == 0) ring.load(params, first_page + i, g, static_cast<int>(page));
+          const uint32_t page = t.page_of(i), cell = t.cell_of(i);
+          if (lane == 0) {
+            if (t.half_values >> i & 1u)
+              ring.load(params, first_page + i, g, static_cast<int>(page), params.union_values_map,
+                        0, static_cast<int>(cell));
+            else
+              ring.load(params, first_page + i, g, static_cast<int>(page));
+          }
         }
       });
     } else if (warp == 1) { // query rows: lane 8 c + 2 m + half brings consumer c's token m, dims
@@ -269,7 +314,7 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
 #pragma unroll
         for (int k = 0; k < 64; ++k) o[k] *= rescale[(k >> 1) & 1];
       }
-      page_weights<kFp8>(s, logit_scale, m_use, l, p_hi, p_lo);
+      page_weights<true>(s, logit_scale, m_use, l, p_hi, p_lo);
     };
     const auto k_tile_of = [&](int i) { return sm90::shared_address(ring.page(first_page + i)); };
     const auto v_tile_of = [&](int i) { return k_tile_of(i) + 2 * L::kBoxBytes; };
@@ -287,6 +332,18 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
       sm90::fence_fragments(p_hi);
       if constexpr (!kFp8) sm90::fence_fragments(p_lo);
     };
+    // P.V of page i in its V's form (fp16 from union_values, or bf16), then `rest` - the
+    // same in both branches, which must each hold their wgmmas' wait (C7518).
+    const auto issue_values = [&](int i, auto&& rest) {
+      if (kFp8 || (t.half_values >> i & 1u) != 0) {
+        issue_tile_values<true>(o, p_hi, p_lo, v_tile_of(i), true);
+        rest();
+      } else {
+        split_half_weights(p_hi, p_lo);
+        issue_tile_values<false>(o, p_hi, p_lo, v_tile_of(i), true);
+        rest();
+      }
+    };
     if (t.count > 0) {
       float s[64];
       bool values_pending = false; // page i - 1 had keys for this consumer: its P.V is due
@@ -298,10 +355,11 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
         take_turn();
         if (scores) {
           if (values_pending) {
-            issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile_of(i - 1), true);
-            issue_tile_scores(s, q_tile, k_tile_of(i));
-            pass_turn();
-            sm90::wgmma_wait<1>(); // P.V of page i - 1
+            issue_values(i - 1, [&] {
+              issue_tile_scores(s, q_tile, k_tile_of(i));
+              pass_turn();
+              sm90::wgmma_wait<1>(); // P.V of page i - 1
+            });
             values_done();
           } else {
             issue_tile_scores(s, q_tile, k_tile_of(i));
@@ -314,9 +372,10 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
           page_softmax(s, visible);
         } else {
           if (values_pending) {
-            issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile_of(i - 1), true);
-            pass_turn();
-            sm90::wgmma_wait_all();
+            issue_values(i - 1, [&] {
+              pass_turn();
+              sm90::wgmma_wait_all();
+            });
             values_done();
           } else {
             pass_turn();
@@ -329,9 +388,10 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
       ring.wait_values(first_page + t.count - 1);
       take_turn();
       if (values_pending) {
-        issue_tile_values<kFp8>(o, p_hi, p_lo, v_tile_of(t.count - 1), true);
-        pass_turn();
-        sm90::wgmma_wait_all();
+        issue_values(t.count - 1, [&] {
+          pass_turn();
+          sm90::wgmma_wait_all();
+        });
         values_done();
       } else {
         pass_turn();
