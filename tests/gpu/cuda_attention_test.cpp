@@ -11,7 +11,9 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -161,9 +163,10 @@ void expect_close(const HostAttention& expected, const HostTensor& out, const Ho
 }
 
 // Both CUDA implementations on case c against the CPU backend (and the reference where asked);
-// check_batch, where given, first checks what the case is meant to exercise.
+// check_batch and check_selections, where given, first check what the case is meant to exercise.
 void expect_matches_host_backends(
-    const AttentionCase& c, const std::function<void(const SyntheticBatch&)>& check_batch = {}) {
+    const AttentionCase& c, const std::function<void(const SyntheticBatch&)>& check_batch = {},
+    const std::function<void(const SyntheticBatch&, const HostTensor&)>& check_selections = {}) {
   const uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   BatchSpec spec = c.spec;
@@ -173,6 +176,7 @@ void expect_matches_host_backends(
   const MsaConfig config = attention_config(spec, c.top_k);
   HostTensor topk = indexer_selections(sb, config, seed + 1);
   if (c.shared_span > 0) share_selections_within_even_blocks(sb, c.shared_span, topk);
+  if (check_selections) check_selections(sb, topk);
   sb.fill_attention_random(seed + 2);
   if (c.values_past_half) scale_values_past_half(sb);
 
@@ -339,6 +343,35 @@ TEST(CudaAttentionSort, CountingAndRadixSortsMatchTheHostBackends) {
   expect_matches_host_backends(
       {"Radix", decode_batch_and_prefill(40, 300, 4000), 16},
       [&](const SyntheticBatch& sb) { ASSERT_GT(keys(sb), cuda::kCountingSortBins); });
+}
+
+// More (KV head, page) pairs in one pass's page-union tiles than union_values has cells
+// (kUnionValueCells): the pages whose claims find no cell keep bf16 V (P's fp16 weights split in
+// bf16 parts) in the same tiles as pages read in fp16. 16 requests of 256 tokens, each an even
+// block shared by spans of 8 (union tiles) and an odd block of per-token selections
+// (block-major), over 64-79 pages of their own, 8 KV heads in GQA groups of 2: ~8,800 pairs.
+TEST(CudaAttentionUnionValues, PagesPastTheCellsKeepBf16Values) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  std::vector<int32_t> q_lens(16, 256), seq_lens(16);
+  for (int i = 0; i < 16; ++i) seq_lens[i] = 8192 + 256 * i; // prefixes of whole 256-token spans
+  expect_matches_host_backends(
+      {"PagesPastTheCells", spec(q_lens, seq_lens, 0, 1, 16, 8), 16, 1.f, 1.f, false, 8}, {},
+      [](const SyntheticBatch& sb, const HostTensor& topk) {
+        // Each request's pages are its own, so distinct (head, request, block) = (head, page).
+        const TensorView v = topk.view(); // [Hkv, T, K]
+        const int32_t* ids = topk.data<int32_t>();
+        std::set<std::tuple<int64_t, int64_t, int32_t>> pairs;
+        for (int64_t t = 0; t < sb.num_tokens(); ++t) {
+          const int64_t position = sb.position(t);
+          if (position < 0 || (position / kBlockTokens) % 2 != 0) continue;
+          for (int64_t h = 0; h < v.shape[0]; ++h)
+            for (int64_t k = 0; k < v.shape[2]; ++k) {
+              const int32_t id = ids[h * v.strides[0] + t * v.strides[1] + k * v.strides[2]];
+              if (id >= 0) pairs.emplace(h, sb.request_of(t), id);
+            }
+        }
+        ASSERT_GT(static_cast<int64_t>(pairs.size()), int64_t{cuda::kUnionValueCells});
+      });
 }
 
 // The split merges of an sm90 plan on short contexts, small enough for compute-sanitizer's round
