@@ -70,7 +70,7 @@ struct UnionTile {
   int64_t tile;
   int count;
   uint32_t page, visible_low, visible_high;
-  uint32_t cell;        // the entry's union_values cell (kNoValueCell: none)
+  uint32_t cell;        // the entry's union_values cell (kNoValueCell: none, or not warp 0)
   uint32_t half_values; // bit i: entry i's V is fp16, in its cell (the same in every lane)
   __device__ uint32_t page_of(int i) const { return __shfl_sync(0xffffffffu, page, i); }
   __device__ uint32_t cell_of(int i) const { return __shfl_sync(0xffffffffu, cell, i); }
@@ -104,9 +104,11 @@ struct UnionTileQueue {
 // Calls run(tile, tile_sequence, first_page_sequence) for every tile of the CTA in order; the
 // sequences count the CTA's tiles and pages (query slots, page buffers and barrier phases).
 // `claims`: the warp that claims the tiles (warp 1); every other caller is a reader.
+// `loads_pages`: the warp that brings the pages (warp 0), the only one that reads their cells.
 template <typename Run>
 __device__ __forceinline__ void for_each_union_tile(const SparseAttentionParams& p,
-                                                    UnionTileQueue& queue, bool claims, Run&& run) {
+                                                    UnionTileQueue& queue, bool claims,
+                                                    bool loads_pages, Run&& run) {
   const int lane = threadIdx.x & 31;
   // The claiming warp's lane b: bucket b's count and the end of its claims (the buckets in order).
   const uint32_t bucket_count = claims ? p.union_queue[lane] : 0u;
@@ -165,7 +167,8 @@ __device__ __forceinline__ void for_each_union_tile(const SparseAttentionParams&
     t.half_values = half_values;
     if (lane < t.count) {
       t.page = p.union_pages[t.tile * kUnionPages + lane];
-      if (p.union_value_cells) t.cell = p.union_value_cells[t.tile * kUnionPages + lane];
+      if (p.union_value_cells && loads_pages)
+        t.cell = p.union_value_cells[t.tile * kUnionPages + lane];
       const uint64_t v = p.union_visible[t.tile * kUnionPages + lane];
       t.visible_low = static_cast<uint32_t>(v), t.visible_high = static_cast<uint32_t>(v >> 32);
     }
@@ -207,7 +210,9 @@ __global__ void __launch_bounds__(kPrefillSm90Threads, 1) attend_page_unions_sm9
   }
   __syncthreads();
   // Every warp walks the CTA's tiles in the order warp 1 claims them.
-  const auto for_each_tile = [&](auto&& run) { for_each_union_tile(p, queue, warp == 1, run); };
+  const auto for_each_tile = [&](auto&& run) {
+    for_each_union_tile(p, queue, warp == 1, warp == 0, run);
+  };
   const int tiles_per_head = union_tiles(p);
   const auto query_tile = [&](int consumer, uint32_t tile_sequence) {
     return smem + L::kQueryOffset +
