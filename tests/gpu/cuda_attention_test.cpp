@@ -349,7 +349,7 @@ TEST(CudaAttentionSort, CountingAndRadixSortsMatchTheHostBackends) {
 // (kUnionValueCells): the pages whose claims find no cell keep bf16 V (P's fp16 weights split in
 // bf16 parts) in the same tiles as pages read in fp16. 16 requests of 256 tokens, each an even
 // block shared by spans of 8 (union tiles) and an odd block of per-token selections
-// (block-major), over 64-79 pages of their own, 8 KV heads in GQA groups of 2: ~8,800 pairs.
+// (block-major), over 64-94 pages of their own, 8 KV heads in GQA groups of 2: ~9,600 pairs.
 TEST(CudaAttentionUnionValues, PagesPastTheCellsKeepBf16Values) {
   M3SA_SKIP_WITHOUT_CUDA();
   std::vector<int32_t> q_lens(16, 256), seq_lens(16);
