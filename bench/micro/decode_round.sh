@@ -31,6 +31,7 @@ set -euo pipefail
 [[ $# -ge 1 ]] || { sed -n 2,29p "$0"; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$root/scripts/env.sh"
+source "$root/bench/micro/kept_tree.sh"
 [[ -x "$root/build/tools/m3sa_cli/m3sa" && -x "$root/build/tests/m3sa_gpu_tests" ]] ||
   { echo "decode_round.sh: build the default preset first (build/)" >&2; exit 2; }
 out="$root/.gpu/decode_round"
@@ -44,13 +45,8 @@ for spec in "$@"; do
   [[ "$name" =~ ^[A-Za-z0-9]+$ && "$name" != main ]] ||
     { echo "decode_round.sh: variant names are letters and digits, not main: $name" >&2; exit 2; }
   if [[ -n "${VARIANT_TREE:-}" ]]; then
-    # A kept clone: git rewrites (and so re-dates) only the files a patch touched, so ninja
-    # rebuilds just their translation units - minutes a variant instead of a whole build.
-    tree="$VARIANT_TREE"
-    [[ -d "$tree/.git" ]] || git clone -q "$root" "$tree"
-    git -C "$tree" fetch -q "$root" HEAD
-    git -C "$tree" checkout -q -f --detach FETCH_HEAD
-    git -C "$tree" clean -q -fdx -e build -e '*.log'
+    tree="$VARIANT_TREE" # only the files a patch touched rebuild (kept_tree.sh)
+    checkout_kept_tree "$root" "$tree"
   else
     tree="$(mktemp -d)"
     git -C "$root" archive HEAD | tar -x -C "$tree"
@@ -59,12 +55,7 @@ for spec in "$@"; do
   IFS=+ read -r -a chain <<< "$patches"
   for patch in "${chain[@]}"; do git -C "$tree" apply "$(realpath "$patch")"; done
   echo "[decode_round] building $name ($patches) in $tree" >&2
-  [[ -f "$tree/build/build.ninja" ]] ||
-    cmake -S "$tree" -B "$tree/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DM3SA_ENABLE_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a-real > "$tree/configure.log" 2>&1 ||
-    { cat "$tree/configure.log"; exit 1; }
-  cmake --build "$tree/build" --target m3sa_cli m3sa_gpu_tests -j "$M3SA_JOBS" > "$tree/build.log" 2>&1 ||
-    { tail -40 "$tree/build.log"; exit 1; }
+  build_cli_and_gpu_tests "$tree" || exit 1
   mkdir -p "$out/$name"
   cp "$tree/build/tools/m3sa_cli/m3sa" "$tree/build/tests/m3sa_gpu_tests" "$out/$name/"
   cp -L "$tree/build/src/libm3sa_c.so.0.1" "$out/$name/"

@@ -10,17 +10,10 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$root/scripts/env.sh"
+source "$root/bench/micro/kept_tree.sh"
 tree="${VARIANT_TREE:-/tmp/m3sa_vt}"
-[[ -d "$tree/.git" ]] || git clone -q "$root" "$tree"
-git -C "$tree" fetch -q "$root" HEAD
-git -C "$tree" checkout -q -f --detach FETCH_HEAD
-git -C "$tree" clean -q -fdx -e build -e '*.log'
-[[ -f "$tree/build/build.ninja" ]] ||
-  cmake -S "$tree" -B "$tree/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DM3SA_ENABLE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a-real > "$tree/configure.log" 2>&1 ||
-  { cat "$tree/configure.log"; exit 1; }
-cmake --build "$tree/build" --target m3sa_cli m3sa_gpu_tests -j "$M3SA_JOBS" > "$tree/build.log" 2>&1 ||
-  { tail -40 "$tree/build.log"; exit 1; }
+checkout_kept_tree "$root" "$tree"
+build_cli_and_gpu_tests "$tree" || exit 1
 bash "$tree/bench/micro/stamped_m3sa.sh" > /dev/null # -> $tree/.gpu/m3sa_stamps
 out="$root/.gpu/suite_round"
 rm -rf "$out" && mkdir -p "$out/head" "$out/stamps"
