@@ -226,6 +226,18 @@ std::vector<DecodeCase> decode_cases() {
       decode_case("B4OneRangeOfEightListsUpTo16Fp8",
                   {split_len(128, 0), split_len(128, -77), split_len(120, 9), split_len(72, 0)}, 1,
                   cfg(2, 16, 1, 0), f8, true, false, 1),
+      // One range a tile and one row (batch 128 H=1 at S <= 8K): warp lists of at most 64 keys,
+      // which every worker warp ranks together (rank_only_row_of_64) - 64 blocks (8 lists of 8),
+      // 57 (ragged), 21 (7 lists of 3 and the empty one), 17 (the least a ranked row has) - and 65
+      // blocks on the other side (72 keys: the one warp's floor and survivors).
+      decode_case("B6OneRangeLoneRowUpTo64Keys",
+                  {64 * kBlockTokens, 57 * kBlockTokens - 5, 20 * kBlockTokens + 1,
+                   17 * kBlockTokens, 0, 65 * kBlockTokens - 77},
+                  1, cfg(1, 16, 1, 0), bf, true, false, 1),
+      decode_case("B6OneRangeLoneRowUpTo64KeysFp8",
+                  {64 * kBlockTokens, 57 * kBlockTokens - 5, 20 * kBlockTokens + 1,
+                   17 * kBlockTokens, 0, 65 * kBlockTokens - 77},
+                  1, cfg(1, 16, 1, 0), f8, true, false, 1),
       // Either side of the plan's choice of the Hopper kernel's CTA (decode_sm90_warps): the most
       // splits of the 8-warp CTA, then one more (4 warps). Ranges of 3 blocks (warps without
       // blocks), and of 5 and 21 (8 warps) or 9 (4 warps): an odd count of lists x keys, so that

@@ -198,6 +198,41 @@ __device__ __forceinline__ void merge_row(const DecodeTile& t, int row, const Li
   t.emit(row, true, merge_warp(best, fill, lane), lane);
 }
 
+// The selection of a tile's only row from Hopper warp lists of at most 64 keys (batch 1 H=1 at
+// short contexts; batch 128 H=1's one-range finish), by all kDecodeMergeWarps worker warps: thread
+// q ranks key q / 2 against half of the keys and adds its partner's count. One warp's rank_of_64
+// runs two keys a lane against all 64, a chain of ~2.7K cycles at the end of batch 1 S=8K's
+// ~7.7K-cycle finish while the other worker warps idle (bench/NOTES.md s58 r2-r4: its
+// instructions' latencies, not their fetch); here each thread's chain is a quarter as long.
+// `keys`: 96 keys of shared scratch at a 16-byte boundary. Meets the worker warps at named
+// barrier 1; warp 0 writes the row.
+template <bool kShared>
+__device__ __forceinline__ void rank_only_row_of_64(const DecodeTile& t, const ListSet& set,
+                                                    uint64_t* keys, int lane) {
+  constexpr int kThreads = kDecodeMergeWarps * 32;
+  static_assert(kThreads == 2 * 64, "two threads a key");
+  const int q = threadIdx.x, k = q >> 1, half = q & 1;
+  const uint64_t mine =
+      k < set.count * set.len ? list_key<kShared>(set.list(k / set.len) + k % set.len) : 0;
+  uint64_t* ranked = keys + 64;
+  if (half == 0) keys[k] = mine;
+  if (q < 32) ranked[q] = 0;
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(keys + 32 * half);
+  int rank = 0;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const ulonglong2 pair = pairs[j];
+    rank += (pair.x > mine) + (pair.y > mine);
+  }
+  rank += __shfl_xor_sync(0xffffffffu, rank, 1);
+  if (half == 0 && mine != 0 && rank < 32) ranked[rank] = mine; // keys are unique: one writer
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+  if (q >= 32) return;
+  M3SA_DECODE_FINISH_STAMP(3);
+  t.emit(0, true, lane < t.fill ? ranked[lane] : 0, lane);
+}
+
 // Row `row`'s selection from the Hopper kernel's warp lists (more than 64 keys; `kShared`: in rank
 // 0's receiving area, plain loads, else read through L2),
 // by a group of `threads` worker threads (2 or 4 warps, named barrier `barrier`; q: the thread's
@@ -369,6 +404,14 @@ publish_and_merge(const DecodeTile& t, CtaLists<kLists> cta, int n_local, int* i
       1) { // the CTA holds the whole tile (batches of >= 1 request per SM): no workspace
     if (!worker) return;
     M3SA_DECODE_FINISH_STAMP(0); // the one-range finish's stamps: reached, ...
+    if constexpr (kWarpLists) {
+      if (rows == 1 && lists * len <= 64 && !short_row(0)) {
+        M3SA_DECODE_FINISH_STAMP(1);
+        const ListSet set{cta.lists, int64_t{cta.row_capacity} * fill, lists, len};
+        rank_only_row_of_64<true>(t, set, memory.scratch, lane);
+        return;
+      }
+    }
     for (int row = warp; row < rows; row += kDecodeMergeWarps) {
       M3SA_DECODE_FINISH_STAMP(1); // ... a row begun, then merge_row's floor and ranked
       if (short_row(row)) {
@@ -484,7 +527,17 @@ publish_and_merge(const DecodeTile& t, CtaLists<kLists> cta, int n_local, int* i
                                              2 + row, lane);
     return;
   }
-  // A warp per row, over its lists of every range.
+  // A warp per row, over its lists of every range; a lone row of at most 64 keys by every warp.
+  if constexpr (kWarpLists) {
+    if (rows == 1 && active_splits * lists * len <= 64 && !short_row(0)) {
+      const ListSet set{staged ? memory.stage : tile_lists, len, active_splits * lists, len};
+      if (staged)
+        rank_only_row_of_64<true>(t, set, memory.scratch, lane);
+      else
+        rank_only_row_of_64<kClusterFinish>(t, set, memory.scratch, lane);
+      return;
+    }
+  }
   for (int row = warp; row < rows; row += kWarps) {
     if (short_row(row)) {
       t.emit(row, false, 0, lane);
