@@ -218,13 +218,7 @@ __device__ __forceinline__ void rank_only_row_of_64(const DecodeTile& t, const L
   if (half == 0) keys[k] = mine;
   if (q < 32) ranked[q] = 0;
   asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(keys + 32 * half);
-  int rank = 0;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const ulonglong2 pair = pairs[j];
-    rank += (pair.x > mine) + (pair.y > mine);
-  }
+  int rank = rank_among(keys + 32 * half, 32, mine);
   rank += __shfl_xor_sync(0xffffffffu, rank, 1);
   if (half == 0 && mine != 0 && rank < 32) ranked[rank] = mine; // keys are unique: one writer
   asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
