@@ -27,7 +27,8 @@ int splits_of(const ContextParallelPlan& plan) {
 ContextParallelLayout carve(const ContextParallelPlan& plan, void* base, size_t* bytes) {
   detail::WorkspaceCarver carver(base);
   ContextParallelLayout c;
-  c.scoring = carve_indexer(plan.request, splits_of(plan), carver, true);
+  c.scoring = carve_indexer(plan.request, detail::load_plan_info<ScoringPlanInfo>(plan.scoring),
+                            carver, true);
   const int64_t per_rank = static_cast<int64_t>(plan.candidate_bytes / sizeof(uint64_t));
   c.candidates = carver.take<uint64_t>(per_rank);
   c.gathered = carver.take<uint64_t>(per_rank * plan.shard.num_ranks);

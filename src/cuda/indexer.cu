@@ -65,7 +65,7 @@ int splits_of(const OpPlan& plan) {
 IndexerLayout run_layout(const OpPlan& plan, Workspace workspace) {
   const ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(plan);
   detail::WorkspaceCarver carver(workspace.data);
-  return carve_indexer(plan.request, info.block_splits, carver, false, info.tensor_core_fp8 != 0);
+  return carve_indexer(plan.request, info, carver, false, info.tensor_core_fp8 != 0);
 }
 
 // index_topk leaves decode requests to the decode kernel; score_blocks schedules every request.
@@ -281,7 +281,7 @@ Status plan_indexer_with(Scorer scorer, const PlanRequest& request, const detail
           : 0;
   plan->num_threads = 1;
   detail::WorkspaceCarver carver;
-  carve_indexer(request, info.block_splits, carver, false, info.tensor_core_fp8 != 0);
+  carve_indexer(request, info, carver, false, info.tensor_core_fp8 != 0);
   plan->workspace_bytes = carver.bytes_used();
   detail::store_plan_info(plan, info);
   return {};
@@ -393,8 +393,15 @@ int64_t decode_tile_capacity(const PlanRequest& request) {
   return request.capacities.max_requests * decode_tiles_per_request(request);
 }
 
-IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::WorkspaceCarver& carver,
-                            bool decode_only, bool certified) {
+int64_t decode_list_slots(const PlanRequest& request, const ScoringPlanInfo& info) {
+  const int64_t one_request = std::max<int64_t>(int64_t{kScoringCtasPerSm} * info.sm_count,
+                                                decode_sm90_split_count(info.sm_count, 1));
+  return std::max(decode_tile_capacity(request) * std::max(info.block_splits, 1),
+                  decode_tiles_per_request(request) * one_request);
+}
+
+IndexerLayout carve_indexer(const PlanRequest& request, const ScoringPlanInfo& info,
+                            detail::WorkspaceCarver& carver, bool decode_only, bool certified) {
   IndexerLayout l;
   const bool topk = request.op == OpKind::index_topk;
   const int64_t arrivals = topk ? decode_tile_capacity(request) : 0;
@@ -402,7 +409,7 @@ IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::Work
   const Capacities& cap = request.capacities;
   const int heads = request.config.num_index_heads;
   if (topk)
-    l.partial_lists = carver.take<uint64_t>(arrivals * splits * kTileRows *
+    l.partial_lists = carver.take<uint64_t>(decode_list_slots(request, info) * kTileRows *
                                             std::max(1, ranked_slots(request.config)));
   if (decode_only) return l;
   l.schedule = carver.take<ScoringSchedule>(1);
@@ -476,10 +483,24 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
   const bool short_lists = ranked_slots(plan.request.config) <= 16;
   const ScoringPlanInfo info = detail::load_plan_info<ScoringPlanInfo>(plan);
   const int64_t rows = int64_t{p.decode_q_len} * plan.request.config.num_index_heads;
-  // The plan's ranges a tile (plan_decode_sm90; never more than the workspace's
-  // p.scoring.splits), of the warps decode_sm90_warps picks for that many ranges a request.
-  const int sm90_splits = std::clamp(info.decode_sm90_splits, 1, p.scoring.splits);
-  // The plan's cluster holds the tile's ranges: the cluster instantiation.
+  // The call's grid, from its own decode requests rather than the plan's capacity (as the
+  // attention's decode splits): one CTA an SM's worth of ranges over the call's tiles. Sized by
+  // max_requests, a plan for 256 requests ran batch 1 as one CTA a request, streaming a whole
+  // index cache through one SM. The workspace holds the lists of any call (decode_list_slots).
+  const int64_t requests = std::max(p.num_decode_requests, 1);
+  const int64_t tiles =
+      std::min(decode_tile_capacity(plan.request), requests * p.tiles_per_request);
+  const int64_t most_splits = std::max<int64_t>(1, decode_list_slots(plan.request, info) / tiles);
+  const auto call_splits = [&](int64_t splits) {
+    return static_cast<int>(std::clamp<int64_t>(splits, 1, most_splits));
+  };
+  // Ranges a tile of the warps decode_sm90_warps picks for that many; a plan that takes the
+  // cluster finish keeps its ranges (the cluster instantiation was chosen for them, and a call
+  // has at most the plan's requests, each cluster of which the device holds at once).
+  const int sm90_splits =
+      info.decode_sm90_cluster > 1
+          ? std::clamp(info.decode_sm90_splits, 1, p.scoring.splits)
+          : call_splits(decode_sm90_split_count(info.sm_count, requests));
   const bool clustered = info.decode_sm90_cluster > 1 && info.decode_sm90_cluster == sm90_splits;
   const int warps = decode_sm90_warps(sm90_splits);
   DecodeTopkSm90Params sm90{};
@@ -487,8 +508,7 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
       encode_index_k_map(cache, decode_sm90_box_tokens(warps), sm90.index_k_map)) {
     sm90.decode = p;
     sm90.decode.scoring.splits = sm90_splits;
-    const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
-                    static_cast<unsigned>(sm90_splits));
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(sm90_splits));
     const DecodeSm90Kernel& kernel =
         kDecodeSm90Kernels[fp8][!short_lists][warps == kDecodeSm90WideWarps][clustered];
     if (kernel.launch == nullptr)
@@ -497,12 +517,13 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
     M3SA_CUDA_RETURN_IF_ERROR(kernel.launch(sm90, grid, stream));
     return {};
   }
-  const dim3 grid(static_cast<unsigned>(decode_tile_capacity(plan.request)),
-                  static_cast<unsigned>(p.scoring.splits));
+  DecodeTopkParams portable = p;
+  portable.scoring.splits = call_splits(int64_t{kScoringCtasPerSm} * info.sm_count / requests);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(portable.scoring.splits));
   const auto launch =
       fp8 ? (short_lists ? launch_decode_topk_fp8_k16 : launch_decode_topk_fp8_k32)
           : (short_lists ? launch_decode_topk_bf16_k16 : launch_decode_topk_bf16_k32);
-  M3SA_CUDA_RETURN_IF_ERROR(launch(p, grid, stream));
+  M3SA_CUDA_RETURN_IF_ERROR(launch(portable, grid, stream));
   return {};
 }
 

@@ -51,11 +51,16 @@ struct IndexerLayout {
 // The one description of the workspace: sizes it at plan time (carver without base), carves it
 // at run time. decode_only: the context-parallel indexer's scoring (no prefill tiles or scores);
 // certified: the QGMMA path's key norms (ScoringPlanInfo::tensor_core_fp8).
-IndexerLayout carve_indexer(const PlanRequest& request, int splits, detail::WorkspaceCarver& carver,
-                            bool decode_only, bool certified = false);
+IndexerLayout carve_indexer(const PlanRequest& request, const ScoringPlanInfo& info,
+                            detail::WorkspaceCarver& carver, bool decode_only,
+                            bool certified = false);
 
 int ranked_slots(const MsaConfig& config);
 int64_t decode_tile_capacity(const PlanRequest& request);
+// The decode workspace's candidate lists, in (tile, range) slots of 64 rows: the plan's tiles
+// times its ranges a tile, and at least what one request's tiles take (a call sizes its grid by
+// its own decode requests: launch_decode_topk).
+int64_t decode_list_slots(const PlanRequest& request, const ScoringPlanInfo& info);
 
 DecodeTopkParams decode_params(const OpPlan& plan, int splits, const IndexTopkArgs& args,
                                const IndexerLayout& l);

@@ -40,11 +40,11 @@ int sm_count() {
   return std::max(sms, 1);
 }
 
-// Splits a request of the Hopper decode kernel: its CTAs a SM over the plan's requests, at most
-// the portable kernel's splits (whose workspace it shares). Taken from the kernel's constants so
-// that the cases keep meeting the regimes they name when the kernel's residency changes.
-int64_t sm90_splits(int64_t plan_requests) {
-  const int64_t requests = std::max<int64_t>(plan_requests, 1);
+// Splits a request of the Hopper decode kernel: its CTAs an SM over a call's decode requests, at
+// most the portable kernel's splits. Taken from the kernel's constants so that the cases keep
+// meeting the regimes they name when the kernel's residency changes.
+int64_t sm90_splits(int64_t decode_requests) {
+  const int64_t requests = std::max<int64_t>(decode_requests, 1);
   const int64_t portable =
       std::max<int64_t>(1, cuda::kScoringCtasPerSm * int64_t{sm_count()} / requests);
   return std::clamp<int64_t>(cuda::kDecodeSm90CtasPerSm * int64_t{sm_count()} / requests, 1,
@@ -97,8 +97,11 @@ struct DecodeCase {
   DType dtype;
   bool integers;      // integer data: exact sums, selections must match bit for bit
   bool use_reference; // small enough for the reference; else the CPU backend is the oracle
-  int plan_splits;    // > 0: the plan's max_requests chosen for this many Hopper splits a request
+  // > 0: the batch padded with empty decode requests (and the plan sized for them) so that a call
+  // gets this many Hopper ranges a request.
+  int plan_splits;
   std::vector<std::pair<int32_t, int32_t>> prefill; // (q_len, seq_len) after the decode requests
+  int plan_capacity = 0; // > batch: the plan's max_requests (an engine's plan for its largest batch)
 };
 
 void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
@@ -114,10 +117,23 @@ DecodeCase with_prefill(DecodeCase c, std::vector<std::pair<int32_t, int32_t>> p
   return c;
 }
 
+DecodeCase planned_for(DecodeCase c, int max_requests) {
+  c.plan_capacity = max_requests;
+  return c;
+}
+
+// The decode requests of case c's batch: its own, then (plan_splits > 0) padding requests up to
+// the count whose calls get plan_splits Hopper ranges a request - the decode grid follows the
+// call's decode requests (launch_decode_topk), so a regime of few ranges needs many requests.
+int64_t decode_requests_of(const DecodeCase& c) {
+  const int64_t own = static_cast<int64_t>(c.seq_lens.size());
+  if (c.plan_splits == 0) return own;
+  return std::max(own, cuda::kDecodeSm90CtasPerSm * int64_t{sm_count()} / c.plan_splits);
+}
+
 int64_t plan_requests_of(const DecodeCase& c) {
-  const int64_t batch = static_cast<int64_t>(c.seq_lens.size() + c.prefill.size());
-  if (c.plan_splits == 0) return batch;
-  return std::max(batch, cuda::kDecodeSm90CtasPerSm * int64_t{sm_count()} / c.plan_splits);
+  return std::max<int64_t>(decode_requests_of(c) + static_cast<int64_t>(c.prefill.size()),
+                           c.plan_capacity);
 }
 
 BatchSpec spec_of(const DecodeCase& c, int64_t splits, uint64_t seed) {
@@ -126,11 +142,15 @@ BatchSpec spec_of(const DecodeCase& c, int64_t splits, uint64_t seed) {
     s.q_lens.push_back(c.q_len);
     s.seq_lens.push_back(resolve(l, splits));
   }
+  while (static_cast<int64_t>(s.q_lens.size()) < decode_requests_of(c)) {
+    s.q_lens.push_back(c.q_len);
+    s.seq_lens.push_back(0);
+  }
   for (const auto& request : c.prefill) {
     s.q_lens.push_back(request.first);
     s.seq_lens.push_back(request.second);
   }
-  s.num_decode = static_cast<int>(c.seq_lens.size());
+  s.num_decode = static_cast<int>(decode_requests_of(c));
   s.decode_q_len = c.q_len;
   s.index_heads = c.config.num_index_heads;
   s.index_dtype = c.dtype;
@@ -266,6 +286,19 @@ std::vector<DecodeCase> decode_cases() {
       decode_case("B32ClustersOf4H4Fp8", varied(32, 20000, 15), 1, cfg(4, 16, 1, 0), f8),
       decode_case("B32ClustersOf4Init1Fp8RandomData", varied(32, 9000, 16), 1, cfg(1, 16, 1, 1), f8,
                   false),
+      // Plans for 256 requests (an engine's, sized once for its largest batch) running small
+      // batches: the call's grid follows its own decode requests (one CTA an SM's worth of ranges
+      // for batch 1, not the plan's one a request), its lists within the plan's workspace.
+      planned_for(decode_case("B1H4PlannedFor256", {131072 - 77}, 1, cfg(4, 16, 1, 0), bf), 256),
+      planned_for(decode_case("B1H1PlannedFor256K32Init1Fp8", {40000}, 1, cfg(1, 32, 1, 1), f8),
+                  256),
+      planned_for(decode_case("B3H2Mtp2PlannedFor256Fp8RandomData", {9000, 0, 70000}, 2,
+                              cfg(2, 16, 1, 0), f8, false),
+                  256),
+      planned_for(with_prefill(decode_case("B2H4PlannedFor256BeforePrefill", {20000, 5000}, 1,
+                                           cfg(4, 16, 1, 0), bf),
+                               {{300, 4000}}),
+                  256),
   };
 }
 
@@ -321,13 +354,13 @@ TEST_P(GpuDecodeIndexer, EveryImplementationMatchesTheHostBackend) {
   const uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const int64_t plan_requests = plan_requests_of(c);
-  SyntheticBatch sb(spec_of(c, sm90_splits(plan_requests), seed));
+  SyntheticBatch sb(spec_of(c, sm90_splits(decode_requests_of(c)), seed));
   M3SA_ASSERT_OK(sb.status());
   const IndexerOracle oracle = indexer_oracle(c.config, sb, seed, c.integers, c.use_reference);
   const DeviceBatch db(sb);
   const SelectionRules rules = selection_rules(c.config, sb);
   std::printf("[ %s ] %s\n", c.name,
-              regime(sb, c.config.num_index_heads, sm90_splits(plan_requests)).c_str());
+              regime(sb, c.config.num_index_heads, sm90_splits(decode_requests_of(c))).c_str());
 
   HostTensor previous;
   for (const char* arch : kArchs) {
@@ -335,8 +368,8 @@ TEST_P(GpuDecodeIndexer, EveryImplementationMatchesTheHostBackend) {
     if (!plan_named(arch, c.config, sb, plan_requests, &run)) continue;
     if (std::string(arch) == "sm90") {
       const auto info = detail::load_plan_info<cuda::ScoringPlanInfo>(run.plan);
-      std::printf("[ %s sm90 ] Hopper decode grid: %d ranges a tile, %s\n", c.name,
-                  info.decode_sm90_splits,
+      std::printf("[ %s sm90 ] Hopper decode plan: %d ranges a tile at %lld requests, %s\n",
+                  c.name, info.decode_sm90_splits, static_cast<long long>(plan_requests),
                   info.decode_sm90_cluster > 1 ? "each tile one cluster" : "workspace finish");
       // Clusters only where a cluster instantiation exists (e4m3, <= 16 ranked slots), of the
       // tile's ranges, 2..16 of them; which of those cases takes one depends on the device.
@@ -408,7 +441,7 @@ TEST(GpuDecodeIndexerRuns, DecodeKeysPastSeqLenNeverCount) {
       SCOPED_TRACE(std::string(to_string(dtype)) + " batch " + std::to_string(i));
       const MsaConfig config = cfg(pb.heads, 16, 0, 0);
       const DecodeCase c = decode_case("", pb.lens, pb.q_len, config, dtype);
-      SyntheticBatch sb(spec_of(c, sm90_splits(plan_requests_of(c)), seed));
+      SyntheticBatch sb(spec_of(c, sm90_splits(decode_requests_of(c)), seed));
       M3SA_ASSERT_OK(sb.status());
       sb.fill_index_integers(seed, -3, 3);
       const int rows = pb.q_len * pb.heads;
@@ -544,7 +577,7 @@ TEST(GpuDecodeIndexerRuns, DecodeStridedCacheViews) {
       SCOPED_TRACE(std::string(to_string(dtype)) + " shape " + std::to_string(i));
       const MsaConfig config = cfg(shape.heads, 16, 1, 0);
       const DecodeCase c = decode_case("", shape.lens, shape.q_len, config, dtype);
-      SyntheticBatch sb(spec_of(c, sm90_splits(plan_requests_of(c)), seed));
+      SyntheticBatch sb(spec_of(c, sm90_splits(decode_requests_of(c)), seed));
       M3SA_ASSERT_OK(sb.status());
       sb.fill_index_integers(seed, -3, 3);
       HostTensor want, want_repeated;
@@ -621,7 +654,7 @@ TEST(GpuDecodeIndexerRuns, DecodeStridedCacheViews) {
 template <typename Fill>
 void expect_selects_as_cpu(const DecodeCase& c, Fill&& fill, const char* data) {
   const int64_t plan_requests = plan_requests_of(c);
-  SyntheticBatch sb(spec_of(c, sm90_splits(plan_requests), test_seed()));
+  SyntheticBatch sb(spec_of(c, sm90_splits(decode_requests_of(c)), test_seed()));
   M3SA_ASSERT_OK(sb.status());
   fill(sb);
   HostTensor want;
@@ -701,7 +734,7 @@ TEST(GpuDecodeIndexerRuns, DecodeTwentyRunsAreBitwiseIdentical) {
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
-    SyntheticBatch sb(spec_of(c, sm90_splits(plan_requests_of(c)), seed));
+    SyntheticBatch sb(spec_of(c, sm90_splits(decode_requests_of(c)), seed));
     M3SA_ASSERT_OK(sb.status());
     CudaRun run;
     if (!plan_named("sm90", c.config, sb, 0, &run))
@@ -735,7 +768,7 @@ TEST(GpuDecodeIndexerRuns, DecodeGraphOfAlternatingBatchesEqualsEagerRuns) {
     const DecodeCase c = decode_case(
         "B6LongRanges", {split_len(64, -3), split_len(70, 9), 0, split_len(64, 0), 3000, 131072}, 1,
         cfg(4, 16, 1, 0), dtype, false);
-    const int64_t splits = sm90_splits(plan_requests_of(c));
+    const int64_t splits = sm90_splits(decode_requests_of(c));
     SyntheticBatch sa(spec_of(c, splits, seed)), sb(spec_of(c, splits, seed));
     M3SA_ASSERT_OK(sa.status());
     M3SA_ASSERT_OK(sb.status());

@@ -566,7 +566,7 @@ TEST(GpuPrefillScorerSmall, QgmmaScoresStayWithinTheCertificationBound) {
     const auto info = detail::load_plan_info<cuda::ScoringPlanInfo>(topk_run.plan);
     detail::WorkspaceCarver carver(topk_run.workspace.data());
     const cuda::IndexerLayout l =
-        cuda::carve_indexer(topk_run.plan.request, info.block_splits, carver, false, true);
+        cuda::carve_indexer(topk_run.plan.request, info, carver, false, true);
     const Capacities& cap = topk_run.plan.request.capacities;
     std::vector<float> approx(
         static_cast<size_t>(heads * cap.max_tokens * cap.max_blocks_per_request));

@@ -60,6 +60,7 @@ int run_bench(const BenchOptions& options) {
   };
   for (Case c : cases(options.set)) {
     c.pages_in_order = options.index_pages_in_order;
+    c.plan_requests = options.plan_requests;
     if (selected(c.name)) finish_case(c.name, run_case(c, stream, ceilings, &records));
   }
   for (AttentionCase c : attention_cases(options.set)) {

@@ -22,6 +22,9 @@ struct BenchOptions {
   // Index-cache pages of the indexer and context-parallel cases: shuffled over the pool (the
   // peer's randperm) or in order (a fresh request's pages from an empty allocator).
   bool index_pages_in_order = false;
+  // > 0: the indexer cases' plans sized for this many requests (at least the case's batch), as an
+  // engine that plans once for its largest batch; 0: for the case's batch.
+  int plan_requests = 0;
   std::string backend = "cuda"; // cuda | cpu (bench_cpu.cpp)
 };
 

@@ -103,7 +103,9 @@ Status run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
   const double flops = 2.0 * 128 * c.heads * visible;
   const double key_bytes = static_cast<double>(c.batch) * c.context * 128 * elem;
   for (OpKind op : {OpKind::score_blocks, OpKind::select_topk_blocks, OpKind::index_topk}) {
-    const PlanRequest request{op, Backend::cuda, config, Capacities{c.batch, tokens, blocks},
+    const int64_t plan_requests = c.decode ? std::max(c.batch, c.plan_requests) : c.batch;
+    const PlanRequest request{op, Backend::cuda, config,
+                              Capacities{plan_requests, std::max(tokens, plan_requests), blocks},
                               c.dtype};
     Timing t;
     std::string implementation;

@@ -127,6 +127,7 @@ struct Case {
   int heads;
   DType dtype;
   bool pages_in_order = false; // the block table's pages in order, not shuffled
+  int plan_requests = 0;       // > batch: the plans' max_requests (BenchOptions::plan_requests)
 };
 std::vector<Case> cases(const std::string& set);
 // Page ids 0 .. pages - 1 in order, or shuffled (a fixed seed: every run reads the same layout).

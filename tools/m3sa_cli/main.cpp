@@ -96,6 +96,11 @@ int main(int argc, char** argv) {
           "the peer's) or in-order")
       ->check(CLI::IsMember({"shuffled", "in-order"}));
   bench_cmd
+      ->add_option("--plan-requests", bench.plan_requests,
+                   "size the indexer cases' plans for this many requests (as an engine that plans "
+                   "once for its largest batch; default: each case's batch)")
+      ->check(CLI::NonNegativeNumber);
+  bench_cmd
       ->add_option("--backend", bench.backend,
                    "cuda (the GPU cases, against vLLM's in bench/results/h200) or cpu (the CPU "
                    "backend's decode and prefill cases)")
