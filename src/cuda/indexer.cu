@@ -394,10 +394,10 @@ int64_t decode_tile_capacity(const PlanRequest& request) {
 }
 
 int64_t decode_list_slots(const PlanRequest& request, const ScoringPlanInfo& info) {
-  const int64_t one_request = std::max<int64_t>(int64_t{kScoringCtasPerSm} * info.sm_count,
-                                                decode_sm90_split_count(info.sm_count, 1));
-  return std::max(decode_tile_capacity(request) * std::max(info.block_splits, 1),
-                  decode_tiles_per_request(request) * one_request);
+  return decode_list_slots(decode_tile_capacity(request), info.block_splits,
+                           decode_tiles_per_request(request),
+                           std::max<int64_t>(int64_t{kScoringCtasPerSm} * info.sm_count,
+                                             decode_sm90_split_count(info.sm_count, 1)));
 }
 
 IndexerLayout carve_indexer(const PlanRequest& request, const ScoringPlanInfo& info,
@@ -490,17 +490,14 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
   const int64_t requests = std::max(p.num_decode_requests, 1);
   const int64_t tiles =
       std::min(decode_tile_capacity(plan.request), requests * p.tiles_per_request);
-  const int64_t most_splits = std::max<int64_t>(1, decode_list_slots(plan.request, info) / tiles);
-  const auto call_splits = [&](int64_t splits) {
-    return static_cast<int>(std::clamp<int64_t>(splits, 1, most_splits));
-  };
+  const int64_t slots = decode_list_slots(plan.request, info);
+  const auto call_splits = [&](int64_t ranges) { return decode_call_splits(ranges, tiles, slots); };
   // Ranges a tile of the warps decode_sm90_warps picks for that many; a plan that takes the
   // cluster finish keeps its ranges (the cluster instantiation was chosen for them, and a call
   // has at most the plan's requests, each cluster of which the device holds at once).
-  const int sm90_splits =
-      info.decode_sm90_cluster > 1
-          ? std::clamp(info.decode_sm90_splits, 1, p.scoring.splits)
-          : call_splits(decode_sm90_split_count(info.sm_count, requests));
+  const int sm90_splits = info.decode_sm90_cluster > 1
+                              ? std::clamp(info.decode_sm90_splits, 1, p.scoring.splits)
+                              : call_splits(decode_sm90_split_count(info.sm_count, requests));
   const bool clustered = info.decode_sm90_cluster > 1 && info.decode_sm90_cluster == sm90_splits;
   const int warps = decode_sm90_warps(sm90_splits);
   DecodeTopkSm90Params sm90{};

@@ -101,7 +101,8 @@ struct DecodeCase {
   // gets this many Hopper ranges a request.
   int plan_splits;
   std::vector<std::pair<int32_t, int32_t>> prefill; // (q_len, seq_len) after the decode requests
-  int plan_capacity = 0; // > batch: the plan's max_requests (an engine's plan for its largest batch)
+  // > batch: the plan's max_requests (an engine's plan for its largest batch).
+  int plan_capacity = 0;
 };
 
 void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
@@ -368,8 +369,8 @@ TEST_P(GpuDecodeIndexer, EveryImplementationMatchesTheHostBackend) {
     if (!plan_named(arch, c.config, sb, plan_requests, &run)) continue;
     if (std::string(arch) == "sm90") {
       const auto info = detail::load_plan_info<cuda::ScoringPlanInfo>(run.plan);
-      std::printf("[ %s sm90 ] Hopper decode plan: %d ranges a tile at %lld requests, %s\n",
-                  c.name, info.decode_sm90_splits, static_cast<long long>(plan_requests),
+      std::printf("[ %s sm90 ] Hopper decode plan: %d ranges a tile at %lld requests, %s\n", c.name,
+                  info.decode_sm90_splits, static_cast<long long>(plan_requests),
                   info.decode_sm90_cluster > 1 ? "each tile one cluster" : "workspace finish");
       // Clusters only where a cluster instantiation exists (e4m3, <= 16 ranked slots), of the
       // tile's ranges, 2..16 of them; which of those cases takes one depends on the device.
@@ -791,6 +792,53 @@ TEST(GpuDecodeIndexerRuns, DecodeGraphOfAlternatingBatchesEqualsEagerRuns) {
     expect_oracle(oracle_b, want_b, sb);
 
     expect_graph_of_alternating_calls(run, da, db, want_a, want_b, {4, sa.num_tokens(), 16}, 8);
+  }
+}
+
+// One plan for 48 requests (an engine's, sized once for its largest batch) captured in one graph
+// at batch 1 and at batch 40, alternating: each call's grid follows its own decode requests (batch
+// 1: an SM's worth of ranges; batch 40: a few a request) on the one workspace, whose arrival
+// counters and lists both grids reuse. Eager runs equal the CPU backend bit for bit (integer data),
+// and every replay equals the eager runs.
+TEST(GpuDecodeIndexerRuns, DecodeGraphOfTwoBatchSizesOnOnePlanEqualsEagerRuns) {
+  M3SA_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  constexpr int kPlanRequests = 48;
+  for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
+    SCOPED_TRACE(dtype == DType::bf16 ? "bf16" : "e4m3");
+    const MsaConfig config = cfg(4, 16, 1, 0);
+    // Both block tables as wide (the longest request of either): one plan's width.
+    const int32_t longest = 131072 - 77;
+    const DecodeCase one = decode_case("B1", {longest}, 1, config, dtype);
+    const DecodeCase many = decode_case("B40", varied(40, 40000, 17, {longest}), 1, config, dtype);
+    SyntheticBatch sa(spec_of(one, sm90_splits(1), seed)), sb(spec_of(many, sm90_splits(40), seed));
+    M3SA_ASSERT_OK(sa.status());
+    M3SA_ASSERT_OK(sb.status());
+    ASSERT_EQ(sa.width(), sb.width());
+    sa.fill_index_integers(seed, -3, 3);
+    sb.fill_index_integers(seed + 1, -3, 3);
+    HostTensor cpu_a, cpu_b;
+    M3SA_ASSERT_OK(run_index_topk(config, sa, {Backend::cpu}, &cpu_a));
+    M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::cpu}, &cpu_b));
+    const DeviceBatch da(sa), db(sb);
+    for (const char* arch : kArchs) {
+      SCOPED_TRACE(arch);
+      CudaRun run;
+      if (!plan_named(arch, config, sb, kPlanRequests, &run)) continue;
+      const HostTensor got_a = run_topk(run, config, da, da.index_k_cache.view());
+      const HostTensor got_b = run_topk(run, config, db, db.index_k_cache.view());
+      EXPECT_TRUE(same_bytes(cpu_a, got_a)) << "batch 1";
+      EXPECT_TRUE(same_bytes(cpu_b, got_b)) << "batch 40";
+      expect_graph_of_alternating_results(
+          [&](int i, const TensorView& out, cudaStream_t stream) {
+            const DeviceBatch& d = i % 2 == 0 ? da : db;
+            return index_topk(run.plan, {d.index_q.view(), d.index_k_cache.view(), d.batch(), out},
+                              run.workspace.workspace(), {0, stream});
+          },
+          got_a, got_b, {4, sa.num_tokens(), 16}, 6, 3, {4, sb.num_tokens(), 16});
+      EXPECT_EQ(device_flags(run), 0);
+    }
   }
 }
 

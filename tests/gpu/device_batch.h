@@ -26,17 +26,21 @@ struct DeviceBatch {
 };
 
 // `calls` back-to-back calls `enqueue(i, out_i, stream)` (each a Status) captured in one CUDA
-// graph, call i writing its own [topk_shape] output; after each of `replays` replays, output i
-// must equal want_a (even i) or want_b (odd). A call that reads what the previous call left in a
+// graph, call i writing its own [topk_shape] output ([topk_shape_b] for odd i where given: batches
+// of different sizes); after each of `replays` replays, output i must equal want_a (even i) or
+// want_b (odd). A call that reads what the previous call left in a
 // shared workspace or buffer before rewriting it - programmatic dependent launch starts each early
 // - writes the other set's result.
 template <typename Enqueue>
 void expect_graph_of_alternating_results(Enqueue&& enqueue, const HostTensor& want_a,
                                          const HostTensor& want_b,
                                          std::initializer_list<int64_t> topk_shape, int calls,
-                                         int replays = 5) {
+                                         int replays = 5,
+                                         std::initializer_list<int64_t> topk_shape_b = {}) {
   std::vector<DeviceBuffer> outputs;
-  for (int i = 0; i < calls; ++i) outputs.emplace_back(DType::i32, topk_shape, 0x5a);
+  for (int i = 0; i < calls; ++i)
+    outputs.emplace_back(DType::i32,
+                         i % 2 == 1 && topk_shape_b.size() > 0 ? topk_shape_b : topk_shape, 0x5a);
   cudaStream_t stream;
   M3SA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;

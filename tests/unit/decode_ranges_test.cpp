@@ -213,5 +213,45 @@ TEST(DecodeRanges, ClusterFinishWhereTheRangesFitOneClusterAndRankZeroReceivesTh
         }
 }
 
+// A decode call's grid (launch_decode_topk): its ranges a tile come from its own decode requests -
+// one CTA an SM's worth of ranges over them, for the Hopper kernel (kDecodeSm90CtasPerSm an SM) and
+// the portable one (kScoringCtasPerSm) - never from the plan's capacity, and the workspace's list
+// slots (sized at plan time for max_requests) hold them for every call the plan accepts: no call
+// is clamped below an SM's worth, and none writes past the slots. Before, a plan for 256 requests
+// ran batch 1 as one CTA a request (bench/NOTES.md s59 r6: 13x slower at S=128K).
+TEST(DecodeRanges, CallGridFollowsItsDecodeRequestsWithinThePlansWorkspace) {
+  for (int sm : {1, 16, 78, 114, 132, 144})
+    for (int64_t capacity : {1, 2, 3, 7, 8, 31, 32, 100, 131, 132, 133, 256, 1000})
+      for (int64_t plan_tiles_a_request : {1, 2, 4, 16}) {
+        // The plan's ranges a tile (plan_scoring's block_splits) and its list slots.
+        const int64_t portable_one = int64_t{cuda::kScoringCtasPerSm} * sm;
+        const int64_t hopper_one = int64_t{cuda::kDecodeSm90CtasPerSm} * sm;
+        const int64_t block_splits =
+            std::max<int64_t>({1, portable_one / capacity, hopper_one / capacity});
+        const int64_t slots =
+            cuda::decode_list_slots(capacity * plan_tiles_a_request, block_splits,
+                                    plan_tiles_a_request, std::max(portable_one, hopper_one));
+        for (int64_t requests = 1; requests <= capacity; requests += requests < 40 ? 1 : 37)
+          for (int64_t tiles_a_request = 1; tiles_a_request <= plan_tiles_a_request;
+               tiles_a_request *= 2) {
+            const int64_t tiles = requests * tiles_a_request;
+            for (int64_t one : {portable_one, hopper_one}) {
+              const int splits = cuda::decode_call_splits(one / requests, tiles, slots);
+              ASSERT_EQ(splits, std::max<int64_t>(1, one / requests))
+                  << "sm " << sm << " capacity " << capacity << " requests " << requests;
+              ASSERT_LE(tiles * splits, slots)
+                  << "sm " << sm << " capacity " << capacity << " requests " << requests;
+            }
+          }
+      }
+  // Batch 1 on a plan for 256 requests (132 SMs): 132 Hopper ranges, as a plan for 1 request.
+  const int64_t slots = cuda::decode_list_slots(256, 1, 1, 3 * 132);
+  EXPECT_EQ(cuda::decode_call_splits(132 / 1, 1, slots), 132);
+  EXPECT_EQ(cuda::decode_call_splits(132 / 256, 256, slots), 1);
+  // A call beyond what the slots hold is clamped, never past them.
+  EXPECT_EQ(cuda::decode_call_splits(1000, 2, 100), 50);
+  EXPECT_EQ(cuda::decode_call_splits(0, 0, 0), 1);
+}
+
 } // namespace
 } // namespace m3sa::testing

@@ -128,6 +128,21 @@ inline constexpr int kDecodeSm90MaxCluster =
 // keys than this finishes through the workspace, cluster or not.
 inline constexpr int kDecodeSm90ReceiveKeys = kDecodeSm90MaxCluster > 0 ? 2048 : 0;
 
+// The decode workspace's candidate lists, in (tile, range) slots: the plan's `plan_tiles` x
+// `plan_splits`, and at least one request's `request_tiles` x `one_request_ranges` (the ranges a
+// call of one decode request takes), since a call sizes its grid by its own decode requests.
+inline int64_t decode_list_slots(int64_t plan_tiles, int64_t plan_splits, int64_t request_tiles,
+                                 int64_t one_request_ranges) {
+  return std::max(plan_tiles * std::max<int64_t>(plan_splits, 1),
+                  request_tiles * one_request_ranges);
+}
+// A decode call's ranges a tile (launch_decode_topk): `ranges`, one CTA an SM's worth over the
+// call's decode requests, at least 1 and at most what `slots` list slots hold for its `tiles`.
+inline int decode_call_splits(int64_t ranges, int64_t tiles, int64_t slots) {
+  const int64_t most = std::max<int64_t>(1, slots / std::max<int64_t>(tiles, 1));
+  return static_cast<int>(std::clamp<int64_t>(ranges, 1, most));
+}
+
 // The Hopper decode kernel's grid along y, before clusters: one CTA an SM's worth of ranges a
 // request (`sm_splits`, at most the workspace's), but no more than the ranges of
 // kDecodeSm90MinBlocksPerRange blocks the plan's longest request can fill - the CTAs past those
