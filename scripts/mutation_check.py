@@ -88,6 +88,12 @@ MUTATIONS = [
      "if ((void)unit_capacity, n_ranges > range_capacity) return kUnfitRangeChoice;"),
     ("plan: SM90 range key cost overlaps the choice bits", "src/cuda/kernels/indexer_traits.h",
      "static_cast<unsigned long long>(cost) << 6", "static_cast<unsigned long long>(cost) << 4"),
+    # The decode grid a call takes (launch_decode_topk): an SM's worth of ranges over its own
+    # decode requests, within the workspace's list slots.
+    ("plan: decode list slots sized by the plan's capacity only", "src/cuda/kernels/indexer_traits.h",
+     "request_tiles * one_request_ranges);", "request_tiles * one_request_ranges * 0);"),
+    ("plan: decode call splits past the list slots", "src/cuda/kernels/indexer_traits.h",
+     "std::clamp<int64_t>(ranges, 1, most)", "std::max<int64_t>({ranges, 1, most * 0})"),
     # The C API's conversions (src/api/c_api.cpp): each dropped or swapped field must show.
     ("c api: strides taken from the shape", "src/api/c_api.cpp",
      "result.strides[d] = view.strides[d];", "result.strides[d] = view.shape[d];"),
