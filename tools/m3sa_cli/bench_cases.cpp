@@ -122,6 +122,9 @@ Status run_case(const Case& c, cudaStream_t stream, const Ceilings& ceilings,
         &t, &implementation));
     Record rec{c.name, to_string(op), t};
     rec.implementation = implementation;
+    // The name stays the case's; the plan's size is part of what was timed.
+    if (plan_requests > c.batch)
+      rec.note = "planned for " + std::to_string(plan_requests) + " requests";
     if (op == OpKind::select_topk_blocks || c.decode) {
       rec.bytes = op == OpKind::select_topk_blocks
                       ? static_cast<double>(c.heads) * tokens * blocks * 4
