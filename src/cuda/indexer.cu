@@ -49,6 +49,11 @@ int64_t decode_sm90_split_count(int sm_count, int64_t max_requests) {
   return int64_t{sm_count} * kDecodeSm90CtasPerSm * M3SA_DECODE_SM90_SPLIT_MULTIPLIER /
          (max_requests * M3SA_DECODE_SM90_SPLIT_DIVISOR);
 }
+// The portable kernels' ranges a tile: the CTAs every SM holds (kScoringCtasPerSm), over
+// `requests`.
+int64_t scoring_split_count(int sm_count, int64_t requests) {
+  return int64_t{kScoringCtasPerSm} * sm_count / requests;
+}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -380,7 +385,7 @@ ScoringPlanInfo plan_scoring(const PlanRequest& request, int sm_count) {
   // The workspace's ranges a tile also hold the Hopper decode kernel's (fewer, unless a
   // diagnostic build multiplies them).
   info.block_splits = static_cast<int32_t>(
-      std::max<int64_t>({1, int64_t{kScoringCtasPerSm} * sm_count / request.capacities.max_requests,
+      std::max<int64_t>({1, scoring_split_count(sm_count, request.capacities.max_requests),
                          decode_sm90_split_count(sm_count, request.capacities.max_requests)}));
   return info;
 }
@@ -394,10 +399,9 @@ int64_t decode_tile_capacity(const PlanRequest& request) {
 }
 
 int64_t decode_list_slots(const PlanRequest& request, const ScoringPlanInfo& info) {
-  return decode_list_slots(decode_tile_capacity(request), info.block_splits,
-                           decode_tiles_per_request(request),
-                           std::max<int64_t>(int64_t{kScoringCtasPerSm} * info.sm_count,
-                                             decode_sm90_split_count(info.sm_count, 1)));
+  return decode_list_slots(
+      decode_tile_capacity(request), info.block_splits, decode_tiles_per_request(request),
+      std::max(scoring_split_count(info.sm_count, 1), decode_sm90_split_count(info.sm_count, 1)));
 }
 
 IndexerLayout carve_indexer(const PlanRequest& request, const ScoringPlanInfo& info,
@@ -515,7 +519,7 @@ Status launch_decode_topk(const OpPlan& plan, const DecodeTopkParams& p, const T
     return {};
   }
   DecodeTopkParams portable = p;
-  portable.scoring.splits = call_splits(int64_t{kScoringCtasPerSm} * info.sm_count / requests);
+  portable.scoring.splits = call_splits(scoring_split_count(info.sm_count, requests));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(portable.scoring.splits));
   const auto launch =
       fp8 ? (short_lists ? launch_decode_topk_fp8_k16 : launch_decode_topk_fp8_k32)

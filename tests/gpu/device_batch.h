@@ -64,20 +64,20 @@ void expect_graph_of_alternating_results(Enqueue&& enqueue, const HostTensor& wa
   cudaStreamDestroy(stream);
 }
 
-// The same for index_topk on run's one workspace, alternating the data sets `a` and `b`; the
-// device flags stay 0.
+// The same for index_topk on run's one workspace, alternating the data sets `a` and `b` (b's
+// output [topk_shape_b] where given); the device flags stay 0.
 inline void expect_graph_of_alternating_calls(const CudaRun& run, const DeviceBatch& a,
                                               const DeviceBatch& b, const HostTensor& want_a,
                                               const HostTensor& want_b,
-                                              std::initializer_list<int64_t> topk_shape,
-                                              int calls) {
+                                              std::initializer_list<int64_t> topk_shape, int calls,
+                                              std::initializer_list<int64_t> topk_shape_b = {}) {
   expect_graph_of_alternating_results(
       [&](int i, const TensorView& out, cudaStream_t stream) {
         const DeviceBatch& d = i % 2 == 0 ? a : b;
         return index_topk(run.plan, {d.index_q.view(), d.index_k_cache.view(), d.batch(), out},
                           run.workspace.workspace(), {0, stream});
       },
-      want_a, want_b, topk_shape, calls);
+      want_a, want_b, topk_shape, calls, 5, topk_shape_b);
   EXPECT_EQ(device_flags(run), 0);
 }
 
