@@ -200,6 +200,12 @@ std::vector<DecodeCase> decode_cases() {
       decode_case("H4ThirteenPerSplitFp8", {split_len(13, -3)}, 1, cfg(4, 16, 1, 0), f8),
       decode_case("H2TwelvePerSplitPlusOneBlock", {split_len(12, 1)}, 1, cfg(2, 16, 1, 0), bf),
       decode_case("H4Seq131072", {131072}, 1, cfg(4, 16, 1, 0), bf),
+      // Batch 1 at long contexts (S ~ 128K: 528 warp lists of 2 a row): H=1 merged by the four
+      // worker warps (merge_row_in_group), H=4 by a warp a row (merge_row), q_len 2 by two warps.
+      decode_case("H1Seq131072", {131072}, 1, cfg(1, 16, 1, 0), bf),
+      decode_case("H1Seq130772RandomDataFp8", {131072 - 300}, 1, cfg(1, 16, 1, 0), f8, false),
+      decode_case("H4Seq130072RandomData", {131072 - 1000}, 1, cfg(4, 16, 1, 0), bf, false),
+      decode_case("H1Mtp2Seq60000RandomDataK32", {60000}, 2, cfg(1, 32, 1, 0), bf, false),
       // 12 and 16 rows a request: the portable kernel under both names.
       decode_case("H4Mtp3Rows12Portable", {40000, 0, 3000, 131072}, 3, cfg(4, 16, 1, 1), bf),
       decode_case("H2Mtp8Rows16PortableK32Fp8", {9000, 8, 0, 131072}, 8, cfg(2, 32, 2, 2), f8),
