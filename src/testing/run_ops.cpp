@@ -90,8 +90,11 @@ Status run_sparse_attention(const MsaConfig& config, const SyntheticBatch& sb,
   poison_f32(*lse);
   return run(OpKind::sparse_attention, config, sb, options,
              [&](const OpPlan& plan, Workspace ws, const ExecContext& ctx) {
-               return sparse_attention(
-                   plan, attention_args(sb, topk, *out, *lse, options.use_kv_block_table), ws, ctx);
+               SparseAttentionArgs args =
+                   attention_args(sb, topk, *out, *lse, options.use_kv_block_table);
+               args.k_scale = options.k_scale;
+               args.v_scale = options.v_scale;
+               return sparse_attention(plan, args, ws, ctx);
              });
 }
 

@@ -11,6 +11,7 @@ struct RunOptions {
   Backend backend = Backend::cpu;
   int num_threads = 0;            // plan and run thread count (0 = default)
   bool use_kv_block_table = true; // attention: pass the KV cache's own block table
+  float k_scale = 1.f, v_scale = 1.f; // attention: the caches' dequantisation scales
 };
 
 PlanRequest plan_request(OpKind op, const MsaConfig& config, const SyntheticBatch& sb,

@@ -137,9 +137,12 @@ TEST(CpuMatchesReferenceAttention, RandomMixedBatch) {
     const MsaConfig config = config_for(2);
     HostTensor topk, ref_out, ref_lse, cpu_out, cpu_lse;
     M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::cpu}, &topk));
-    M3SA_ASSERT_OK(
-        run_sparse_attention(config, sb, topk, {Backend::reference}, &ref_out, &ref_lse));
-    M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk, {Backend::cpu}, &cpu_out, &cpu_lse));
+    // K and V scaled apart, so that a backend scaling V by K's scale (or neither) shows.
+    RunOptions ref{Backend::reference}, cpu{Backend::cpu};
+    ref.k_scale = cpu.k_scale = 0.75f;
+    ref.v_scale = cpu.v_scale = 1.25f;
+    M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk, ref, &ref_out, &ref_lse));
+    M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk, cpu, &cpu_out, &cpu_lse));
     const AttentionComparison c =
         compare_attention(ref_out.view(), cpu_out.view(), ref_lse.view(), cpu_lse.view());
     std::printf("[ attention %s ] seed %llu: %s\n", to_string(kv),
