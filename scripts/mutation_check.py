@@ -121,6 +121,21 @@ MUTATIONS = [
      "request_tiles * one_request_ranges);", "request_tiles * one_request_ranges * 0);"),
     ("plan: decode call splits past the list slots", "src/cuda/kernels/indexer_traits.h",
      "std::clamp<int64_t>(ranges, 1, most)", "std::max<int64_t>({ranges, 1, most * 0})"),
+    # How decode attention splits a pair's selection (src/cuda/decode_splits.h, the host half of
+    # the CUDA plan): the cluster merge's owners and slots, the regimes' thresholds (session 60).
+    ("plan: attention cluster merge owner off by one", "src/cuda/decode_splits.h",
+     "return row % splits; }", "return (row + 1) % splits; }"),
+    ("plan: attention cluster merge slots overlap", "src/cuda/decode_splits.h",
+     "return row / splits * splits + split;", "return row / splits + split;"),
+    ("plan: attention one range from 80 % of the SMs", "src/cuda/decode_splits.h",
+     "decode_pairs * 10 >= int64_t{sm_count} * 9", "decode_pairs * 10 >= int64_t{sm_count} * 8"),
+    ("plan: attention merge kernel from 2 ranges", "src/cuda/decode_splits.h",
+     "splits < kMinSplitsMergedByKernel", "splits < 2"),
+    ("plan: attention cp.async ranges of one block", "src/cuda/decode_splits.h",
+     "std::max(1, top_k / 2)", "std::max(1, top_k)"),
+    ("plan: attention clusters past top_k", "src/cuda/decode_splits.h",
+     "(2 << i) <= top_k && decode_pairs <= active_clusters[i]",
+     "(void)top_k, decode_pairs <= active_clusters[i]"),
     # The C API's conversions (src/api/c_api.cpp): each dropped or swapped field must show.
     ("c api: strides taken from the shape", "src/api/c_api.cpp",
      "result.strides[d] = view.strides[d];", "result.strides[d] = view.shape[d];"),
