@@ -121,6 +121,24 @@ MUTATIONS = [
      "request_tiles * one_request_ranges);", "request_tiles * one_request_ranges * 0);"),
     ("plan: decode call splits past the list slots", "src/cuda/kernels/indexer_traits.h",
      "std::clamp<int64_t>(ranges, 1, most)", "std::max<int64_t>({ranges, 1, most * 0})"),
+    # sparse_attention's argument checks (src/api/validate_attention.cpp): each hole must let a
+    # hostile case of invalid_inputs_test through (session 60).
+    ("api: attention topk past the causal limit accepted", "src/api/validate_attention.cpp",
+     "(!padding && b > previous && b < n)", "(!padding && b > previous && b <= n)"),
+    ("api: attention topk repeated id accepted", "src/api/validate_attention.cpp",
+     "(!padding && b > previous && b < n)", "(!padding && b >= previous && b < n)"),
+    ("api: attention topk id after -1 accepted", "src/api/validate_attention.cpp",
+     "(!padding && b > previous && b < n)", "((void)padding, b > previous && b < n)"),
+    ("api: attention v_scale unchecked", "src/api/validate_attention.cpp",
+     "  if (!(args.v_scale > 0.f) || !std::isfinite(args.v_scale))",
+     "  if ((void)args.v_scale, false)"),
+    ("api: attention GQA group of 32 accepted", "src/api/validate_attention.cpp",
+     "q_heads / kv_heads > kMaxGqaGroup)", "q_heads / kv_heads > 2 * kMaxGqaGroup)"),
+    ("api: attention out over q accepted", "src/api/validate_attention.cpp",
+     '''                                      {{args.q, "q"},''', "                                      {"),
+    ("api: attention KV heads other than index heads accepted", "src/api/validate_attention.cpp",
+     "  if (kv_heads != plan.request.config.num_index_heads)",
+     "  if ((void)kv_heads, false)"),
     # How decode attention splits a pair's selection (src/cuda/decode_splits.h, the host half of
     # the CUDA plan): the cluster merge's owners and slots, the regimes' thresholds (session 60).
     ("plan: attention cluster merge owner off by one", "src/cuda/decode_splits.h",

@@ -291,11 +291,31 @@ const std::vector<InvalidCase>& cases() {
          std::swap(t[0], t[1]);
        },
        "ascending unique block ids"},
+      // Head 0, token 0 selects its 3 causal blocks, [0, 1, 2, -1, ...]: each case below breaks
+      // one rule of contract §5 alone (a case breaking two let a check lose either unnoticed).
       {"AttentionTopkBeyondCausalBlocks", O::sparse_attention,
-       [](ValidSetup& s) { i32(s.attention.topk)[15] = 3; },
-       "ascending unique block ids in [0, 3)"},
+       [](ValidSetup& s) { i32(s.attention.topk)[3] = 3; }, // [0, 1, 2, 3, -1, ...]
+       "ascending unique block ids in [0, 3) then -1 (contract §5) for head 0 token 0, got 3"},
+      {"AttentionTopkRepeatedId", O::sparse_attention,
+       [](ValidSetup& s) { i32(s.attention.topk)[3] = 2; }, // [0, 1, 2, 2, -1, ...]
+       "for head 0 token 0, got 2 in slot 3"},
+      {"AttentionTopkIdAfterPadding", O::sparse_attention,
+       [](ValidSetup& s) { i32(s.attention.topk)[2] = -1, i32(s.attention.topk)[3] = 2; },
+       "for head 0 token 0, got 2 in slot 3"}, // [0, 1, -1, 2, -1, ...]
       {"AttentionZeroKScale", O::sparse_attention, [](ValidSetup& s) { s.attention.k_scale = 0.f; },
        "k_scale"},
+      {"AttentionInfiniteVScale", O::sparse_attention,
+       [](ValidSetup& s) { s.attention.v_scale = std::numeric_limits<float>::infinity(); },
+       "v_scale: expected a finite value > 0"},
+      {"AttentionGqaGroupOf32", O::sparse_attention,
+       [](ValidSetup& s) { // 64 query heads over the 2 KV heads (the shape alone: never read)
+         s.attention.q.shape[1] = 64;
+         s.attention.q.strides[0] = 64 * 128;
+       },
+       "with at most 16 per KV head"},
+      {"AttentionOutOverQ", O::sparse_attention,
+       [](ValidSetup& s) { s.attention.out.data = s.attention.q.data; },
+       "out: expected memory disjoint from q"},
       {"AttentionVCacheShape", O::sparse_attention,
        [](ValidSetup& s) { s.attention.v_cache.shape[2] = 1; }, "v_cache"},
       {"AttentionKvTablePageOutOfRange", O::sparse_attention,
