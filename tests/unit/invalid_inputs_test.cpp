@@ -219,11 +219,31 @@ const std::vector<InvalidCase>& cases() {
          s.score.scores.strides[0] = 2 * s.sb.num_tokens();
        },
        "N >= block-table width"},
+      {"ScoresOneColumnShortOfBlockTable", O::score_blocks, // the table is 4 wide
+       [](ValidSetup& s) {
+         s.score.scores.shape[2] = 3;
+         s.score.scores.strides[1] = 3;
+         s.score.scores.strides[0] = 3 * s.sb.num_tokens();
+       },
+       "scores: expected N >= block-table width 4"},
       {"ScoresWrongDtype", O::select_topk_blocks,
        [](ValidSetup& s) { s.select.scores.dtype = DType::bf16; }, "scores: expected f32"},
       // Batch metadata.
       {"SeqLenBeyondBlockTable", O::index_topk,
        [](ValidSetup& s) { i32(s.index.batch.seq_lens)[2] = 5000; }, "block-table capacity"},
+      // The batch is q_lens {1, 1, 20}, seq_lens {300, 200, 400} over 9 pages, a 4-wide table:
+      // the cases below sit one past each bound.
+      {"SeqLenOneTokenPastBlockTable", O::index_topk,
+       [](ValidSetup& s) { i32(s.index.batch.seq_lens)[2] = 4 * 128 + 1; },
+       "<= block-table capacity 4 x 128 = 512 tokens, got 513 for request 2"},
+      {"PageIdEqualsNumPages", O::index_topk,
+       [](ValidSetup& s) { i32(s.index.batch.block_table)[0] = 9; },
+       "page ids in [0, 9), got 9 at [0][0]"},
+      {"QLenOnePastSeqLen", O::index_topk, [](ValidSetup& s) { i32(s.index.batch.seq_lens)[2] = 19; },
+       "seq_len >= q_len (20) for request 2, got 19"},
+      {"LastDecodeRequestQLenNotUniform", O::index_topk, // q_lens {1, 2, 19}
+       [](ValidSetup& s) { i32(s.index.batch.cu_q_lens)[2] = 3; },
+       "q_len == decode_q_len (1) for every decode request, got q_len 2 for request 1"},
       {"PageIdOutOfRange", O::index_topk,
        [](ValidSetup& s) { i32(s.index.batch.block_table)[0] = 999; }, "page ids in [0,"},
       {"NegativePageId", O::score_blocks,
@@ -259,6 +279,9 @@ const std::vector<InvalidCase>& cases() {
        [](ValidSetup& s) { s.request.capacities.max_tokens = 10; }, "batch.num_tokens"},
       {"BlockTableWiderThanCapacity", O::index_topk,
        [](ValidSetup& s) { s.request.capacities.max_blocks_per_request = 2; }, "plan capacity"},
+      {"BlockTableOneColumnPastCapacity", O::index_topk,
+       [](ValidSetup& s) { s.request.capacities.max_blocks_per_request = 3; },
+       "batch.block_table: expected at most 3 columns (plan capacity)"},
       {"SeqLensWrongLength", O::index_topk,
        [](ValidSetup& s) { s.index.batch.seq_lens.shape[0] = 2; }, "batch.seq_lens"},
       // Insert.
