@@ -419,10 +419,10 @@ const std::vector<InvalidCase>& cases() {
        [](ValidSetup& s) { s.norm_rope.k_norm_weight.shape[0] = 64; }, "k_norm_weight"},
       {"NormRopeTokensBeyondCapacity", O::norm_rope_insert,
        [](ValidSetup& s) { s.request.capacities.max_tokens = 10; }, "(plan capacity)"},
-      // Issue 15: outputs and the workspace overlapping batch metadata or other inputs.
       {"NormRopeTokensOnePastCapacity", O::norm_rope_insert,
        [](ValidSetup& s) { --s.request.capacities.max_tokens; },
        "q: expected at most 63 tokens (plan capacity)"},
+      // Issue 15: outputs and the workspace overlapping batch metadata or other inputs.
       {"TopkOverlapsCuQLens", O::index_topk,
        [](ValidSetup& s) { s.place_inside(s.index.topk, s.index.batch.cu_q_lens); },
        "topk: expected memory disjoint from batch.cu_q_lens"},
