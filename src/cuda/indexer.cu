@@ -54,6 +54,12 @@ int64_t decode_sm90_split_count(int sm_count, int64_t max_requests) {
 int64_t scoring_split_count(int sm_count, int64_t requests) {
   return int64_t{kScoringCtasPerSm} * sm_count / requests;
 }
+// The workspace's ranges a tile for `requests` requests: those of either kernel (the Hopper one's
+// are fewer, unless a diagnostic build multiplies them), at least one.
+int64_t workspace_split_count(int sm_count, int64_t requests) {
+  return std::max<int64_t>(
+      {1, scoring_split_count(sm_count, requests), decode_sm90_split_count(sm_count, requests)});
+}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -382,11 +388,8 @@ ScoringPlanInfo plan_scoring(const PlanRequest& request, int sm_count) {
   ScoringPlanInfo info{};
   info.sm_count = sm_count;
   info.scorer = Scorer::portable;
-  // The workspace's ranges a tile also hold the Hopper decode kernel's (fewer, unless a
-  // diagnostic build multiplies them).
-  info.block_splits = static_cast<int32_t>(
-      std::max<int64_t>({1, scoring_split_count(sm_count, request.capacities.max_requests),
-                         decode_sm90_split_count(sm_count, request.capacities.max_requests)}));
+  info.block_splits =
+      static_cast<int32_t>(workspace_split_count(sm_count, request.capacities.max_requests));
   return info;
 }
 
@@ -399,9 +402,9 @@ int64_t decode_tile_capacity(const PlanRequest& request) {
 }
 
 int64_t decode_list_slots(const PlanRequest& request, const ScoringPlanInfo& info) {
-  return decode_list_slots(
-      decode_tile_capacity(request), info.block_splits, decode_tiles_per_request(request),
-      std::max(scoring_split_count(info.sm_count, 1), decode_sm90_split_count(info.sm_count, 1)));
+  return decode_list_slots(decode_tile_capacity(request), info.block_splits,
+                           decode_tiles_per_request(request),
+                           workspace_split_count(info.sm_count, 1));
 }
 
 IndexerLayout carve_indexer(const PlanRequest& request, const ScoringPlanInfo& info,
