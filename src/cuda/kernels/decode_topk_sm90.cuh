@@ -217,6 +217,16 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
   uint8_t* my_ring = ring + warp * kSlots * Traits::kBoxBytes;
   uint64_t* my_full = full + warp * kSlots;
 
+  // The stream's boxes carry the evict_first L2 policy: each page is read once a step, and 60-odd
+  // other layers run before this one's next step. At batch 1 what the stream would push out of
+  // L2 is what the last CTA's finish reads next: -0.2..-0.35 us at S >= 32K, -0.5..-0.8 at 1M
+  // (bench/NOTES.md s61 r1-r3). Every e4m3 box takes it (-0.15..-0.9 us at every batch). A bf16
+  // page is two boxes over alternate 128-byte halves of its 256-byte rows, and the index cache's
+  // map promotes L2 fetches to 256 B: tagging the first half's box (whose fetch brings in the
+  // second half) lost up to 1.3 % at batches >= 32 (s61 r2), while tagging only the second
+  // halves gained 1-1.3 % there (B=128 S=128K 1358 -> 1344 us, s61 r3) but kept little of batch
+  // 1's gain - so a one-tile launch (gridDim.x == 1: batch 1) tags both halves, others the second.
+  const bool one_tile = gridDim.x == 1;
   // Box u of this warp: dims [64 (u % 2), +64) of block u / 2 (bf16), block u (e4m3). An invalid
   // page completes its slot's phase without bytes; the readers skip it.
   const auto issue = [&](int u) {
@@ -228,9 +238,14 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
     }
     sm90::mbarrier_arrive_expect_tx(&my_full[slot], Traits::kBoxBytes);
     const int part = u % kBoxesPerPage; // token part, then dim part
-    sm90::tma_load_3d(my_ring + slot * Traits::kBoxBytes, params.index_k_map, &my_full[slot],
-                      part % Traits::kDimParts * 64, part / Traits::kDimParts * Traits::kBoxTokens,
-                      page);
+    const int dims = part % Traits::kDimParts * 64,
+              tokens = part / Traits::kDimParts * Traits::kBoxTokens;
+    if (Traits::kFp8 || one_tile || part % Traits::kDimParts == 1)
+      sm90::tma_load_3d(my_ring + slot * Traits::kBoxBytes, params.index_k_map, &my_full[slot],
+                        dims, tokens, page, sm90::l2_evict_first_policy());
+    else
+      sm90::tma_load_3d(my_ring + slot * Traits::kBoxBytes, params.index_k_map, &my_full[slot],
+                        dims, tokens, page);
   };
   // The queries' loads go out first, so that their latency overlaps lane 0's page-id load and
   // TMA issue (warp 0's other lanes wait for lane 0): rows staged as plain 256 B rows (zeros past

@@ -147,6 +147,16 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, uint64_t
                : "memory");
 }
 
+// The same with an L2 eviction policy (l2_evict_first_policy).
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, uint64_t* bar, int c0,
+                                            int c1, int c2, uint64_t policy) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               ".L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(shared_address(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(shared_address(bar)), "r"(c0), "r"(c1),
+               "r"(c2), "l"(policy)
+               : "memory");
+}
+
 // The same for a 4D tensor map at (c0, c1, c2, c3), into the CTA's own shared memory (.shared::cta:
 // also what a CTA of a cluster means by its local addresses).
 __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, uint64_t* bar, int c0,
