@@ -4,9 +4,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "registry/registry.h"
 #include "support/test_util.h"
 
 namespace m3sa::testing {
@@ -92,6 +95,66 @@ TEST(Api, PlanForOneOpIsRejectedByAnother) {
                               scoring.workspace());
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_NE(s.message().find("a plan made for index_topk"), std::string::npos) << s.message();
+}
+
+// The registry's own checks, behind the entry points' (which check the plan's op and seal first,
+// so that no public call reaches these): run_implementation trusts implementation_of to refuse an
+// implementation of another op and an index at or past the table's end (never read).
+TEST(Api, RegistryRefusesAnotherOpsImplementationAndAnIndexPastTheTable) {
+  SyntheticBatch sb({{1}, {10}, 1, 1, 1});
+  MsaConfig config;
+  config.num_index_heads = 1;
+  PlannedOp scoring(plan_request(OpKind::score_blocks, config, sb, {}));
+  M3SA_ASSERT_OK(scoring.status);
+  const detail::Implementation* impl = nullptr;
+  Status s = detail::implementation_of(scoring.plan, OpKind::index_topk, &impl);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find("a plan made for index_topk"), std::string::npos) << s.message();
+  EXPECT_EQ(impl, nullptr);
+  M3SA_ASSERT_OK(detail::implementation_of(scoring.plan, OpKind::score_blocks, &impl));
+  ASSERT_NE(impl, nullptr);
+  EXPECT_EQ(impl->op, OpKind::score_blocks);
+  for (int32_t index : {-1, implementation_count(), implementation_count() + 1}) {
+    OpPlan outside = scoring.plan;
+    outside.implementation = index;
+    impl = nullptr;
+    s = detail::implementation_of(outside, OpKind::score_blocks, &impl);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << "implementation " << index;
+    // Refused by the range check itself, not by whatever lies past the table.
+    EXPECT_NE(s.message().find("implementation in [0, " + std::to_string(implementation_count())),
+              std::string::npos)
+        << s.message();
+    EXPECT_EQ(impl, nullptr) << "implementation " << index;
+  }
+}
+
+// Every implementation answers at the contract's limits (top_k 1..32, 1..16 index heads) through
+// implementation_supports, which asks its can_implement directly - make_plan's argument checks
+// reject such configs before any implementation sees them.
+TEST(Api, ImplementationsAnswerAtTheConfigLimits) {
+  for (int i = 0; i < implementation_count(); ++i) {
+    const ImplementationInfo info = implementation_info(i);
+    const bool host = info.backend != Backend::cuda; // a CUDA one may also lack a device here
+    for (const auto& [top_k, heads, field] :
+         {std::tuple{kMaxTopK, kMaxIndexHeads, ""}, std::tuple{kMaxTopK + 1, 1, "config.top_k"},
+          std::tuple{16, kMaxIndexHeads + 1, "config.num_index_heads"}}) {
+      PlanRequest request = small_request(info.op, info.backend);
+      request.config.top_k = top_k;
+      request.config.num_index_heads = heads;
+      const Status s = implementation_supports(i, request);
+      if (*field == '\0') {
+        if (host) {
+          EXPECT_TRUE(s.ok()) << info.name << ": " << s.to_string();
+        }
+        continue;
+      }
+      EXPECT_FALSE(s.ok()) << info.name << " top_k " << top_k << " heads " << heads;
+      if (host) {
+        EXPECT_EQ(s.code(), StatusCode::unsupported) << info.name << ": " << s.to_string();
+        EXPECT_NE(s.message().find(field), std::string::npos) << info.name << ": " << s.message();
+      }
+    }
+  }
 }
 
 TEST(Api, HostWorkspacesNeedNoPreparationAndReportNoDeviceErrors) {

@@ -171,6 +171,23 @@ TEST(DecodeRanges, HopperGridKeepsTheRangesTheLongestRequestCanFill) {
     }
 }
 
+// decode_sm90_warps: 8 warps of half-page boxes where a request has few ranges (its plan's SMs /
+// max_requests: batches 32 and 128 on 132 SMs, where they gained), 4 of whole-page boxes from one
+// range past kDecodeSm90WideMaxSplits on (batch 1, where 8 lost; bench/NOTES.md s28 r3).
+TEST(DecodeRanges, EightWarpsUpToTheWideSplitLimitFourPastIt) {
+  constexpr int kWide = cuda::kDecodeSm90WideMaxSplits;
+  if (kWide == 0) GTEST_SKIP() << "a build without the 8-warp shape";
+  EXPECT_EQ(cuda::decode_sm90_warps(1), cuda::kDecodeSm90WideWarps);        // batch 128
+  EXPECT_EQ(cuda::decode_sm90_warps(132 / 32), cuda::kDecodeSm90WideWarps); // batch 32
+  EXPECT_EQ(cuda::decode_sm90_warps(kWide), cuda::kDecodeSm90WideWarps);
+  EXPECT_EQ(cuda::decode_sm90_warps(kWide + 1), cuda::kDecodeSm90NarrowWarps);
+  EXPECT_EQ(cuda::decode_sm90_warps(132), cuda::kDecodeSm90NarrowWarps); // batch 1
+  for (int splits = 1; splits <= 264; ++splits)
+    ASSERT_EQ(cuda::decode_sm90_warps(splits),
+              splits <= kWide ? cuda::kDecodeSm90WideWarps : cuda::kDecodeSm90NarrowWarps)
+        << "splits " << splits;
+}
+
 TEST(DecodeRanges, ClusterFinishWhereTheRangesFitOneClusterAndRankZeroReceivesThem) {
   constexpr int kMost = cuda::kDecodeSm90MaxCluster;
   if (kMost < 2) GTEST_SKIP() << "a build without the cluster finish";
