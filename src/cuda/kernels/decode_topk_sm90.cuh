@@ -221,9 +221,9 @@ __global__ void __launch_bounds__(DecodeSm90Traits<StoredT, Warps>::kThreads, kD
   // other layers run before this one's next step. At batch 1 what the stream would push out of
   // L2 is what the last CTA's finish reads next: -0.2..-0.35 us at S >= 32K, -0.5..-0.8 at 1M
   // (bench/NOTES.md s61 r1-r3). Every e4m3 box takes it (-0.15..-0.9 us at every batch). A bf16
-  // page is two boxes over alternate 128-byte halves of its 256-byte rows, and the index cache's
-  // map promotes L2 fetches to 256 B: tagging the first half's box (whose fetch brings in the
-  // second half) lost up to 1.3 % at batches >= 32 (s61 r2), while tagging only the second
+  // page's 256-byte rows are read as two dim halves, a box each (per token part), and the index
+  // cache's map promotes L2 fetches to 256 B: tagging the first half's box (whose fetch brings in
+  // the second half) lost up to 1.3 % at batches >= 32 (s61 r2), while tagging only the second
   // halves gained 1-1.3 % there (B=128 S=128K 1358 -> 1344 us, s61 r3) but kept little of batch
   // 1's gain - so a one-tile launch (gridDim.x == 1: batch 1) tags both halves, others the second.
   const bool one_tile = gridDim.x == 1;
