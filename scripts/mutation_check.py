@@ -198,6 +198,36 @@ MUTATIONS = [
     ("registry: implementation one past the table", "src/registry/registry.cpp",
      "plan.implementation >= static_cast<int32_t>(all.size()))\n",
      "plan.implementation > static_cast<int32_t>(all.size()))\n"),
+    # The CPU norm_rope_insert's own steps and the tensor views' basics (session 61). Three
+    # mutations of supports() (capabilities.cpp: another op's implementations counted, one op
+    # skipped, one reason kept) were tried and dropped: equivalent in a CPU-only build, where each
+    # host op has one implementation a backend and the same limits, and CUDA returns first.
+    ("cpu: norm_rope gains without the weight offset", "src/cpu/norm_rope.cpp",
+     "g[d] = nr::add(offset, w[d]);", "g[d] = nr::add(0.f * offset, w[d]);"),
+    ("cpu: norm_rope V normalized as K", "src/cpu/norm_rope.cpp",
+     "transform(a.v, a.v.offset({t, h}), nullptr);", "transform(a.v, a.v.offset({t, h}), &k_gain);"),
+    ("cpu: norm_rope V stored with K's scale", "src/cpu/norm_rope.cpp",
+     "store_row(a.v_cache, a.v_cache.offset({page, in_page, h}), y, a.v_scale);",
+     "store_row(a.v_cache, a.v_cache.offset({page, in_page, h}), y, a.k_scale);"),
+    ("cpu: norm_rope cos / sin table halves swapped", "src/cpu/norm_rope.cpp",
+     "rot.cos[i] = both[i], rot.sin[i] = both[i + nr::kRotaryPairs];",
+     "rot.sin[i] = both[i], rot.cos[i] = both[i + nr::kRotaryPairs];"),
+    ("cpu: norm_rope index_q with q's gain", "src/cpu/norm_rope.cpp",
+     "transform(a.index_q, a.index_q.offset({t, h}), &iq_gain);",
+     "transform(a.index_q, a.index_q.offset({t, h}), &q_gain);"),
+    ("cpu: norm_rope index_k with k's gain", "src/cpu/norm_rope.cpp",
+     "transform(a.index_k, a.index_k.offset({t}), &ik_gain);",
+     "transform(a.index_k, a.index_k.offset({t}), &k_gain);"),
+    ("api: a rank-0 view holds one element", "src/api/basics.cpp",
+     "return rank == 0 ? 0 : n;", "return n;"),
+    ("api: contiguity checks the strides of size-1 dims", "src/api/basics.cpp",
+     "if (shape[d] != 1 && strides[d] != stride) return false;",
+     "if (strides[d] != stride) return false;"),
+    ("api: contiguous views' strides wrap", "src/api/basics.cpp",
+     "    t.strides[i] = stride;\n    stride = detail::saturating_mul(stride, t.shape[i]);",
+     "    t.strides[i] = stride;\n    stride = stride * t.shape[i];"),
+    ("api: e4m3 two bytes", "src/api/basics.cpp",
+     "  case DType::fp8_e4m3:\n    return 1;", "  case DType::fp8_e4m3:\n    return 2;"),
     # The batch and cache checks every op shares (src/api/validate.cpp), each bound moved by
     # one, and the indexer's own (session 60).
     ("api: page == num_pages accepted", "src/api/validate.cpp",

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -38,6 +39,27 @@ TEST(Api, TensorViewDescribesItself) {
   EXPECT_EQ(v.numel(), 7 * 64 * 128);
   EXPECT_TRUE(v.is_contiguous());
   EXPECT_FALSE(TensorView{}.present());
+}
+
+// A view's counts saturate instead of wrapping (the argument checks compare them with buffer
+// sizes); a rank-0 view holds no element (it is how an optional argument is absent); and
+// contiguity ignores the stride of a size-1 dim, which frameworks set freely.
+TEST(Api, TensorViewCountsSaturateAndContiguityIgnoresSizeOneDims) {
+  EXPECT_EQ(TensorView{}.numel(), 0);
+  const auto* base = reinterpret_cast<void*>(64);
+  TensorView v = TensorView::contiguous(base, DType::bf16, {2, 1, 4});
+  EXPECT_EQ(v.numel(), 8);
+  v.strides[1] = 12345;
+  EXPECT_TRUE(v.is_contiguous());
+  v.strides[0] = 5;
+  EXPECT_FALSE(v.is_contiguous());
+  constexpr int64_t kHuge = int64_t{1} << 40, kMax = std::numeric_limits<int64_t>::max();
+  const TensorView huge = TensorView::contiguous(base, DType::bf16, {2, kHuge, kHuge});
+  EXPECT_EQ(huge.strides[2], 1);
+  EXPECT_EQ(huge.strides[1], kHuge);
+  EXPECT_EQ(huge.strides[0], kMax); // 2^80 elements a row
+  EXPECT_EQ(huge.numel(), kMax);
+  EXPECT_TRUE(huge.is_contiguous());
 }
 
 TEST(Api, HostBackendsSupportEveryOpAndConfig) {
