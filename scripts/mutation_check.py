@@ -228,6 +228,26 @@ MUTATIONS = [
      "    t.strides[i] = stride;\n    stride = stride * t.shape[i];"),
     ("api: e4m3 two bytes", "src/api/basics.cpp",
      "  case DType::fp8_e4m3:\n    return 1;", "  case DType::fp8_e4m3:\n    return 2;"),
+    # The tests' own judge (src/testing/compare.cpp: a selection row's format and rules, the
+    # exchanges a backend may make against the reference) - a lenient judge passes every backend
+    # (session 61).
+    ("testing: padding after the ids unchecked", "src/testing/compare.cpp",
+     '    if (row[i] != -1) return detail::concat("slot ", i, " holds ", row[i], " after padding");\n',
+     ""),
+    ("testing: repeated ids accepted", "src/testing/compare.cpp",
+     "if (row[i] <= row[i - 1]) return", "if (row[i] < row[i - 1]) return"),
+    ("testing: too few ids accepted", "src/testing/compare.cpp",
+     "  if (valid != std::min(n, k))\n", "  if (valid > std::min(n, k))\n"),
+    ("testing: forced local blocks unchecked", "src/testing/compare.cpp",
+     "  for (int64_t b = n - rules.local_blocks; b < n; ++b)\n",
+     "  for (int64_t b = n; b < n; ++b)\n"),
+    ("testing: exchanges judged at ten times the tolerance", "src/testing/compare.cpp",
+     "      if (relative > tolerance)\n", "      if (relative > 10 * tolerance)\n"),
+    ("testing: exact ties never bind", "src/testing/compare.cpp",
+     "exact_tie && (ties == ExactTies::bind || !std::isfinite(sa) || !std::isfinite(sx));",
+     "exact_tie && (!std::isfinite(sa) || !std::isfinite(sx));"),
+    ("testing: a NaN exchanged for a number within tolerance", "src/testing/compare.cpp",
+     "      if (std::isnan(sa) || std::isnan(sx))\n        return", "      if (false)\n        return"),
     # The batch and cache checks every op shares (src/api/validate.cpp), each bound moved by
     # one, and the indexer's own (session 60).
     ("api: page == num_pages accepted", "src/api/validate.cpp",

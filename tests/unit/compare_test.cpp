@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "support/test_util.h"
 
@@ -131,6 +133,11 @@ TEST(CompareTopk, BlockNeitherRowChoseStillBreaksTiesToTheLowerId) {
 
 TEST(CompareTopk, ExchangeBeyondTheTieToleranceIsRejected) {
   expect_rejected({kScores, kWant, {2, 3, 5, 9}}, "relative gap");
+  // Just past it: block 8 at 6.9996 for block 4's 7, a gap of 5.7e-5 - above kNearTieRelative
+  // (1e-5), below ten times it.
+  std::vector<float> s = kScores;
+  s[8] = 6.9996f;
+  expect_rejected({s, kWant, {2, 3, 8, 9}}, "relative gap");
 }
 
 TEST(CompareTopk, MissingForcedLocalBlockIsRejectedWhateverTheScores) {
@@ -148,6 +155,15 @@ TEST(CompareTopk, BlocksBeyondTheCausalRangeAreRejected) {
 TEST(CompareTopk, ShortAndPaddingRowsMustHoldExactlyTheirCausalBlocks) {
   expect_rejected({kScores, {0, 1, 2, -1}, {0, 1, -1, -1}, 2 * 128}, "2 valid ids, expected");
   expect_rejected({kScores, {-1, -1, -1, -1}, {0, -1, -1, -1}, -1}, "1 valid ids, expected");
+  // The row rule on its own (the comparison above also sees the rows differ): a row one id short
+  // of its min(n, K) blocks is invalid even when the reference row is the same.
+  SelectionRules rules;
+  rules.local_blocks = 1;
+  EXPECT_EQ(selection_row_error({0, 1, 2, -1}, 2 * 128, rules), "");
+  EXPECT_EQ(selection_row_error({0, 1, -1, -1}, 2 * 128, rules),
+            "2 valid ids, expected min(n = 3, K) = 3");
+  EXPECT_EQ(selection_row_error({2, 3, 9, -1}, kPosition, rules),
+            "3 valid ids, expected min(n = 10, K) = 4");
 }
 
 TEST(CompareTopk, InvalidReferenceRowsAreReportedNotTrusted) {
