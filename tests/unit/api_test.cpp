@@ -86,6 +86,53 @@ TEST(Api, CudaBackendSaysWhyItIsUnavailable) {
   EXPECT_EQ(best_available_backend(OpKind::sparse_attention, MsaConfig{}), Backend::cpu);
 }
 
+// What capabilities.cpp answers matches how the library was configured (the build passes
+// M3SA_HAVE_CUDA to this test as M3SA_TEST_CUDA_BACKEND_BUILT): a CUDA-free build neither claims
+// the backend nor counts a device, and its refusal of every CUDA op says how to get one.
+TEST(Api, CapabilityAnswersMatchTheBuild) {
+  EXPECT_EQ(cuda_backend_built(), M3SA_TEST_CUDA_BACKEND_BUILT != 0);
+  if (cuda_backend_built()) GTEST_SKIP() << "the CUDA backend is built: its answers need a device";
+  EXPECT_EQ(cuda_device_count(), 0);
+  for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
+                    OpKind::index_topk, OpKind::sparse_attention, OpKind::norm_rope_insert}) {
+    const Status s = supports(Backend::cuda, op, MsaConfig{});
+    EXPECT_EQ(s.code(), StatusCode::unsupported) << to_string(op);
+    EXPECT_NE(s.message().find(std::string("backend cuda, op ") + to_string(op)), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("-DM3SA_ENABLE_CUDA=ON"), std::string::npos) << s.message();
+    EXPECT_EQ(best_available_backend(op, MsaConfig{}), Backend::cpu) << to_string(op);
+  }
+}
+
+// A host backend refuses a config past the implementations' limits as unsupported (not as an
+// invalid argument: a later build may support it), naming the backend, the op and every
+// implementation's reason; the whole-config form answers the first op's refusal.
+TEST(Api, HostBackendsRefuseConfigsPastTheLimitsNamingBackendAndOp) {
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
+                      OpKind::index_topk, OpKind::sparse_attention, OpKind::norm_rope_insert}) {
+      MsaConfig config;
+      config.top_k = kMaxTopK + 1;
+      const Status s = supports(backend, op, config);
+      EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+      const std::string what =
+          std::string("backend ") + to_string(backend) + ", op " + to_string(op) + ": ";
+      EXPECT_EQ(s.message().rfind(what, 0), 0u) << s.message();
+      EXPECT_NE(s.message().find("config.top_k " + std::to_string(kMaxTopK + 1)), std::string::npos)
+          << s.message();
+    }
+    MsaConfig config;
+    config.num_index_heads = kMaxIndexHeads + 1;
+    const Status s = supports(backend, config);
+    EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+    EXPECT_EQ(s.message().rfind(
+                  std::string("backend ") + to_string(backend) + ", op insert_index_k: ", 0),
+              0u)
+        << s.message();
+    EXPECT_NE(s.message().find("config.num_index_heads"), std::string::npos) << s.message();
+  }
+}
+
 TEST(Api, PlansSizeWorkspacesFromCapacitiesOnly) {
   for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
                     OpKind::index_topk, OpKind::sparse_attention}) {

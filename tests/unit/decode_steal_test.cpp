@@ -85,6 +85,40 @@ TEST(DecodeSteal, FrontAndBackMeetWithoutOverlap) {
   EXPECT_EQ(steal_preference(steal_word(10, 8, 3, 1)), 0);
 }
 
+// The plan's capacity check: a tile fits the word when its chunk count (rounded up) is at most
+// kStealMaxChunks, which leaves the fields room for the void claims past `chunks`.
+TEST(DecodeSteal, CapacityFitsExactlyTheChunksTheFieldsHold) {
+  for (int c : {1, 2, 3, 8}) {
+    const int64_t most = int64_t{kStealMaxChunks} * c;
+    EXPECT_TRUE(steal_chunks_fit(0, c));
+    EXPECT_TRUE(steal_chunks_fit(most - c + 1, c)) << c;
+    EXPECT_TRUE(steal_chunks_fit(most, c)) << c;
+    EXPECT_FALSE(steal_chunks_fit(most + 1, c)) << c; // one block more is one chunk more
+    EXPECT_FALSE(steal_chunks_fit(most + c, c)) << c;
+    EXPECT_EQ(steal_chunk_count(static_cast<int>(most), c), kStealMaxChunks);
+  }
+  // A fitting tile's word holds its chunks and a front past them by the void claims' room.
+  const StealState s = steal_state(steal_word(kStealMaxChunks, kStealMaxChunks + 63, 0, 0));
+  EXPECT_EQ(s.chunks, kStealMaxChunks);
+  EXPECT_EQ(s.front, kStealMaxChunks + 63);
+  EXPECT_EQ(s.stolen, 0);
+}
+
+// The owner's start word takes at most the tile's chunks, however many its warps ask for: its
+// front field never carries into `stolen`, and nothing is left when the warps cover the tile.
+TEST(DecodeSteal, OwnerStartWordTakesAtMostTheTilesChunks) {
+  for (int chunks : {0, 1, 5, 100, kStealMaxChunks})
+    for (int taken : {0, 1, 16, chunks, chunks + 1, 2 * chunks + 7, 1 << kStealFieldBits}) {
+      const StealState s = steal_state(owner_start_word(chunks, taken));
+      const int expected = std::min(taken, chunks);
+      EXPECT_EQ(s.chunks, chunks) << chunks << " " << taken;
+      EXPECT_EQ(s.front, expected) << chunks << " " << taken;
+      EXPECT_EQ(s.stolen, 0) << chunks << " " << taken;
+      EXPECT_EQ(s.thieves, 0) << chunks << " " << taken;
+      EXPECT_EQ(steal_chunks_left(owner_start_word(chunks, taken)), chunks - expected);
+    }
+}
+
 // The kernel's flow, a std::thread a warp. Per step each tile has a random length; CTA t < tiles
 // owns tile t, the others start as thieves.
 struct Protocol {

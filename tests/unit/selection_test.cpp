@@ -438,6 +438,71 @@ TEST_P(Selection, TokenMajorTopkViewHoldsTheSameSelectionsForIndexerAndAttention
   EXPECT_EQ(std::memcmp(want_lse.view().data, lse.view().data, lse.bytes()), 0);
 }
 
+// `v` (i32, rank 1) in every `gap`-th int32 of `buffer`, -7 between.
+TensorView spread(const TensorView& v, int64_t gap, HostTensor* buffer) {
+  buffer->reset(DType::i32, {v.shape[0] * gap});
+  for (int64_t i = 0; i < v.shape[0] * gap; ++i) buffer->data<int32_t>()[i] = -7;
+  TensorView out = v;
+  out.data = buffer->view().data;
+  out.strides[0] = gap;
+  for (int64_t i = 0; i < v.shape[0]; ++i)
+    out.ptr<int32_t>()[i * gap] = v.ptr<const int32_t>()[v.offset({i})];
+  return out;
+}
+
+// `v` (i32, rank 2) stored column-major in `buffer`.
+TensorView column_major(const TensorView& v, HostTensor* buffer) {
+  buffer->reset(DType::i32, {v.shape[1], v.shape[0]});
+  TensorView out = v;
+  out.data = buffer->view().data;
+  out.strides[0] = 1;
+  out.strides[1] = v.shape[0];
+  for (int64_t r = 0; r < v.shape[0]; ++r)
+    for (int64_t b = 0; b < v.shape[1]; ++b)
+      out.ptr<int32_t>()[out.offset({r, b})] = v.ptr<const int32_t>()[v.offset({r, b})];
+  return out;
+}
+
+// The batch metadata's strides are free as well (check_tensor asks cu_q_lens, seq_lens and the
+// block tables for no contiguous rows): cu_q_lens and seq_lens in every other / third int32 of
+// their buffers and both block tables column-major select and attend exactly as the packed batch.
+TEST_P(Selection, StridedBatchMetadataReadsAsThePackedOne) {
+  BatchSpec spec{{1, 1, 40}, {3000, 129, 2600}, 2, 1, 2, DType::bf16, 4, 2, DType::bf16};
+  SyntheticBatch sb(spec);
+  sb.fill_index_integers(test_seed(), -3, 3);
+  sb.fill_attention_random(test_seed() + 1);
+  const MsaConfig config = config_with(8, 1, 0, 2);
+  HostTensor want_topk, want_out, want_lse;
+  M3SA_ASSERT_OK(run_index_topk(config, sb, {backend()}, &want_topk));
+  M3SA_ASSERT_OK(run_sparse_attention(config, sb, want_topk, {backend()}, &want_out, &want_lse));
+
+  HostTensor cu_q_lens, seq_lens, block_table, kv_block_table;
+  BatchMetadata strided = sb.batch();
+  strided.cu_q_lens = spread(strided.cu_q_lens, 2, &cu_q_lens);
+  strided.seq_lens = spread(strided.seq_lens, 3, &seq_lens);
+  strided.block_table = column_major(strided.block_table, &block_table);
+  ASSERT_GT(strided.block_table.shape[1], 1);
+
+  HostTensor topk = HostTensor::shaped_like(want_topk.view());
+  PlannedOp indexer(plan_request(OpKind::index_topk, config, sb, {backend()}));
+  M3SA_ASSERT_OK(indexer.status);
+  M3SA_ASSERT_OK(index_topk(indexer.plan,
+                            {sb.index_q.view(), sb.index_k_cache.view(), strided, topk.view()},
+                            indexer.workspace()));
+  EXPECT_EQ(std::memcmp(want_topk.view().data, topk.view().data, topk.bytes()), 0);
+
+  HostTensor out = HostTensor::shaped_like(want_out.view()),
+             lse = HostTensor::shaped_like(want_lse.view());
+  PlannedOp attention(plan_request(OpKind::sparse_attention, config, sb, {backend()}));
+  M3SA_ASSERT_OK(attention.status);
+  SparseAttentionArgs args = attention_args(sb, want_topk, out, lse, true);
+  args.batch = strided;
+  args.kv_block_table = column_major(args.kv_block_table, &kv_block_table);
+  M3SA_ASSERT_OK(sparse_attention(attention.plan, args, attention.workspace()));
+  EXPECT_EQ(std::memcmp(want_out.view().data, out.view().data, out.bytes()), 0);
+  EXPECT_EQ(std::memcmp(want_lse.view().data, lse.view().data, lse.bytes()), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Selection, kHostBackends, backend_name);
 
 } // namespace
