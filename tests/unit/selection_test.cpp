@@ -402,12 +402,19 @@ TEST_P(Selection, MinusZeroTiesPlusZeroSoTheLowerIdWins) {
   }
 }
 
-TEST_P(Selection, TokenMajorTopkViewHoldsTheSameSelectionsForIndexerAndAttention) {
-  // Strides are free (contract §5): a [T, H, K] buffer seen as [H, T, K] by swapping strides.
-  BatchSpec spec{{1, 1, 40}, {3000, 129, 2600}, 2, 1, 2, DType::bf16, 4, 2, DType::bf16};
-  SyntheticBatch sb(spec);
+// The layout tests' batch: two decode rows and a 40-token chunk after a 2,600-token prefix, two
+// index heads, 4 / 2 attention heads; integer index data, so that every backend selects alike.
+const BatchSpec kLayoutBatch{{1, 1, 40}, {3000, 129, 2600}, 2, 1, 2, DType::bf16, 4,
+                             2,          DType::bf16};
+void fill_layout_batch(SyntheticBatch& sb) {
   sb.fill_index_integers(test_seed(), -3, 3);
   sb.fill_attention_random(test_seed() + 1);
+}
+
+TEST_P(Selection, TokenMajorTopkViewHoldsTheSameSelectionsForIndexerAndAttention) {
+  // Strides are free (contract §5): a [T, H, K] buffer seen as [H, T, K] by swapping strides.
+  SyntheticBatch sb(kLayoutBatch);
+  fill_layout_batch(sb);
   const MsaConfig config = config_with(8, 1, 0, 2);
   HostTensor head_major;
   M3SA_ASSERT_OK(run_index_topk(config, sb, {backend()}, &head_major));
@@ -467,10 +474,8 @@ TensorView column_major(const TensorView& v, HostTensor* buffer) {
 // block tables for no contiguous rows): cu_q_lens and seq_lens in every other / third int32 of
 // their buffers and both block tables column-major select and attend exactly as the packed batch.
 TEST_P(Selection, StridedBatchMetadataReadsAsThePackedOne) {
-  BatchSpec spec{{1, 1, 40}, {3000, 129, 2600}, 2, 1, 2, DType::bf16, 4, 2, DType::bf16};
-  SyntheticBatch sb(spec);
-  sb.fill_index_integers(test_seed(), -3, 3);
-  sb.fill_attention_random(test_seed() + 1);
+  SyntheticBatch sb(kLayoutBatch);
+  fill_layout_batch(sb);
   const MsaConfig config = config_with(8, 1, 0, 2);
   HostTensor want_topk, want_out, want_lse;
   M3SA_ASSERT_OK(run_index_topk(config, sb, {backend()}, &want_topk));
