@@ -339,6 +339,19 @@ TEST(Api, ContextParallelIndexerIsCudaOnlyAndChecksItsShard) {
   EXPECT_NE(s.message().find("shard.rank"), std::string::npos) << s.to_string();
   EXPECT_EQ(s.message().rfind("m3sa::context_parallel_index_topk: shard.rank: expected", 0), 0u)
       << s.message();
+  // One past each end of the shard's ranges.
+  s = make_context_parallel_plan(request, {-1, 2, ShardMode::contiguous}, &plan);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_EQ(s.message(), "m3sa::context_parallel_index_topk: shard.rank: expected 0..num_ranks-1 "
+                         "(1), got -1");
+  s = make_context_parallel_plan(request, {0, 1025, ShardMode::round_robin}, &plan);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_EQ(s.message(), "m3sa::context_parallel_index_topk: shard.num_ranks: expected 1..1024, "
+                         "got 1025");
+  s = make_context_parallel_plan(request, {0, 0, ShardMode::round_robin}, &plan);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find("shard.num_ranks: expected 1..1024, got 0"), std::string::npos)
+      << s.message();
 }
 
 TEST(Api, PlansNameTheirImplementationAndCanAskForOne) {

@@ -231,6 +231,16 @@ const std::vector<InvalidCase>& cases() {
          s.score.scores.strides[0] = 3 * s.sb.num_tokens();
        },
        "scores: expected N >= block-table width 4"},
+      // Session 62 (second batch of mutation rows): each case one past a bound or one dropped
+      // rule of the indexer ops.
+      {"IndexQOneTokenShort", O::index_topk, [](ValidSetup& s) { --s.index.index_q.shape[0]; },
+       "index_q: expected bf16 or fp8_e4m3 [num_tokens, num_index_heads, 128] (dim 0 == 22)"},
+      {"ScoresOverIndexKCache", O::score_blocks,
+       [](ValidSetup& s) { s.score.scores.data = s.score.index_k_cache.data; },
+       "scores: expected memory disjoint from index_k_cache"},
+      {"SelectTopkOverScores", O::select_topk_blocks,
+       [](ValidSetup& s) { s.place_inside(s.select.topk, s.select.scores); },
+       "topk: expected memory disjoint from scores"},
       {"ScoresWrongDtype", O::select_topk_blocks,
        [](ValidSetup& s) { s.select.scores.dtype = DType::bf16; }, "scores: expected f32"},
       // Batch metadata.
@@ -304,6 +314,13 @@ const std::vector<InvalidCase>& cases() {
       {"InsertSlotsAsI32", O::insert_index_k,
        [](ValidSetup& s) { s.insert.slot_mapping.dtype = DType::i32; },
        "slot_mapping: expected i64"},
+      {"InsertSlotMappingOneRowShort", O::insert_index_k, // 5 rows of index_k, 4 slots
+       [](ValidSetup& s) { s.insert.slot_mapping.shape[0] = 4; },
+       "slot_mapping: expected i64 [num_tokens] (dim 0 == 5)"},
+      {"InsertCachePagesAliased", O::insert_index_k, // every page the same memory
+       [](ValidSetup& s) { s.insert.index_k_cache.strides[0] = 0; },
+       "index_k_cache: expected bf16 [num_pages, 128, 128] (strides that do not alias elements of "
+       "an output)"},
       // Attention.
       {"AttentionOutOverlapsLse", O::sparse_attention,
        [](ValidSetup& s) { s.attention.lse.data = s.attention.out.data; },
@@ -355,6 +372,21 @@ const std::vector<InvalidCase>& cases() {
       {"AttentionKvTablePageOutOfRange", O::sparse_attention,
        [](ValidSetup& s) { i32(s.attention.kv_block_table)[0] = 1000; },
        "kv_block_table: expected page ids"},
+      {"AttentionInfiniteKScale", O::sparse_attention,
+       [](ValidSetup& s) { s.attention.k_scale = std::numeric_limits<float>::infinity(); },
+       "k_scale: expected a finite value > 0, got inf"},
+      {"AttentionVCacheOnePageShort", O::sparse_attention,
+       [](ValidSetup& s) { --s.attention.v_cache.shape[0]; },
+       "v_cache: expected bf16 like k_cache (dim 0 == "},
+      {"AttentionKvTableOneRowShort", O::sparse_attention, // 3 requests
+       [](ValidSetup& s) { s.attention.kv_block_table.shape[0] = 2; },
+       "kv_block_table: expected i32 [num_requests, max_blocks] (dim 0 == 3)"},
+      // Token 5 is request 2's fourth (q_begin 2, positions 380..399): position 383 sees blocks
+      // 0..2 only; a limit taken from t instead of t - q_begin (386) would let block 3 in.
+      {"AttentionTopkPrefillTokenPastItsCausalBlocks", O::sparse_attention,
+       [](ValidSetup& s) { i32(s.attention.topk)[5 * 16 + 3] = 3; }, // [0, 1, 2, 3, -1, ...]
+       "ascending unique block ids in [0, 3) then -1 (contract §5) for head 0 token 5, got 3 in "
+       "slot 3"},
       // norm_rope_insert.
       {"NormRopeNegativePosition", O::norm_rope_insert,
        [](ValidSetup& s) { s.norm_rope.positions.ptr<int64_t>()[3] = -1; },
@@ -386,7 +418,37 @@ const std::vector<InvalidCase>& cases() {
        "v_scale: expected a finite value > 0"},
       {"NormRopeSlotBeyondCache", O::norm_rope_insert,
        [](ValidSetup& s) { s.norm_rope.slot_mapping.ptr<int64_t>()[2] = 4 * 128; },
-       "slot_mapping: expected slots < num_pages x 128 = 512"},
+       "norm_rope_insert: slot_mapping: expected slots < num_pages x 128 = 512"},
+      {"NormRopeIndexSlotPastAShorterIndexCache", O::norm_rope_insert, // 2 of 4 index pages
+       [](ValidSetup& s) {
+         s.norm_rope.index_k_cache.shape[0] = 2;
+         int64_t* slots = s.norm_rope.index_slot_mapping.ptr<int64_t>();
+         for (int64_t t = 0; t < s.norm_rope.index_slot_mapping.shape[0]; ++t)
+           if (slots[t] >= 2 * 128) slots[t] = -1;
+         slots[0] = 2 * 128;
+       },
+       "index_slot_mapping: expected slots < num_pages x 128 = 256"},
+      {"NormRopeVCacheOnePageShort", O::norm_rope_insert,
+       [](ValidSetup& s) { --s.norm_rope.v_cache.shape[0]; },
+       "v_cache: expected bf16 [num_pages, 128, Hkv, 128] like k_cache (dim 0 == 4)"},
+      {"NormRopeInfiniteKScale", O::norm_rope_insert,
+       [](ValidSetup& s) { s.norm_rope.k_scale = std::numeric_limits<float>::infinity(); },
+       "k_scale: expected a finite value > 0, got inf"},
+      {"NormRopeInfiniteWeightOffset", O::norm_rope_insert,
+       [](ValidSetup& s) {
+         s.request.config.norm_weight_offset = std::numeric_limits<float>::infinity();
+       },
+       "config.norm_weight_offset: expected a finite value"},
+      {"NormRopePosition2To24UnderALongerTable", O::norm_rope_insert,
+       [](ValidSetup& s) { // 2^24 + 1 rows (all one row: stride 0), position 2^24
+         s.norm_rope.cos_sin_cache = s.norm_rope.q_norm_weight;
+         s.norm_rope.cos_sin_cache.rank = 2;
+         s.norm_rope.cos_sin_cache.shape[0] = (int64_t{1} << 24) + 1;
+         s.norm_rope.cos_sin_cache.shape[1] = 64;
+         s.norm_rope.cos_sin_cache.strides[0] = 0, s.norm_rope.cos_sin_cache.strides[1] = 1;
+         s.norm_rope.positions.ptr<int64_t>()[0] = int64_t{1} << 24;
+       },
+       "positions: expected values in [0, 16777216) (cos_sin_cache rows), got 16777216 at row 0"},
       {"NormRopeIndexSlotBeyondCache", O::norm_rope_insert,
        [](ValidSetup& s) { s.norm_rope.index_slot_mapping.ptr<int64_t>()[0] = 1 << 20; },
        "index_slot_mapping"},
@@ -627,6 +689,23 @@ TEST(InvalidInputs, SelectTopkScoresWiderThanThePlanCapacityAreReadUpToTheBlockT
     results[i++] = std::move(setup.topk);
   }
   EXPECT_TRUE(same_bytes(results[0], results[1]));
+}
+
+// The aliasing rules cover the bytes of the workspace the plan uses (plan.workspace_bytes), not
+// the caller's whole buffer: metadata in a larger buffer's unused tail is no conflict.
+TEST(InvalidInputs, BlockTableInTheWorkspacesUnusedTailIsAccepted) {
+  ValidSetup setup(OpKind::index_topk);
+  OpPlan plan;
+  M3SA_ASSERT_OK(make_plan(setup.request, &plan));
+  const int64_t used = static_cast<int64_t>((plan.workspace_bytes + 63) / 64 * 64);
+  const TensorView table = setup.index.batch.block_table;
+  const int64_t table_bytes = table.numel() * static_cast<int64_t>(sizeof(int32_t));
+  setup.workspace_buffer.reset(DType::i32, {(used + table_bytes) / 4 + 64});
+  char* base = setup.workspace_buffer.data<char>();
+  std::memcpy(base + used, table.data, static_cast<size_t>(table_bytes));
+  setup.index.batch.block_table.data = base + used;
+  const Workspace whole{base, static_cast<size_t>(used + table_bytes)};
+  M3SA_EXPECT_OK(index_topk(plan, setup.index, whole));
 }
 
 TEST(InvalidInputs, RankAboveMaxRankIsDescribedWithoutReadingPastTheShape) {
