@@ -484,6 +484,31 @@ MUTATIONS = [
      "while (i > 0 && list[i - 1] < key)", "while (i > 1 && list[i - 1] < key)"),
     ("plan: insert_descending writes past the list", "src/cuda/candidate_lists.h",
      "    if (i < len) {\n", "    {\n"),
+    # The CPU backend's vector kernels (src/cpu/simd.cpp; tests/unit/cpu_simd_test.cpp): the
+    # e4m3 widening's boundaries and each kernel's remainder loops, which only odd sizes reach.
+    ("cpu: simd e4m3 subnormal below 7", "src/cpu/simd.cpp",
+     "static_cast<uint32_t>(magnitude < 8u)", "static_cast<uint32_t>(magnitude < 7u)"),
+    ("cpu: simd e4m3 0xff read as a number", "src/cpu/simd.cpp",
+     "static_cast<uint32_t>(magnitude == 0x7fu)", "static_cast<uint32_t>(code == 0x7fu)"),
+    ("cpu: simd row max drops its last tail value", "src/cpu/simd.cpp",
+     "  for (; i < count; ++i) {\n    nan |= std::isnan(values[i]);",
+     "  for (; i + 1 < count; ++i) {\n    nan |= std::isnan(values[i]);"),
+    ("cpu: simd row max ignores NaN in full vectors", "src/cpu/simd.cpp",
+     "any_nan |= std::bit_cast<Bits8>(v != v);", "any_nan |= std::bit_cast<Bits8>(v != v) & 0u;"),
+    ("cpu: simd dot_rows_keys drops the last odd key", "src/cpu/simd.cpp",
+     "  for (; j < num_keys; ++j)\n    for (int i = 0; i < num_rows; ++i)",
+     "  for (; j + 1 < num_keys; ++j)\n    for (int i = 0; i < num_rows; ++i)"),
+    ("cpu: simd transposed keys drop the last odd row", "src/cpu/simd.cpp",
+     "  for (; i < num_rows; ++i)\n    transposed_rows<1, 8>",
+     "  for (; i + 1 < num_rows; ++i)\n    transposed_rows<1, 8>"),
+    ("cpu: simd queries in lanes drop the last odd key", "src/cpu/simd.cpp",
+     "  for (; j < num_keys; ++j)\n    queries_in_lanes_tile<1, V>",
+     "  for (; j + 1 < num_keys; ++j)\n    queries_in_lanes_tile<1, V>"),
+    ("cpu: simd group of 16 in one register of lanes", "src/cpu/simd.cpp",
+     "  if (group == 16)\n    queries_in_lanes<2>", "  if (group == 32)\n    queries_in_lanes<2>"),
+    ("cpu: simd widened keys' padding holds ones", "src/cpu/simd.cpp",
+     "std::fill_n(rows8 + k * kHeadDim, kHeadDim, 0.f);",
+     "std::fill_n(rows8 + k * kHeadDim, kHeadDim, 1.f);"),
 ]
 
 BUILD = ["cmake", "--build", "--preset", "cpu-only", "--target", "m3sa_cpu_tests", "-j2"]
