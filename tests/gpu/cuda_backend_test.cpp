@@ -11,8 +11,7 @@ TEST(GpuCudaBackend, CapabilityQueryMatchesTheDeviceAndBuild) {
   M3SA_SKIP_WITHOUT_CUDA();
   // With a device present, every op of the pipeline has a CUDA implementation; reduce_heads
   // (HuggingFace parity) has none.
-  for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
-                    OpKind::index_topk, OpKind::sparse_attention, OpKind::norm_rope_insert})
+  for (OpKind op : kEveryOp)
     EXPECT_TRUE(supports(Backend::cuda, op, MsaConfig{}).ok()) << to_string(op);
   EXPECT_TRUE(supports(Backend::cuda, MsaConfig{}, DType::fp8_e4m3).ok());
   MsaConfig reduce;

@@ -57,6 +57,11 @@ inline std::string backend_name(const ::testing::TestParamInfo<Backend>& info) {
   return to_string(info.param);
 }
 
+// Every op of the public API (include/m3sa/ops.h's OpKind), for the tests that ask each one.
+inline constexpr OpKind kEveryOp[] = {OpKind::insert_index_k,     OpKind::score_blocks,
+                                      OpKind::select_topk_blocks, OpKind::index_topk,
+                                      OpKind::sparse_attention,   OpKind::norm_rope_insert};
+
 // Backends every CPU-side semantic test runs on.
 inline const auto kHostBackends = ::testing::Values(Backend::reference, Backend::cpu);
 

@@ -93,8 +93,7 @@ TEST(Api, CapabilityAnswersMatchTheBuild) {
   EXPECT_EQ(cuda_backend_built(), M3SA_TEST_CUDA_BACKEND_BUILT != 0);
   if (cuda_backend_built()) GTEST_SKIP() << "the CUDA backend is built: its answers need a device";
   EXPECT_EQ(cuda_device_count(), 0);
-  for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
-                    OpKind::index_topk, OpKind::sparse_attention, OpKind::norm_rope_insert}) {
+  for (OpKind op : kEveryOp) {
     const Status s = supports(Backend::cuda, op, MsaConfig{});
     EXPECT_EQ(s.code(), StatusCode::unsupported) << to_string(op);
     EXPECT_NE(s.message().find(std::string("backend cuda, op ") + to_string(op)), std::string::npos)
@@ -109,8 +108,7 @@ TEST(Api, CapabilityAnswersMatchTheBuild) {
 // implementation's reason; the whole-config form answers the first op's refusal.
 TEST(Api, HostBackendsRefuseConfigsPastTheLimitsNamingBackendAndOp) {
   for (Backend backend : {Backend::reference, Backend::cpu}) {
-    for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
-                      OpKind::index_topk, OpKind::sparse_attention, OpKind::norm_rope_insert}) {
+    for (OpKind op : kEveryOp) {
       MsaConfig config;
       config.top_k = kMaxTopK + 1;
       const Status s = supports(backend, op, config);

@@ -655,8 +655,7 @@ void make_batches_empty(ValidSetup& s) {
 
 TEST(InvalidInputs, EmptyBatchIsAcceptedAsANoOpOnEveryOp) {
   for (Backend backend : {Backend::reference, Backend::cpu})
-    for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
-                      OpKind::index_topk, OpKind::sparse_attention, OpKind::norm_rope_insert}) {
+    for (OpKind op : kEveryOp) {
       ValidSetup setup(op);
       setup.scores.fill_bytes(0x5a);
       setup.request.backend = backend;
