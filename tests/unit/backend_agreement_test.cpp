@@ -2,7 +2,10 @@
 // against itself across thread counts (and that shared result against the reference).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 #include "support/test_util.h"
@@ -203,10 +206,22 @@ TEST(CpuThreads, RunUsesNoMoreThreadsThanPlanned) {
   PlannedOp planned(request);
   M3SA_ASSERT_OK(planned.status);
   HostTensor topk(DType::i32, {1, sb.num_tokens(), 16});
-  // Asking for more threads than the workspace was sized for must stay within the plan's.
+  // Asking for more threads than the workspace was sized for must stay within the plan's. Threads
+  // past the plan's would take scratch past the workspace's end: the buffer holds the planned
+  // bytes and then 8 times as many guard bytes, which must come back untouched (without the
+  // guard, such writes land in the heap and only sometimes crash the process).
+  const size_t planned_bytes = planned.plan.workspace_bytes;
+  ASSERT_GT(planned_bytes, 0u);
+  const size_t guard_bytes = 8 * planned_bytes;
+  HostTensor buffer(DType::i32, {static_cast<int64_t>((planned_bytes + guard_bytes + 3) / 4)});
+  uint8_t* bytes = static_cast<uint8_t*>(buffer.view().data);
+  std::fill_n(bytes + planned_bytes, guard_bytes, uint8_t{0x5a});
   M3SA_ASSERT_OK(index_topk(planned.plan,
                             {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), topk.view()},
-                            planned.workspace(), ExecContext{8, nullptr}));
+                            Workspace{bytes, planned_bytes}, ExecContext{8, nullptr}));
+  EXPECT_EQ(std::count(bytes + planned_bytes, bytes + planned_bytes + guard_bytes, uint8_t{0x5a}),
+            static_cast<std::ptrdiff_t>(guard_bytes))
+      << "a run wrote past the plan's workspace";
   HostTensor ref;
   M3SA_ASSERT_OK(run_index_topk(config_for(1), sb, {Backend::reference}, &ref));
   const TopkComparison cmp =

@@ -26,8 +26,10 @@ TEST(PrefillPasses, CapacityKeepsThePartialsWithinTheBudget) {
   // TP4 (one KV head): the plan's max_tokens bounds it first.
   EXPECT_EQ(prefill_pass_capacity(1, 16, 8192), 8192);
   EXPECT_EQ(prefill_pass_capacity(1, 16, 1 << 20), 17606);
-  // At least one token, whatever the plan says.
+  // At least one token, whatever the plan says, and where one token's partials alone exceed the
+  // budget (more KV heads x top_k than any model has: the plan still runs, one token a pass).
   EXPECT_EQ(prefill_pass_capacity(4, 16, 0), 1);
+  EXPECT_EQ(prefill_pass_capacity(int64_t{1} << 20, 32, 8192), 1);
   for (int heads : {1, 2, 4, 8, 16})
     for (int top_k : {1, 8, 16, 32}) {
       const int64_t cap = prefill_pass_capacity(heads, top_k, int64_t{1} << 30);
