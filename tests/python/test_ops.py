@@ -168,3 +168,26 @@ def test_norm_rope_insert_within_one_ulp_of_reference():
         assert bf16_ulps_apart(want[name], got[name]).max() <= 1, name
         assert np.mean(want[name] != got[name]) < 1e-3, name
     np.testing.assert_array_equal(got["v_cache"], want["v_cache"])  # v is stored as is
+
+
+def test_bf16_bits_round_to_nearest_even_and_keep_infinities_and_nan():
+    """m3sa.to_bf16_bits against hand-computed bit patterns: every test's bf16 inputs come from it,
+    and its reference answers too, so only fixed patterns catch a wrong rounding."""
+    cases = {  # float32 bits -> bf16 bits
+        0x3F800000: 0x3F80,  # 1.0
+        0x3F808000: 0x3F80,  # 1 + 2^-8: a tie, to the even 1.0
+        0x3F818000: 0x3F82,  # 1 + 3 x 2^-8: a tie, to the even 1 + 2^-6
+        0x3F808001: 0x3F81,  # just past the tie: up
+        0x3F807FFF: 0x3F80,  # just below it: down
+        0xBF808000: 0xBF80,  # -(1 + 2^-8): a tie, to the even -1.0
+        0x7F7FFFFF: 0x7F80,  # the largest float32 rounds to infinity
+        0x7F800000: 0x7F80, 0xFF800000: 0xFF80,  # infinities stay infinities
+        0x7F800001: 0x7FC0,  # a NaN whose payload is in the dropped bits: still NaN (quiet)
+        0xFFFFFFFF: 0xFFFF, 0x7FC00000: 0x7FC0,
+        0x00000000: 0x0000, 0x80000000: 0x8000, 0x00008000: 0x0000,  # zeros; a subnormal tie to 0
+    }
+    bits = np.array(list(cases), np.uint32)
+    np.testing.assert_array_equal(m3sa.to_bf16_bits(bits.view(np.float32)),
+                                  np.array(list(cases.values()), np.uint16))
+    back = m3sa.from_bf16_bits(np.array([0x3F80, 0x3F82, 0xFF80, 0x8000], np.uint16))
+    np.testing.assert_array_equal(back.view(np.uint32), [0x3F800000, 0x3F820000, 0xFF800000, 0x80000000])

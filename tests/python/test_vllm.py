@@ -43,14 +43,14 @@ class VllmBatch:
         return m3sa.Batch(self.cu_seqlens_q, self.seq_lens, self.block_table, num_tokens=self.total_q,
                           num_decode_requests=num_decode, decode_q_len=decode_q_len)
 
-    def plan(self, op, dtype=None, backend="reference"):
-        config = m3sa.Config(top_k=TOPK, init_blocks=INIT, local_blocks=LOCAL, num_index_heads=HEADS)
+    def plan(self, op, dtype=None, backend="reference", init=INIT, local=LOCAL):
+        config = m3sa.Config(top_k=TOPK, init_blocks=init, local_blocks=local, num_index_heads=HEADS)
         caps = m3sa.Capacities(max_requests=len(self.seq_lens), max_tokens=max(self.total_q, 1),
                                max_blocks_per_request=self.width)
         return m3sa.make_plan(op, backend, config, caps, dtype or self.index_dtype)
 
-    def reference_topk(self, **batch):
-        plan = self.plan("index_topk")
+    def reference_topk(self, init=INIT, local=LOCAL, **batch):
+        plan = self.plan("index_topk", init=init, local=local)
         topk = np.full((HEADS, self.total_q, TOPK), -7, np.int32)
         m3sa.index_topk(plan, self.idx_q, self.index_kv_cache, self.batch(**batch), topk,
                         workspace=m3sa.allocate_workspace(plan))
@@ -109,16 +109,23 @@ def test_index_score_and_topk_match_reference(index_dtype):
     np.testing.assert_array_equal(topk, b.reference_topk())
 
 
-@pytest.mark.parametrize("index_dtype", ["bf16", "fp8_e4m3"])
-@pytest.mark.parametrize("decode_query_len", [1, 2])
-def test_index_decode_matches_reference(index_dtype, decode_query_len):
+def uniform_decode_batch(seed, decode_query_len, index_dtype="bf16"):
+    """vLLM's uniform decode batch over DECODE_SEQ_LENS: request-major, decode_query_len rows per
+    request, the padding request (seq_len 0) included."""
     n = len(DECODE_SEQ_LENS)
-    b = VllmBatch(2, (decode_query_len,) * 2 + (0,) + (decode_query_len,), DECODE_SEQ_LENS, index_dtype)
-    # vLLM's decode batch is request-major with decode_query_len rows per request, padding included
+    b = VllmBatch(seed, (decode_query_len,) * 2 + (0,) + (decode_query_len,), DECODE_SEQ_LENS, index_dtype)
     b.q_lens[:] = decode_query_len
     b.cu_seqlens_q = (np.arange(n + 1) * decode_query_len).astype(np.int32)
     b.total_q = n * decode_query_len
     b.idx_q = small_ints(b.rng, (b.total_q, HEADS, HEAD_DIM), index_dtype)
+    return b
+
+
+@pytest.mark.parametrize("index_dtype", ["bf16", "fp8_e4m3"])
+@pytest.mark.parametrize("decode_query_len", [1, 2])
+def test_index_decode_matches_reference(index_dtype, decode_query_len):
+    n = len(DECODE_SEQ_LENS)
+    b = uniform_decode_batch(2, decode_query_len, index_dtype)
     topk = mv.minimax_m3_index_decode(b.idx_q, b.index_kv_cache, b.block_table, b.seq_lens,
                                       b.max_seq_len, TOPK, INIT, LOCAL, HEADS, decode_query_len, 4)
     want = b.reference_topk(num_decode=n, decode_q_len=decode_query_len)
@@ -472,3 +479,247 @@ def test_workspace_buffer():
             mv.set_workspace_buffer(buffer.view(np.uint16))
     finally:
         mv.set_workspace_buffer(None)
+
+
+# --- argument checks, metadata, plans and workspaces that scripts/python_mutation_check.py found
+# untested (docs/testing.md, "Python mutation check") ---------------------------------------------
+
+def test_sm_scale_is_one_over_sqrt_128_to_within_rounding(attn_call):
+    mv.minimax_m3_sparse_attn(**{**attn_call, "sm_scale": float(np.float32(SCALE))})  # fp32's rounding
+    _, attention = uniform_decode(20)
+    for wrong in (1 / math.sqrt(127), SCALE * 1.001, SCALE * 0.995):  # 0.4 %, 0.1 %, 0.5 % off
+        with pytest.raises(ValueError, match=r"sm_scale: expected 1/sqrt\(128\)"):
+            mv.minimax_m3_sparse_attn(**{**attn_call, "sm_scale": wrong})
+        with pytest.raises(ValueError, match=r"sm_scale: expected 1/sqrt\(128\)"):
+            mv.minimax_m3_sparse_attn_decode(**{**attention, "sm_scale": wrong})
+
+
+def test_num_kv_heads_errors_name_the_rule_broken(attn_call):
+    # num_kv_heads agrees with topk_idx but not with the cache
+    with pytest.raises(ValueError, match=r"num_kv_heads: expected kv_cache's heads \(2\), got 1"):
+        mv.minimax_m3_sparse_attn(**{**attn_call, "num_kv_heads": 1, "topk_idx": attn_call["topk_idx"][:1]})
+    q = np.ascontiguousarray(attn_call["q"][:, :7])  # 7 query heads over 2 KV heads
+    with pytest.raises(ValueError, match=r"num_kv_heads: expected a divisor of q's heads \(7\), got 2"):
+        mv.minimax_m3_sparse_attn(**{**attn_call, "q": q, "output": np.zeros_like(q)})
+
+
+class FakeDeviceArray(FakeCudaArray):
+    """An array on another DLPack device (10: ROCm), which m3sa has no backend for."""
+
+    def __dlpack_device__(self):
+        return (10, 0)
+
+
+def test_arrays_on_other_devices_raise(attn_call):
+    with pytest.raises(ValueError, match="q: expected an array on the CPU or a CUDA device, got DLPack "
+                                         "device type 10"):
+        mv.minimax_m3_sparse_attn(**{**attn_call, "q": FakeDeviceArray(attn_call["q"])})
+
+
+def test_index_score_checks_seq_lens():
+    b = VllmBatch(21, **PREFILL)
+    with pytest.raises(ValueError, match=r"seq_lens: expected prefix_lens \+ query lengths"):
+        mv.minimax_m3_index_score(b.idx_q, b.index_kv_cache, b.block_table, b.cu_seqlens_q, b.seq_lens + 1,
+                                  b.prefix_lens, int(b.q_lens.max()), b.max_seq_len, HEADS)
+
+
+def test_block_table_as_wide_as_the_models_context():
+    """vLLM's block table has a column for each block of the longest context the model serves, far
+    more than the score's round_up(cdiv(max_seq_len, 128), 16) columns; the unused ones hold 0."""
+    b = VllmBatch(22, **PREFILL)
+    want_score, want_topk = prefill_topk(b)
+    wide = np.zeros((len(b.seq_lens), 1024), np.int32)  # 128 K tokens
+    wide[:, :b.width] = b.block_table
+    b.block_table = wide
+    score, topk = prefill_topk(b)
+    np.testing.assert_array_equal(score, want_score)
+    np.testing.assert_array_equal(topk, want_topk)
+
+
+@pytest.mark.parametrize("init_blocks, local_blocks", [(2, 0), (0, 3)])
+def test_init_and_local_blocks_reach_the_selection(init_blocks, local_blocks):
+    """The other tests force INIT = LOCAL = 1, where swapping the two changes nothing."""
+    b = VllmBatch(23, **PREFILL)
+    want = b.reference_topk(init=init_blocks, local=local_blocks)
+    assert not np.array_equal(want, b.reference_topk(init=local_blocks, local=init_blocks))
+    score = mv.minimax_m3_index_score(b.idx_q, b.index_kv_cache, b.block_table, b.cu_seqlens_q, b.seq_lens,
+                                      b.prefix_lens, int(b.q_lens.max()), b.max_seq_len, HEADS)
+    np.testing.assert_array_equal(mv.minimax_m3_index_topk(score, b.cu_seqlens_q, b.prefix_lens,
+                                                           int(b.q_lens.max()), TOPK, init_blocks,
+                                                           local_blocks), want)
+    d = uniform_decode_batch(24, 1)
+    want = d.reference_topk(init=init_blocks, local=local_blocks, num_decode=len(DECODE_SEQ_LENS))
+    assert not np.array_equal(want, d.reference_topk(init=local_blocks, local=init_blocks,
+                                                     num_decode=len(DECODE_SEQ_LENS)))
+    np.testing.assert_array_equal(mv.minimax_m3_index_decode(
+        d.idx_q, d.index_kv_cache, d.block_table, d.seq_lens, d.max_seq_len, TOPK, init_blocks,
+        local_blocks, HEADS, 1, 1), want)
+
+
+def test_index_decode_rejects_decode_query_len_past_its_maximum():
+    b = uniform_decode_batch(25, 2)  # the shapes agree with decode_query_len 2
+    with pytest.raises(ValueError, match=r"decode_query_len: expected <= max_decode_query_len \(1\), got 2"):
+        mv.minimax_m3_index_decode(b.idx_q, b.index_kv_cache, b.block_table, b.seq_lens, b.max_seq_len,
+                                   TOPK, INIT, LOCAL, HEADS, 2, 1)
+
+
+def test_index_decode_errors_name_vllms_arguments():
+    """The one-call path hands what m3sa rejects to the general path, which names idx_q as vLLM does
+    (m3sa's own message calls it index_q)."""
+    b = uniform_decode_batch(26, 1)
+    with pytest.raises(ValueError, match=r"m3sa.vllm: idx_q: expected \[tokens, heads, 128\]"):
+        mv.minimax_m3_index_decode(np.ascontiguousarray(b.idx_q[..., :64]), b.index_kv_cache, b.block_table,
+                                   b.seq_lens, b.max_seq_len, TOPK, INIT, LOCAL, HEADS, 1, 1)
+
+
+def test_general_decode_path_serves_mtp_as_the_one_call_path(monkeypatch):
+    """decode_query_len 2 (MTP) through the general path, which runs where the one-call path
+    declines (the one-call tests above use decode_query_len 1)."""
+    n = len(DECODE_SEQ_LENS)
+    b = uniform_decode_batch(27, 2)
+    index = (b.idx_q, b.index_kv_cache, b.block_table, b.seq_lens, b.max_seq_len, TOPK, INIT, LOCAL, HEADS,
+             2, 2)
+    topk = mv.minimax_m3_index_decode(*index)
+    np.testing.assert_array_equal(topk, b.reference_topk(num_decode=n, decode_q_len=2))
+    kv = b.kv_cache("bf16")
+    q = random_bf16(b.rng, (b.total_q, HEADS * GQA, HEAD_DIM))
+    attention = (q, kv, topk, b.block_table, b.seq_lens, HEADS, SCALE)
+    out = np.full_like(q, 0x7FC0)
+    mv.minimax_m3_sparse_attn_decode(*attention, out, 2)
+    monkeypatch.setattr(mv, "_index_decode_in_one_call", lambda *args: None)
+    monkeypatch.setattr(mv, "_attention_decode_in_one_call", lambda *args: False)
+    np.testing.assert_array_equal(mv.minimax_m3_index_decode(*index), topk)
+    general = np.full_like(q, 0x7FC0)
+    mv.minimax_m3_sparse_attn_decode(*attention, general, 2)
+    np.testing.assert_array_equal(general, out)
+    want = b.reference_attention(q, kv, topk, "bf16", 1.0, 1.0, num_decode=n, decode_q_len=2)
+    assert attention_close(out, want) <= BOUNDS["attention_relative_l2"]
+
+
+def test_decode_cu_q_lens_are_cached_per_decode_query_len():
+    """The cached cu_q_lens (what a captured CUDA graph keeps reading) of 4 requests of 1, then of 2
+    rows: the cache is not cleared between the calls, as in an engine switching to MTP."""
+    for seed, decode_query_len in ((28, 1), (29, 2), (30, 1)):
+        b = uniform_decode_batch(seed, decode_query_len)
+        topk = mv.minimax_m3_index_decode(b.idx_q, b.index_kv_cache, b.block_table, b.seq_lens, b.max_seq_len,
+                                          TOPK, INIT, LOCAL, HEADS, decode_query_len, 2)
+        np.testing.assert_array_equal(topk, b.reference_topk(num_decode=len(DECODE_SEQ_LENS),
+                                                             decode_q_len=decode_query_len))
+
+
+def test_ragged_decode_checks_its_metadata():
+    b = VllmBatch(31, (1, 3, 2), (500, 260, 129))
+    _, topk = prefill_topk(b)
+    q = random_bf16(b.rng, (b.total_q, HEADS * GQA, HEAD_DIM))
+    call = (q, b.kv_cache("bf16"), topk, b.block_table, b.seq_lens, HEADS, SCALE, np.zeros_like(q), 1)
+    owners = np.array([0, 1, 1, 1, 2, 2], np.int32)
+    mv.minimax_m3_sparse_attn_decode(*call, query_start_loc=b.cu_seqlens_q, token_to_req_indices=owners)
+    with pytest.raises(ValueError, match=r"token_to_req_indices: expected the request of each token as "
+                                         r"query_start_loc says, got \[0, 0, 1, 1, 2, 2\]"):
+        mv.minimax_m3_sparse_attn_decode(*call, query_start_loc=b.cu_seqlens_q,
+                                         token_to_req_indices=np.array([0, 0, 1, 1, 2, 2], np.int32))
+    with pytest.raises(ValueError,
+                       match=r"query_start_loc: expected \[num_reqs \+ 1 = 4\], got shape \(5,\)"):
+        mv.minimax_m3_sparse_attn_decode(*call, query_start_loc=np.append(b.cu_seqlens_q, b.total_q),
+                                         token_to_req_indices=owners)
+    with pytest.raises(ValueError, match="token_to_req_indices: expected an array with query_start_loc"):
+        mv.minimax_m3_sparse_attn_decode(*call, query_start_loc=b.cu_seqlens_q)
+
+
+def test_plan_cache_keys_hold_the_host_backend_the_smallest_capacities_and_the_dtype():
+    b = VllmBatch(32, **PREFILL)  # 3 requests, 43 tokens, block table of 8 columns, score of 16
+    _, topk = prefill_topk(b)
+    caps = {key[0]: key[4] for key in mv.plan_cache()}
+    assert caps == {"score_blocks": (4, 64, 8), "select_topk_blocks": (4, 64, 16)}
+    assert {key[1] for key in mv.plan_cache()} == {"cpu"}  # host_backend's default: the fast one
+    # bf16, then fp8 attention on the same shapes, without clearing: one plan each
+    q = random_bf16(b.rng, (b.total_q, HEADS * GQA, HEAD_DIM))
+    for kv_dtype in ("bf16", "fp8_e4m3", "bf16"):
+        kv = b.kv_cache(kv_dtype)
+        out = np.zeros_like(q)
+        mv.minimax_m3_sparse_attn(q, kv, topk, b.block_table, b.cu_seqlens_q, b.seq_lens, b.prefix_lens,
+                                  int(b.q_lens.max()), HEADS, SCALE, out, 1.0, 1.0)
+        want = b.reference_attention(q, kv, topk, kv_dtype, 1.0, 1.0)
+        assert attention_close(out, want) <= BOUNDS["attention_relative_l2"], kv_dtype
+    assert sorted(key[5] for key in mv.plan_cache() if key[0] == "sparse_attention") == ["bf16", "fp8_e4m3"]
+
+
+def test_workspace_buffer_slices_are_aligned_disjoint_and_rewound():
+    b = VllmBatch(33, **PREFILL)
+    want = prefill_topk(b)[1]
+    mv.clear_caches()
+    raw = np.zeros((1 << 22) + 64, np.uint8)
+    buffer = raw[(1 - raw.ctypes.data) % 64:][:1 << 22]  # starts one byte past a 64-byte line
+    mv.set_workspace_buffer(buffer)
+    try:
+        np.testing.assert_array_equal(prefill_topk(b)[1], want)
+        spans = sorted((workspace.ctypes.data, workspace.ctypes.data + plan.workspace_bytes)
+                       for plan, workspace in mv._plans.values())
+        assert len(spans) == 2 and all(end > start for start, end in spans)
+        assert all(start % 64 == 0 for start, _ in spans)
+        assert spans[0][1] <= spans[1][0]  # disjoint
+        used = spans[1][1] - buffer.ctypes.data
+        # clear_caches rewinds: a buffer of exactly what the plans used serves them again after it
+        mv.set_workspace_buffer(buffer[:used])
+        np.testing.assert_array_equal(prefill_topk(b)[1], want)
+        mv.clear_caches()
+        np.testing.assert_array_equal(prefill_topk(b)[1], want)
+    finally:
+        mv.set_workspace_buffer(None)
+
+
+def test_m3sa_layout_ops_pass_scales_and_decode_requests():
+    """norm_rope_insert and sparse_attention with k_scale != v_scale, and sparse_attention over
+    decode requests first, one of them vLLM's CUDA-graph padding (seq_len 0), against the plain
+    API."""
+    b = VllmBatch(34, (1, 1, 1, 37, 5), (700, 129, 0, 300, 40))
+    t, hq = b.total_q, HEADS * GQA
+    owner = np.repeat(np.arange(len(b.q_lens)), b.q_lens)
+    positions = b.seq_lens[owner] - b.q_lens[owner] + np.concatenate([np.arange(n) for n in b.q_lens])
+    positions = np.maximum(positions, 0).astype(np.int64)  # the padding request's token: position 0,
+    slots = b.block_table[owner, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK
+    slots[b.seq_lens[owner] == 0] = -1  # and no slot
+    inputs = dict(q=random_bf16(b.rng, (t, hq, HEAD_DIM)), k=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
+                  v=random_bf16(b.rng, (t, HEADS, HEAD_DIM)), idx_q=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
+                  idx_k=random_bf16(b.rng, (t, HEAD_DIM)), positions=positions,
+                  **{n: np.ones(HEAD_DIM, np.float32)
+                     for n in ("q_norm_weight", "k_norm_weight", "idx_q_norm_weight", "idx_k_norm_weight")},
+                  slot_mapping=slots, idx_slot_mapping=slots)
+    caches = dict(q_out=np.zeros((t, hq, HEAD_DIM), np.uint16),
+                  k_cache=random_bf16(b.rng, (b.num_pages, BLOCK, HEADS, HEAD_DIM)),
+                  v_cache=random_bf16(b.rng, (b.num_pages, BLOCK, HEADS, HEAD_DIM)),
+                  idx_q_out=np.zeros((t, HEADS, HEAD_DIM), np.uint16),
+                  index_kv_cache=np.zeros((b.num_pages, BLOCK, HEAD_DIM), np.uint16))
+    want = {name: array.copy() for name, array in caches.items()}
+    mv.norm_rope_insert(**inputs, **caches, k_scale=0.5, v_scale=2.0)
+    plan = m3sa.make_plan("norm_rope_insert", "cpu", m3sa.Config(num_index_heads=HEADS),
+                          m3sa.Capacities(max_requests=1, max_tokens=t, max_blocks_per_request=1))
+    raw = {"idx_q": "index_q", "idx_k": "index_k", "idx_q_norm_weight": "index_q_norm_weight",
+           "idx_k_norm_weight": "index_k_norm_weight", "idx_slot_mapping": "index_slot_mapping",
+           "idx_q_out": "index_q_out", "index_kv_cache": "index_k_cache"}
+    m3sa.norm_rope_insert(plan, **{raw.get(n, n): a for n, a in {**inputs, **want}.items()}, k_scale=0.5,
+                          v_scale=2.0, workspace=m3sa.allocate_workspace(plan))
+    for name in want:
+        np.testing.assert_array_equal(caches[name], want[name], err_msg=name)
+
+    num_decode = 3
+    topk = b.reference_topk(num_decode=num_decode)
+    out, lse = np.zeros((t, hq, HEAD_DIM), np.uint16), np.zeros((t, hq), np.float32)
+    mv.sparse_attention(caches["q_out"], caches["k_cache"], caches["v_cache"], topk, b.cu_seqlens_q,
+                        b.seq_lens, b.block_table, out, num_decode_requests=num_decode, lse=lse,
+                        k_scale=0.5, v_scale=2.0)
+    plan = b.plan("sparse_attention", "bf16", backend="cpu")
+    want_out, want_lse = np.zeros_like(out), np.zeros_like(lse)
+    m3sa.sparse_attention(plan, caches["q_out"], caches["k_cache"], caches["v_cache"], topk,
+                          b.batch(num_decode=num_decode), want_out, lse=want_lse, k_scale=0.5, v_scale=2.0,
+                          workspace=m3sa.allocate_workspace(plan))
+    np.testing.assert_array_equal(out, want_out)
+    np.testing.assert_array_equal(lse, want_lse)
+    assert (out[2] == 0).all() and np.count_nonzero(out) > 0  # the padding request's row: zeros
+    # The decode requests reach m3sa: on the CPU they compute what prefill requests of the same
+    # q_len would, so only m3sa's check that each has decode_query_len rows tells (on CUDA, the
+    # decode kernels run them).
+    with pytest.raises(ValueError, match=r"q_len == decode_q_len \(2\) for every decode request"):
+        mv.sparse_attention(caches["q_out"], caches["k_cache"], caches["v_cache"], topk, b.cu_seqlens_q,
+                            b.seq_lens, b.block_table, out, num_decode_requests=num_decode,
+                            decode_query_len=2)
