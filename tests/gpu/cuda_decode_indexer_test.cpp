@@ -180,6 +180,9 @@ std::vector<DecodeCase> decode_cases() {
       decode_case("SmallB1ClusterOf16H4Fp8", {5000}, 1, cfg(4, 16, 1, 0), f8, true, true),
       decode_case("SmallB3ClustersOf11Init2Fp8", {2600, 129, 0}, 1, cfg(1, 16, 1, 2), f8, true,
                   true),
+      // Batch 1 H=1 at 128 blocks: 64 ranges of two one-block warp lists, 128 keys that are all
+      // list heads (the group merge's one-key-list regime, S=16K-32K below), under the sanitizers.
+      decode_case("SmallB1H1Seq16384OneKeyLists", {16384}, 1, cfg(1, 16, 1, 0), bf, true, true),
       // Batch 1: the most splits a request, each 1 to 13 blocks (a full last split, or one
       // block more than the splits hold: ragged ranges and empty last splits). The Hopper
       // kernel's ranges hold at least 2 blocks (kDecodeSm90MinBlocksPerRange): 1 a split fills
@@ -206,6 +209,14 @@ std::vector<DecodeCase> decode_cases() {
       decode_case("H1Seq130772RandomDataFp8", {131072 - 300}, 1, cfg(1, 16, 1, 0), f8, false),
       decode_case("H4Seq130072RandomData", {131072 - 1000}, 1, cfg(4, 16, 1, 0), bf, false),
       decode_case("H1Mtp2Seq60000RandomDataK32", {60000}, 2, cfg(1, 32, 1, 0), bf, false),
+      // Batch 1 at S=16K-32K: ranges of two blocks publish one-block warp lists, so every key is
+      // a list head, at most two a merge thread (bench/patches/s63-decode-rank-all-heads.patch
+      // ranks them all at once there): 256 keys over four warps (S=32K, the bound), 250 with 6
+      // padding keys and K32 / init 2, and two rows (q_len 2) of 128 keys over two warps each.
+      decode_case("H1Seq32768OneKeyListsRandomData", {32768}, 1, cfg(1, 16, 1, 0), bf, false),
+      decode_case("H1Seq32000OneKeyListsK32Init2Fp8", {32000}, 1, cfg(1, 32, 1, 2), f8),
+      decode_case("H1Mtp2Seq16384OneKeyListsLocal2RandomData", {16384}, 2, cfg(1, 16, 2, 0), bf,
+                  false),
       // 12 and 16 rows a request: the portable kernel under both names.
       decode_case("H4Mtp3Rows12Portable", {40000, 0, 3000, 131072}, 3, cfg(4, 16, 1, 1), bf),
       decode_case("H2Mtp8Rows16PortableK32Fp8", {9000, 8, 0, 131072}, 8, cfg(2, 32, 2, 2), f8),
