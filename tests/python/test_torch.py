@@ -125,11 +125,7 @@ def test_m3sa_layout_ops_match_m3sa_vllm_and_pass_opcheck(torch):
     ops = torch.ops.m3sa
     b = VllmBatch(5, (1, 1, 1, 37, 5), (700, 129, 0, 300, 40))
     t, hq, num_decode = b.total_q, HEADS * GQA, 3
-    owner = np.repeat(np.arange(len(b.q_lens)), b.q_lens)
-    positions = b.seq_lens[owner] - b.q_lens[owner] + np.concatenate([np.arange(n) for n in b.q_lens])
-    positions = np.maximum(positions, 0).astype(np.int64)  # the padding request's token: position 0,
-    slots = b.block_table[owner, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK
-    slots[b.seq_lens[owner] == 0] = -1  # and no slot
+    positions, slots = b.token_slots()  # the padding request's token: position 0, no slot
     inputs = [random_bf16(b.rng, (t, hq, HEAD_DIM)), random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
               random_bf16(b.rng, (t, HEADS, HEAD_DIM)), random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
               random_bf16(b.rng, (t, HEAD_DIM)), positions,

@@ -56,6 +56,16 @@ class VllmBatch:
                         workspace=m3sa.allocate_workspace(plan))
         return topk
 
+    def token_slots(self):
+        """Each token's position (vLLM's prefix_lens + i; 0 for a padding request's token) and its
+        KV cache slot (-1, none, for a padding request's token), as norm_rope_insert takes them."""
+        owner = np.repeat(np.arange(len(self.q_lens)), self.q_lens)
+        offsets = np.concatenate([np.arange(n) for n in self.q_lens])
+        positions = np.maximum(self.prefix_lens[owner] + offsets, 0).astype(np.int64)
+        slots = self.block_table[owner, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK
+        slots[self.seq_lens[owner] == 0] = -1
+        return positions, slots
+
     def kv_cache(self, kv_dtype):
         shape = (self.num_pages, HEADS, BLOCK, 2 * HEAD_DIM)  # vLLM's combined cache
         if kv_dtype == "bf16":
@@ -416,10 +426,7 @@ def test_m3sa_layout_ops_equal_the_plain_api():
     """m3sa.vllm.norm_rope_insert and sparse_attention (m3sa's cache layout) = the plain API."""
     b = VllmBatch(11, **PREFILL)
     t, hq = b.total_q, HEADS * GQA
-    offsets = np.concatenate([np.arange(n) for n in b.q_lens])
-    requests = np.repeat(np.arange(len(b.q_lens)), b.q_lens)
-    positions = (b.prefix_lens[requests] + offsets).astype(np.int64)
-    slots = b.block_table[requests, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK
+    positions, slots = b.token_slots()
     inputs = dict(q=random_bf16(b.rng, (t, hq, HEAD_DIM)), k=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
                   v=random_bf16(b.rng, (t, HEADS, HEAD_DIM)), idx_q=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
                   idx_k=random_bf16(b.rng, (t, HEAD_DIM)), positions=positions,
@@ -674,11 +681,7 @@ def test_m3sa_layout_ops_pass_scales_and_decode_requests():
     API."""
     b = VllmBatch(34, (1, 1, 1, 37, 5), (700, 129, 0, 300, 40))
     t, hq = b.total_q, HEADS * GQA
-    owner = np.repeat(np.arange(len(b.q_lens)), b.q_lens)
-    positions = b.seq_lens[owner] - b.q_lens[owner] + np.concatenate([np.arange(n) for n in b.q_lens])
-    positions = np.maximum(positions, 0).astype(np.int64)  # the padding request's token: position 0,
-    slots = b.block_table[owner, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK
-    slots[b.seq_lens[owner] == 0] = -1  # and no slot
+    positions, slots = b.token_slots()  # the padding request's token: position 0, no slot
     inputs = dict(q=random_bf16(b.rng, (t, hq, HEAD_DIM)), k=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
                   v=random_bf16(b.rng, (t, HEADS, HEAD_DIM)), idx_q=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
                   idx_k=random_bf16(b.rng, (t, HEAD_DIM)), positions=positions,
