@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 from conftest import BLOCK, HEAD_DIM, random_bf16
-from test_vllm import GQA, HEADS, INIT, LOCAL, PREFILL, TOPK, VllmBatch, prefill_topk
+from test_vllm import GQA, HEADS, INIT, LOCAL, PREFILL, TOPK, VllmBatch, norm_rope_inputs, prefill_topk
 
 import m3sa.vllm as mv
 
@@ -125,12 +125,8 @@ def test_m3sa_layout_ops_match_m3sa_vllm_and_pass_opcheck(torch):
     ops = torch.ops.m3sa
     b = VllmBatch(5, (1, 1, 1, 37, 5), (700, 129, 0, 300, 40))
     t, hq, num_decode = b.total_q, HEADS * GQA, 3
-    positions, slots = b.token_slots()  # the padding request's token: position 0, no slot
-    inputs = [random_bf16(b.rng, (t, hq, HEAD_DIM)), random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
-              random_bf16(b.rng, (t, HEADS, HEAD_DIM)), random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
-              random_bf16(b.rng, (t, HEAD_DIM)), positions,
-              *[(1 + 0.1 * b.rng.standard_normal(HEAD_DIM)).astype(np.float32) for _ in range(4)],
-              slots, slots]
+    inputs = list(norm_rope_inputs(b, lambda: (1 + 0.1 * b.rng.standard_normal(HEAD_DIM)).astype(np.float32))
+                  .values())
 
     def outputs():
         kv_cache = (b.num_pages, BLOCK, HEADS, HEAD_DIM)

@@ -422,17 +422,39 @@ def test_signatures_are_vllms():
         assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in got), name
 
 
+# norm_rope_insert's four RMSNorm weights, and m3sa.vllm's argument names that the plain API spells
+# otherwise.
+NORM_WEIGHTS = ("q_norm_weight", "k_norm_weight", "idx_q_norm_weight", "idx_k_norm_weight")
+PLAIN_NORM_ROPE_NAMES = {"idx_q": "index_q", "idx_k": "index_k", "idx_q_norm_weight": "index_q_norm_weight",
+                         "idx_k_norm_weight": "index_k_norm_weight",
+                         "idx_slot_mapping": "index_slot_mapping", "idx_q_out": "index_q_out",
+                         "index_kv_cache": "index_k_cache"}
+
+
+def norm_rope_inputs(b, weight):
+    """m3sa.vllm.norm_rope_insert's inputs for b's tokens, in its argument order (random bf16
+    activations, then weight() for each norm weight)."""
+    positions, slots = b.token_slots()  # a padding request's token: position 0, no slot
+    t = b.total_q
+    return dict(q=random_bf16(b.rng, (t, HEADS * GQA, HEAD_DIM)), k=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
+                v=random_bf16(b.rng, (t, HEADS, HEAD_DIM)), idx_q=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
+                idx_k=random_bf16(b.rng, (t, HEAD_DIM)), positions=positions,
+                **{n: weight() for n in NORM_WEIGHTS}, slot_mapping=slots, idx_slot_mapping=slots)
+
+
+def plain_norm_rope_insert(inputs, caches, **scales):
+    """The plain API's norm_rope_insert (CPU backend) on m3sa.vllm's arguments, into `caches`."""
+    plan = m3sa.make_plan("norm_rope_insert", "cpu", m3sa.Config(num_index_heads=HEADS),
+                          m3sa.Capacities(max_requests=1, max_tokens=len(inputs["positions"]),
+                                          max_blocks_per_request=1))
+    m3sa.norm_rope_insert(plan, **{PLAIN_NORM_ROPE_NAMES.get(n, n): a for n, a in {**inputs, **caches}.items()},
+                          **scales, workspace=m3sa.allocate_workspace(plan))
+
 def test_m3sa_layout_ops_equal_the_plain_api():
     """m3sa.vllm.norm_rope_insert and sparse_attention (m3sa's cache layout) = the plain API."""
     b = VllmBatch(11, **PREFILL)
     t, hq = b.total_q, HEADS * GQA
-    positions, slots = b.token_slots()
-    inputs = dict(q=random_bf16(b.rng, (t, hq, HEAD_DIM)), k=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
-                  v=random_bf16(b.rng, (t, HEADS, HEAD_DIM)), idx_q=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
-                  idx_k=random_bf16(b.rng, (t, HEAD_DIM)), positions=positions,
-                  **{n: (1 + 0.1 * b.rng.standard_normal(HEAD_DIM)).astype(np.float32)
-                     for n in ("q_norm_weight", "k_norm_weight", "idx_q_norm_weight", "idx_k_norm_weight")},
-                  slot_mapping=slots, idx_slot_mapping=slots)
+    inputs = norm_rope_inputs(b, lambda: (1 + 0.1 * b.rng.standard_normal(HEAD_DIM)).astype(np.float32))
 
     def caches():
         return dict(q_out=np.zeros((t, hq, HEAD_DIM), np.uint16),
@@ -444,13 +466,7 @@ def test_m3sa_layout_ops_equal_the_plain_api():
     got = caches()
     mv.norm_rope_insert(**inputs, **got)
     want = caches()
-    plan = m3sa.make_plan("norm_rope_insert", "cpu", m3sa.Config(num_index_heads=HEADS),
-                          m3sa.Capacities(max_requests=1, max_tokens=t, max_blocks_per_request=1))
-    raw = {"idx_q": "index_q", "idx_k": "index_k", "idx_q_norm_weight": "index_q_norm_weight",
-           "idx_k_norm_weight": "index_k_norm_weight", "idx_slot_mapping": "index_slot_mapping",
-           "idx_q_out": "index_q_out", "index_kv_cache": "index_k_cache"}
-    m3sa.norm_rope_insert(plan, **{raw.get(n, n): a for n, a in {**inputs, **want}.items()},
-                          workspace=m3sa.allocate_workspace(plan))
+    plain_norm_rope_insert(inputs, want)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
         assert np.count_nonzero(got[name]) > 0, name
@@ -681,13 +697,7 @@ def test_m3sa_layout_ops_pass_scales_and_decode_requests():
     API."""
     b = VllmBatch(34, (1, 1, 1, 37, 5), (700, 129, 0, 300, 40))
     t, hq = b.total_q, HEADS * GQA
-    positions, slots = b.token_slots()  # the padding request's token: position 0, no slot
-    inputs = dict(q=random_bf16(b.rng, (t, hq, HEAD_DIM)), k=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
-                  v=random_bf16(b.rng, (t, HEADS, HEAD_DIM)), idx_q=random_bf16(b.rng, (t, HEADS, HEAD_DIM)),
-                  idx_k=random_bf16(b.rng, (t, HEAD_DIM)), positions=positions,
-                  **{n: np.ones(HEAD_DIM, np.float32)
-                     for n in ("q_norm_weight", "k_norm_weight", "idx_q_norm_weight", "idx_k_norm_weight")},
-                  slot_mapping=slots, idx_slot_mapping=slots)
+    inputs = norm_rope_inputs(b, lambda: np.ones(HEAD_DIM, np.float32))
     caches = dict(q_out=np.zeros((t, hq, HEAD_DIM), np.uint16),
                   k_cache=random_bf16(b.rng, (b.num_pages, BLOCK, HEADS, HEAD_DIM)),
                   v_cache=random_bf16(b.rng, (b.num_pages, BLOCK, HEADS, HEAD_DIM)),
@@ -695,13 +705,7 @@ def test_m3sa_layout_ops_pass_scales_and_decode_requests():
                   index_kv_cache=np.zeros((b.num_pages, BLOCK, HEAD_DIM), np.uint16))
     want = {name: array.copy() for name, array in caches.items()}
     mv.norm_rope_insert(**inputs, **caches, k_scale=0.5, v_scale=2.0)
-    plan = m3sa.make_plan("norm_rope_insert", "cpu", m3sa.Config(num_index_heads=HEADS),
-                          m3sa.Capacities(max_requests=1, max_tokens=t, max_blocks_per_request=1))
-    raw = {"idx_q": "index_q", "idx_k": "index_k", "idx_q_norm_weight": "index_q_norm_weight",
-           "idx_k_norm_weight": "index_k_norm_weight", "idx_slot_mapping": "index_slot_mapping",
-           "idx_q_out": "index_q_out", "index_kv_cache": "index_k_cache"}
-    m3sa.norm_rope_insert(plan, **{raw.get(n, n): a for n, a in {**inputs, **want}.items()}, k_scale=0.5,
-                          v_scale=2.0, workspace=m3sa.allocate_workspace(plan))
+    plain_norm_rope_insert(inputs, want, k_scale=0.5, v_scale=2.0)
     for name in want:
         np.testing.assert_array_equal(caches[name], want[name], err_msg=name)
 
