@@ -168,6 +168,16 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, uint64_t
                : "memory");
 }
 
+// The same with an L2 eviction policy (l2_evict_first_policy).
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* map, uint64_t* bar, int c0,
+                                            int c1, int c2, int c3, uint64_t policy) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cta.global.mbarrier::complete_tx::bytes"
+               ".L2::cache_hint [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n"
+               ::"r"(shared_address(dst)), "l"(reinterpret_cast<uint64_t>(map)),
+               "r"(shared_address(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
+               : "memory");
+}
+
 // One box from shared memory at `src` to a 3D tensor map at (c0, c1, c2), as a bulk group of
 // this thread (bulk_commit_group / bulk_wait_group_read), with an L2 eviction policy
 // (l2_evict_first_policy: the prefill's partials are read only after the whole pass, and should
