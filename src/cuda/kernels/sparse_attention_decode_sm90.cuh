@@ -53,8 +53,9 @@ template <bool kFp8> struct DecodeAttentionSm90Traits {
   static constexpr int kSlotBytes = 2 * kTileBytes;            // K, then V
   // bf16 boxes carry the evict_first L2 policy: the selected K / V are read once, and dropping
   // them first keeps the rest of the L2 (s62 r1-r2: -0.7 % at B=128 64/4 on the H200; s64 r1 on
-  // the H100: -1.5 to -1.9 % at 64/4, -1.6 to -2.6 % at 16/1, tests and memcheck clean). e4m3 keeps the normal policy: the combined cache puts a token's K and V rows in one
-  // 256-B promoted fetch, and tagging them cost the H200 1.4-2.7 % at 64/4 (the H100 gained).
+  // the H100: -1.5 to -1.9 % at 64/4, -1.6 to -2.6 % at 16/1). e4m3 keeps the normal policy:
+  // the combined cache puts a token's K and V rows in one 256-B promoted fetch, and tagging
+  // them cost the H200 1.4-2.7 % at 64/4 (the H100 gained).
   static constexpr bool kEvictFirst = !kFp8;
   static constexpr int kWarpBytes = kSlots * kSlotBytes;
   // The ring at a 1024-byte boundary (the swizzle atom).
