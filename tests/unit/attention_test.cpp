@@ -160,6 +160,44 @@ TEST_P(Attention, RowsWithoutKeysGiveZerosAndMinusInfinity) {
   EXPECT_TRUE(std::isfinite(lse.data<float>()[2 * 2]));
 }
 
+// Logits thousands away from 0, both signs (q = +-16, K rows -32, -16, -24): each head's softmax
+// must shift by its own largest logit, the one that leaves the others e^-1448 = 0 behind even in
+// double. Head 0's logits are all far below 0 (a max started at 0 would leave every weight
+// e^-2896 = 0: a 0 / 0 output), head 1's far above (unshifted, they overflow). The output is
+// then exactly the dominant key's V row, and lse its logit, 181.02 x k (16 x 128 / sqrt(128)).
+TEST_P(Attention, SoftmaxShiftsByEachHeadsLargestLogit) {
+  BatchSpec spec{{1}, {3}, 1, 1, 1, DType::bf16, 2, 1, DType::bf16};
+  SyntheticBatch sb(spec);
+  const float key_value[3] = {-32.f, -16.f, -24.f}; // K rows of keys 0, 1, 2
+  const auto v_value = [](int64_t j, int d) {
+    return static_cast<float>((j + 1) * (d % 8 + 1) * (d < 64 ? 1 : -1));
+  };
+  const int64_t page = sb.kv_block_table.data<int32_t>()[0];
+  for (int64_t j = 0; j < 3; ++j)
+    for (int d = 0; d < kHeadDim; ++d) {
+      const int64_t i = (page * kBlockTokens + j) * kHeadDim + d; // one KV head
+      store(DType::bf16, sb.k_cache.view().data, i, key_value[j]);
+      store(DType::bf16, sb.v_cache.view().data, i, v_value(j, d));
+    }
+  for (int h = 0; h < 2; ++h)
+    for (int d = 0; d < kHeadDim; ++d)
+      store(DType::bf16, sb.q.view().data, h * kHeadDim + d, h == 0 ? 16.f : -16.f);
+  HostTensor topk(DType::i32, {1, 1, 16});
+  topk.fill_bytes(0xff);
+  topk.data<int32_t>()[0] = 0; // block 0: keys 0, 1, 2 (position 2)
+  HostTensor out, lse;
+  M3SA_ASSERT_OK(run_sparse_attention(attention_config(1, 16), sb, topk, {GetParam()}, &out, &lse));
+  const double unit = 16.0 * kHeadDim / std::sqrt(128.0); // logit of q = 16, k = 1
+  const int64_t dominant[2] = {1, 0};                     // head 0: k = -16; head 1: k = -32
+  for (int h = 0; h < 2; ++h) {
+    const double logit = (h == 0 ? 1 : -1) * unit * key_value[dominant[h]];
+    EXPECT_NEAR(lse.data<float>()[h], logit, 1e-6 * std::fabs(logit)) << h;
+    for (int d = 0; d < kHeadDim; ++d)
+      EXPECT_EQ(load(DType::bf16, out.view().data, h * kHeadDim + d), v_value(dominant[h], d))
+          << h << " " << d;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Attention, kHostBackends, backend_name);
 
 } // namespace

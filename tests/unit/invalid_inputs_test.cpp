@@ -358,6 +358,11 @@ const std::vector<InvalidCase>& cases() {
       {"AttentionInfiniteVScale", O::sparse_attention,
        [](ValidSetup& s) { s.attention.v_scale = std::numeric_limits<float>::infinity(); },
        "v_scale: expected a finite value > 0"},
+      {"AttentionZeroVScale", O::sparse_attention, [](ValidSetup& s) { s.attention.v_scale = 0.f; },
+       "v_scale: expected a finite value > 0, got 0"},
+      {"AttentionLseOneHeadShort", O::sparse_attention, // q has 4 heads; lse's rows keep stride 4
+       [](ValidSetup& s) { s.attention.lse.shape[1] = 3; },
+       "lse: expected f32 [num_tokens, num_q_heads] (dim 1 == 4)"},
       {"AttentionGqaGroupOf32", O::sparse_attention,
        [](ValidSetup& s) { // 64 query heads over the 2 KV heads (the shape alone: never read)
          s.attention.q.shape[1] = 64;
