@@ -374,6 +374,85 @@ TEST(Api, PlansNameTheirImplementationAndCanAskForOne) {
   EXPECT_EQ(listed, 1);
 }
 
+// An unnamed request's plan still names its implementation in request.implementation (m3sa/ops.h),
+// and a named implementation must be one of the requested op: another op's is no such
+// implementation, however well it would run the config.
+TEST(Api, PlansCarryTheChosenNameAndRefuseAnotherOpsImplementation) {
+  for (Backend backend : {Backend::reference, Backend::cpu})
+    for (OpKind op : kEveryOp) {
+      OpPlan plan;
+      M3SA_ASSERT_OK(make_plan(small_request(op, backend), &plan));
+      const std::string want = std::string(to_string(backend)) + "." + to_string(op);
+      ASSERT_NE(plan.request.implementation, nullptr) << want;
+      EXPECT_EQ(std::string(plan.request.implementation), want);
+      EXPECT_EQ(plan.request.backend, backend) << want;
+    }
+  PlanRequest foreign = small_request(OpKind::index_topk, Backend::cpu);
+  foreign.implementation = "cpu.score_blocks";
+  OpPlan plan;
+  const Status s = make_plan(foreign, &plan);
+  EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+  EXPECT_NE(s.message().find("no such implementation of index_topk"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(plan.implementation, -1);
+}
+
+// The seal covers every capacity a run sizes its work by: a plan whose capacities were edited
+// after make_plan is refused by the entry points.
+TEST(Api, EditedCapacitiesBreakThePlansSeal) {
+  OpPlan plan;
+  M3SA_ASSERT_OK(make_plan(small_request(OpKind::index_topk, Backend::cpu), &plan));
+  std::vector<std::byte> memory(plan.workspace_bytes + 64);
+  void* aligned = memory.data();
+  size_t space = memory.size();
+  ASSERT_NE(std::align(64, plan.workspace_bytes, aligned, space), nullptr);
+  const Workspace ws{aligned, plan.workspace_bytes};
+  M3SA_ASSERT_OK(prepare_workspace(plan, ws));
+  for (int field = 0; field < 3; ++field) {
+    OpPlan edited = plan;
+    Capacities& c = edited.request.capacities;
+    (field == 0 ? c.max_requests : field == 1 ? c.max_tokens : c.max_blocks_per_request) += 1;
+    const Status s = prepare_workspace(edited, ws);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << "field " << field;
+    EXPECT_EQ(s.message().rfind("m3sa::index_topk: plan: expected a plan as make_plan made it", 0),
+              0u)
+        << s.message();
+  }
+}
+
+// Below the limits too: top_k 0 or no index head is a config no implementation runs, and the
+// refusal names each implementation that missed it.
+TEST(Api, HostBackendsRefuseConfigsBelowTheLimitsNamingTheImplementation) {
+  for (Backend backend : {Backend::reference, Backend::cpu})
+    for (OpKind op : kEveryOp)
+      for (const auto& [top_k, heads, field] :
+           {std::tuple{0, 1, "config.top_k 0"}, std::tuple{16, 0, "config.num_index_heads 0"}}) {
+        MsaConfig config;
+        config.top_k = top_k;
+        config.num_index_heads = heads;
+        const Status s = supports(backend, op, config);
+        EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+        const std::string name = std::string(to_string(backend)) + "." + to_string(op);
+        EXPECT_NE(s.message().find(name + ": " + field), std::string::npos) << s.message();
+      }
+}
+
+// The names and sizes of the value types (m3sa/status.h, m3sa/types.h).
+TEST(Api, StatusCodesAndDtypesHaveTheirNamesAndSizes) {
+  EXPECT_STREQ(to_string(StatusCode::ok), "ok");
+  EXPECT_STREQ(to_string(StatusCode::invalid_argument), "invalid_argument");
+  EXPECT_STREQ(to_string(StatusCode::unsupported), "unsupported");
+  EXPECT_STREQ(to_string(StatusCode::cuda_error), "cuda_error");
+  EXPECT_STREQ(to_string(StatusCode::internal), "internal");
+  EXPECT_EQ(Status::unsupported("backend cpu", "no").to_string(),
+            "unsupported: backend cpu: unsupported: no");
+  EXPECT_EQ(dtype_size(DType::bf16), 2u);
+  EXPECT_EQ(dtype_size(DType::fp8_e4m3), 1u);
+  EXPECT_EQ(dtype_size(DType::f32), 4u);
+  EXPECT_EQ(dtype_size(DType::i32), 4u);
+  EXPECT_EQ(dtype_size(DType::i64), 8u);
+}
+
 TEST(Api, UnplannedOrForeignPlansAreRejected) {
   SyntheticBatch sb({{1}, {10}, 1, 1, 1});
   MsaConfig config;
@@ -395,6 +474,9 @@ TEST(Api, UnplannedOrForeignPlansAreRejected) {
 
 TEST(Api, VersionAndCommitAreReported) {
   EXPECT_STREQ(version_string(), "0.1.0");
+  EXPECT_EQ(std::string(version_string()), std::to_string(kVersionMajor) + "." +
+                                               std::to_string(kVersionMinor) + "." +
+                                               std::to_string(kVersionPatch));
   EXPECT_NE(std::string(build_commit()), "");
 }
 
