@@ -616,6 +616,9 @@ MUTATIONS = [
      "supports(Backend::cuda, config, cache_dtype).ok() ? Backend::cuda",
      "supports(Backend::cuda, config, cache_dtype).code() != StatusCode::invalid_argument"
      " ? Backend::cuda"),
+    ("api: supports takes any cache_dtype", "src/api/capabilities.cpp",
+     "detail::check_cache_dtype(cache_dtype); !s.ok())",
+     "detail::check_cache_dtype(cache_dtype); !s.ok() && false)"),
     ("common: every workspace region at the base", "src/common/workspace.h",
      "reinterpret_cast<T*>(base_ + offset_)", "reinterpret_cast<T*>(base_ + 0 * offset_)"),
     ("registry: seal ignores max_tokens", "src/registry/registry.cpp",

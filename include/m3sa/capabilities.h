@@ -9,7 +9,8 @@
 namespace m3sa {
 
 // OK when one of `backend`'s implementations of `op` can run `config` and `cache_dtype` here
-// (built, device present and capable); otherwise says which requirement each one misses.
+// (built, device present and capable); otherwise says which requirement each one misses. A
+// cache_dtype other than bf16 / fp8_e4m3 is invalid_argument, as make_plan answers it.
 Status supports(Backend backend, OpKind op, const MsaConfig& config,
                 DType cache_dtype = DType::bf16);
 // The same for every op of the MSA pipeline.

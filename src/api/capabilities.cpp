@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "api/validate.h"
 #include "common/check.h"
 #include "registry/registry.h"
 #ifdef M3SA_HAVE_CUDA
@@ -25,6 +26,9 @@ Status supports(Backend backend, OpKind op, const MsaConfig& config, DType cache
   request.config = config;
   request.cache_dtype = cache_dtype;
   const std::string what = detail::concat("backend ", to_string(backend), ", op ", to_string(op));
+  // A dtype outside the contract is the caller's error, as make_plan says: no build supports it.
+  if (const Status s = detail::check_cache_dtype(cache_dtype); !s.ok())
+    return {s.code(), what + ": " + s.message()};
   if (backend == Backend::cuda && !cuda_backend_built())
     return Status::unsupported(
         what, "m3sa was built without it (configure with -DM3SA_ENABLE_CUDA=ON and nvcc on PATH)");

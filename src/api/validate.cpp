@@ -188,6 +188,12 @@ Status check_config(const MsaConfig& c) {
   return {};
 }
 
+Status check_cache_dtype(DType cache_dtype) {
+  if (cache_dtype != DType::bf16 && cache_dtype != DType::fp8_e4m3)
+    return Status::invalid_argument("cache_dtype", "bf16 or fp8_e4m3", to_string(cache_dtype));
+  return {};
+}
+
 Status check_plan_request(const PlanRequest& request) {
   if (static_cast<int>(request.op) > static_cast<int>(OpKind::norm_rope_insert))
     return Status::invalid_argument("op", "an OpKind (0..5)",
@@ -206,9 +212,7 @@ Status check_plan_request(const PlanRequest& request) {
   if (cap.max_blocks_per_request < 1 || cap.max_blocks_per_request > (int64_t{1} << 20))
     return Status::invalid_argument("capacities.max_blocks_per_request", "1..2^20 (128M tokens)",
                                     std::to_string(cap.max_blocks_per_request));
-  if (request.cache_dtype != DType::bf16 && request.cache_dtype != DType::fp8_e4m3)
-    return Status::invalid_argument("cache_dtype", "bf16 or fp8_e4m3",
-                                    to_string(request.cache_dtype));
+  M3SA_RETURN_IF_ERROR(check_cache_dtype(request.cache_dtype));
   if (request.num_threads < 0 || request.num_threads > kMaxPlanThreads)
     return Status::invalid_argument("num_threads",
                                     detail::concat("0..", kMaxPlanThreads, " (0 = OpenMP default)"),

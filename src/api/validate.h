@@ -45,6 +45,8 @@ Status check_aliasing(Operands outputs, Operands inputs, const BatchMetadata* ba
                       const Workspace& workspace);
 
 Status check_config(const MsaConfig& config);
+// The index / KV cache dtypes the contract defines: bf16 or fp8_e4m3 (make_plan and supports).
+Status check_cache_dtype(DType cache_dtype);
 Status check_plan_request(const PlanRequest& request);
 // A plan's thread count is capped: its workspace grows with it (OpenMP defaults stay far below).
 inline constexpr int kMaxPlanThreads = 1024;

@@ -131,6 +131,34 @@ TEST(Api, HostBackendsRefuseConfigsPastTheLimitsNamingBackendAndOp) {
   }
 }
 
+// A cache dtype outside the contract's two is the caller's error in every entry point: supports
+// says so for each backend and op as make_plan does (invalid_argument naming cache_dtype), never
+// OK, and best_available_backend does not pick CUDA for it.
+TEST(Api, CapabilityQueriesRejectACacheDtypeOutsideBf16AndE4m3) {
+  for (Backend backend : {Backend::reference, Backend::cpu, Backend::cuda})
+    for (OpKind op : kEveryOp)
+      for (DType dtype : {DType::f32, DType::i32}) {
+        const Status s = supports(backend, op, MsaConfig{}, dtype);
+        EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+        const std::string what =
+            std::string("backend ") + to_string(backend) + ", op " + to_string(op) + ": ";
+        EXPECT_EQ(s.message().rfind(what, 0), 0u) << s.message();
+        EXPECT_NE(s.message().find(std::string("cache_dtype: expected bf16 or fp8_e4m3, got ") +
+                                   to_string(dtype)),
+                  std::string::npos)
+            << s.message();
+        EXPECT_EQ(best_available_backend(op, MsaConfig{}, dtype), Backend::cpu);
+      }
+  EXPECT_EQ(supports(Backend::cpu, MsaConfig{}, DType::f32).code(), StatusCode::invalid_argument);
+  PlanRequest request = small_request(OpKind::index_topk, Backend::cpu);
+  request.cache_dtype = DType::f32;
+  OpPlan plan;
+  const Status s = make_plan(request, &plan);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("cache_dtype: expected bf16 or fp8_e4m3, got f32"), std::string::npos)
+      << s.message();
+}
+
 TEST(Api, PlansSizeWorkspacesFromCapacitiesOnly) {
   for (OpKind op : {OpKind::insert_index_k, OpKind::score_blocks, OpKind::select_topk_blocks,
                     OpKind::index_topk, OpKind::sparse_attention}) {
