@@ -30,6 +30,16 @@ def test_registry_answers():
         assert not support and "built without" in support.reason
 
 
+def test_supports_refuses_a_cache_dtype_outside_bf16_and_e4m3():
+    # as make_plan does: the caller's error, named, for each host backend (it used to answer yes)
+    for backend in ("reference", "cpu"):
+        support = m3sa.supports(backend, "index_topk", cache_dtype="f32")
+        assert not support
+        assert "cache_dtype: expected bf16 or fp8_e4m3, got f32" in support.reason
+        assert not m3sa.supports(backend, cache_dtype="i32")
+        assert m3sa.supports(backend, "sparse_attention", cache_dtype="fp8_e4m3")
+
+
 def test_insert_index_k_matches_reference(case):
     index_k = case.rng.standard_normal((case.num_tokens, HEAD_DIM)).astype(np.float32)
     dtype = np.uint8 if case.index_dtype == "fp8_e4m3" else np.uint16
