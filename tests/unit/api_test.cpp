@@ -24,6 +24,13 @@ PlanRequest small_request(OpKind op, Backend backend) {
   return r;
 }
 
+// The 64-byte aligned start of `bytes` of host workspace inside `memory` (resized to hold it).
+void* aligned_workspace(std::vector<std::byte>& memory, size_t bytes) {
+  memory.resize(bytes + 64);
+  void* aligned = memory.data();
+  size_t space = memory.size();
+  return std::align(64, bytes, aligned, space);
+}
 TEST(Api, StatusMessageNamesArgumentExpectationAndValue) {
   const Status s = Status::invalid_argument("config.top_k", "1..32", "0");
   EXPECT_FALSE(s.ok());
@@ -249,10 +256,9 @@ TEST(Api, HostWorkspacesNeedNoPreparationAndReportNoDeviceErrors) {
   for (Backend backend : {Backend::reference, Backend::cpu}) {
     OpPlan plan;
     M3SA_ASSERT_OK(make_plan(small_request(OpKind::index_topk, backend), &plan));
-    std::vector<std::byte> memory(plan.workspace_bytes + 64);
-    void* aligned = memory.data();
-    size_t space = memory.size();
-    ASSERT_NE(std::align(64, plan.workspace_bytes, aligned, space), nullptr);
+    std::vector<std::byte> memory;
+    void* aligned = aligned_workspace(memory, plan.workspace_bytes);
+    ASSERT_NE(aligned, nullptr);
     const Workspace ws{aligned, plan.workspace_bytes};
     M3SA_ASSERT_OK(prepare_workspace(plan, ws));
     int32_t flags = -1;
@@ -290,10 +296,9 @@ TEST(Api, WorkspaceEntryPointsNameTheirOp) {
   OpPlan plan;
   M3SA_ASSERT_OK(make_plan(small_request(OpKind::index_topk, Backend::cpu), &plan));
   ASSERT_GT(plan.workspace_bytes, 0u);
-  std::vector<std::byte> memory(plan.workspace_bytes + 64);
-  void* aligned = memory.data();
-  size_t space = memory.size();
-  ASSERT_NE(std::align(64, plan.workspace_bytes, aligned, space), nullptr);
+  std::vector<std::byte> memory;
+  void* aligned = aligned_workspace(memory, plan.workspace_bytes);
+  ASSERT_NE(aligned, nullptr);
   const Status short_workspace = prepare_workspace(plan, {aligned, plan.workspace_bytes - 1});
   EXPECT_EQ(short_workspace.message().rfind("m3sa::index_topk: workspace.bytes: expected ", 0), 0u)
       << short_workspace.message();
@@ -430,10 +435,9 @@ TEST(Api, PlansCarryTheChosenNameAndRefuseAnotherOpsImplementation) {
 TEST(Api, EditedCapacitiesBreakThePlansSeal) {
   OpPlan plan;
   M3SA_ASSERT_OK(make_plan(small_request(OpKind::index_topk, Backend::cpu), &plan));
-  std::vector<std::byte> memory(plan.workspace_bytes + 64);
-  void* aligned = memory.data();
-  size_t space = memory.size();
-  ASSERT_NE(std::align(64, plan.workspace_bytes, aligned, space), nullptr);
+  std::vector<std::byte> memory;
+  void* aligned = aligned_workspace(memory, plan.workspace_bytes);
+  ASSERT_NE(aligned, nullptr);
   const Workspace ws{aligned, plan.workspace_bytes};
   M3SA_ASSERT_OK(prepare_workspace(plan, ws));
   for (int field = 0; field < 3; ++field) {
