@@ -165,6 +165,13 @@ TEST(CApi, RegistryAnswersAsTheCppRegistry) {
             M3SA_INVALID_ARGUMENT);
   EXPECT_EQ(std::string(m3sa_last_error_message()),
             "invalid_argument: backend: expected one of 0..2, got 3");
+  // A dtype the C API knows but no cache takes: refused as the C++ supports refuses it.
+  EXPECT_EQ(m3sa_supports(M3SA_BACKEND_CPU, M3SA_OP_INDEX_TOPK, &defaults, M3SA_DTYPE_F32),
+            M3SA_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(m3sa_last_error_message()),
+            "invalid_argument: backend cpu, op index_topk: cache_dtype: expected bf16 or "
+            "fp8_e4m3, got f32");
+  EXPECT_EQ(m3sa_best_available_backend(&defaults, M3SA_DTYPE_F32), M3SA_BACKEND_CPU);
 }
 
 // Every plan field - the sealed ones included - is what the C++ make_plan gives, for a config with
