@@ -31,6 +31,17 @@ void* aligned_workspace(std::vector<std::byte>& memory, size_t bytes) {
   size_t space = memory.size();
   return std::align(64, bytes, aligned, space);
 }
+
+// What supports' answers for `backend` and `op` start with.
+std::string supports_prefix(Backend backend, OpKind op) {
+  return std::string("backend ") + to_string(backend) + ", op " + to_string(op) + ": ";
+}
+
+// A host implementation's registered name, "<backend>.<op>".
+std::string implementation_name(Backend backend, OpKind op) {
+  return std::string(to_string(backend)) + "." + to_string(op);
+}
+
 TEST(Api, StatusMessageNamesArgumentExpectationAndValue) {
   const Status s = Status::invalid_argument("config.top_k", "1..32", "0");
   EXPECT_FALSE(s.ok());
@@ -120,8 +131,7 @@ TEST(Api, HostBackendsRefuseConfigsPastTheLimitsNamingBackendAndOp) {
       config.top_k = kMaxTopK + 1;
       const Status s = supports(backend, op, config);
       EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
-      const std::string what =
-          std::string("backend ") + to_string(backend) + ", op " + to_string(op) + ": ";
+      const std::string what = supports_prefix(backend, op);
       EXPECT_EQ(s.message().rfind(what, 0), 0u) << s.message();
       EXPECT_NE(s.message().find("config.top_k " + std::to_string(kMaxTopK + 1)), std::string::npos)
           << s.message();
@@ -130,9 +140,7 @@ TEST(Api, HostBackendsRefuseConfigsPastTheLimitsNamingBackendAndOp) {
     config.num_index_heads = kMaxIndexHeads + 1;
     const Status s = supports(backend, config);
     EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
-    EXPECT_EQ(s.message().rfind(
-                  std::string("backend ") + to_string(backend) + ", op insert_index_k: ", 0),
-              0u)
+    EXPECT_EQ(s.message().rfind(supports_prefix(backend, OpKind::insert_index_k), 0), 0u)
         << s.message();
     EXPECT_NE(s.message().find("config.num_index_heads"), std::string::npos) << s.message();
   }
@@ -147,8 +155,7 @@ TEST(Api, CapabilityQueriesRejectACacheDtypeOutsideBf16AndE4m3) {
       for (DType dtype : {DType::f32, DType::i32}) {
         const Status s = supports(backend, op, MsaConfig{}, dtype);
         EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
-        const std::string what =
-            std::string("backend ") + to_string(backend) + ", op " + to_string(op) + ": ";
+        const std::string what = supports_prefix(backend, op);
         EXPECT_EQ(s.message().rfind(what, 0), 0u) << s.message();
         EXPECT_NE(s.message().find(std::string("cache_dtype: expected bf16 or fp8_e4m3, got ") +
                                    to_string(dtype)),
@@ -415,7 +422,7 @@ TEST(Api, PlansCarryTheChosenNameAndRefuseAnotherOpsImplementation) {
     for (OpKind op : kEveryOp) {
       OpPlan plan;
       M3SA_ASSERT_OK(make_plan(small_request(op, backend), &plan));
-      const std::string want = std::string(to_string(backend)) + "." + to_string(op);
+      const std::string want = implementation_name(backend, op);
       ASSERT_NE(plan.request.implementation, nullptr) << want;
       EXPECT_EQ(std::string(plan.request.implementation), want);
       EXPECT_EQ(plan.request.backend, backend) << want;
@@ -464,7 +471,7 @@ TEST(Api, HostBackendsRefuseConfigsBelowTheLimitsNamingTheImplementation) {
         config.num_index_heads = heads;
         const Status s = supports(backend, op, config);
         EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
-        const std::string name = std::string(to_string(backend)) + "." + to_string(op);
+        const std::string name = implementation_name(backend, op);
         EXPECT_NE(s.message().find(name + ": " + field), std::string::npos) << s.message();
       }
 }
