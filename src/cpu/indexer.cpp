@@ -188,10 +188,10 @@ void score_block_range(const MsaConfig& config, const HostBatch& batch, const Te
       dot_rows_transposed_keys(s.q_rows, rows, s.k_block,
                                static_cast<int>((num_keys + 15) / 16 * 16), s.dots, kBlockTokens);
     } else {
-      for (int64_t j = 0; j < num_keys; ++j) {
-        load_row(cache.dtype, key_row(page, j), 1.f, s.k_block + j * kHeadDim);
-        if (next_page >= 0) prefetch_bytes(key_row(next_page, j), row_bytes);
-      }
+      load_rows(cache.dtype, key_row(page, 0),
+                cache.strides[1] * static_cast<int64_t>(dtype_size(cache.dtype)),
+                static_cast<int>(num_keys), 1.f, s.k_block,
+                next_page >= 0 ? key_row(next_page, 0) : nullptr);
       dot_rows_keys(s.q_rows, rows, s.k_block, static_cast<int>(num_keys),
                     {s.dots, kBlockTokens, 1});
     }
@@ -386,7 +386,8 @@ int plan_threads(const PlanRequest& request) {
 
 namespace m3sa::detail {
 namespace {
-constexpr const char* kDescription = "OpenMP over row tiles and block ranges, fp32, AVX2 clones";
+constexpr const char* kDescription =
+    "OpenMP over row tiles and block ranges, fp32, AVX-512 / AVX2 / SSE2 kernels by the CPU";
 } // namespace
 
 extern const Implementation kCpuInsertIndexK, kCpuScoreBlocks, kCpuSelectTopkBlocks, kCpuIndexTopk;

@@ -1,27 +1,39 @@
 #pragma once
-// Row kernels shared by the CPU ops. No -march flags: hot functions carry target clones so one
-// binary uses AVX2+FMA where the machine has it and plain SSE2 elsewhere. The clone is chosen by
-// ISA level (x86-64-v3: AVX2, FMA, BMI2, ...), not "arch=haswell", which GCC's resolver takes on a
-// Haswell-model CPU only, so that every other AVX2 machine (Zen, Skylake, Sapphire Rapids) ran the
-// SSE2 clone.
+// Row kernels shared by the CPU ops. No -march flags: each kernel is built for three instruction
+// sets and the widest the CPU has runs (SimdLevel below), so one binary uses AVX-512 on a server
+// (Sapphire Rapids, Zen 4), AVX2 + FMA on other x86-64 machines and plain SSE2 elsewhere.
 #include <cstdint>
 
 #include "m3sa/config.h"
 #include "m3sa/types.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#define M3SA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-// Before GCC 12 (whose resolver dispatches on ISA levels): the AVX2 feature bit, without FMA.
-#define M3SA_CPU_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define M3SA_CPU_CLONES
-#endif
-
 namespace m3sa::cpu {
+
+// The instruction set the row kernels run with. avx2 (AVX2 + FMA) and avx512 (F, BW, DQ, VL) give
+// bit-identical results: every output is the same chain of FMAs in the same order, AVX-512 only
+// carries 16 of those lanes a register instead of 8 (tests/unit/cpu_simd_test.cpp checks each
+// kernel and whole ops). portable (SSE2, no FMA) rounds each product on its own, so its sums may
+// differ in the last bits, within the contract's fp32 tolerance.
+enum class SimdLevel : int { portable = 0, avx2 = 1, avx512 = 2 };
+const char* to_string(SimdLevel level);
+// The widest level this CPU (and its OS's saved register state) supports.
+SimdLevel detected_simd_level();
+// The level the kernels run at: the detected one, capped by M3SA_CPU_MAX_ISA=portable|avx2|avx512
+// in the environment (read at the first kernel call; other values are ignored) - to reproduce
+// another machine's results or time one level against another.
+SimdLevel simd_level();
+// Caps the level from now on (tests; replaces the environment's cap). A cap above the detected
+// level leaves the detected one.
+void set_simd_level_cap(SimdLevel cap);
 
 // One 128-wide row of bf16 / e4m3 / f32 storage to fp32, times `scale`.
 void load_row(DType dtype, const void* row, float scale, float* out);
+// Rows j < count of `dtype` at first + j * stride_bytes to fp32 out[j][128], times `scale` (as
+// load_row, with one dispatch for the whole block: a decode step widens a block's 128 keys this
+// way); while at it, asks for the cache lines of the rows at prefetch + j * stride_bytes (the next
+// block's, whose page the hardware prefetchers do not follow) unless `prefetch` is null.
+void load_rows(DType dtype, const void* first, int64_t stride_bytes, int count, float scale,
+               float* out, const void* prefetch);
 // One 64-wide rotary row (a cos_sin_cache row: 32 cos, then 32 sin) to fp32.
 void load_rotary_row(DType dtype, const void* row, float* out);
 
