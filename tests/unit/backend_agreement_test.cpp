@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
+#include "support/simd_levels.h"
 #include "support/test_util.h"
 
 namespace m3sa::testing {
@@ -227,6 +229,52 @@ TEST(CpuThreads, RunUsesNoMoreThreadsThanPlanned) {
   const TopkComparison cmp =
       compare_topk(ref.view(), topk.view(), TensorView{}, selection_rules(config_for(1), sb));
   EXPECT_EQ(cmp.identical_rows, cmp.rows) << describe(cmp);
+}
+
+// The CPU ops at each instruction-set level of the row kernels: AVX-512 and AVX2 write the same
+// bytes (the kernels' lanes carry the same FMA chains), and every level - the portable SSE2 one
+// too, which an AVX2 host never picks on its own - agrees with the reference.
+TEST(CpuSimdLevels, OpsWriteTheSameBytesAtAvx2AndAvx512AndMatchTheReferenceAtEveryLevel) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
+    SCOPED_TRACE(to_string(dtype));
+    SyntheticBatch sb(mixed_spec(dtype, 4, seed));
+    sb.fill_index_random(seed);
+    sb.fill_attention_random(seed + 1);
+    const MsaConfig config = config_for(4);
+    HostTensor ref_topk, ref_scores, ref_out, ref_lse;
+    M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::reference}, &ref_topk));
+    M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::reference}, &ref_scores));
+    struct Outputs {
+      HostTensor topk, scores, out, lse;
+    };
+    std::vector<std::pair<cpu::SimdLevel, Outputs>> at;
+    for (cpu::SimdLevel level : runnable_simd_levels()) {
+      SCOPED_TRACE(cpu::to_string(level));
+      ScopedSimdLevel scope(level);
+      Outputs o;
+      M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::cpu}, &o.topk));
+      M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::cpu}, &o.scores));
+      M3SA_ASSERT_OK(run_sparse_attention(config, sb, o.topk, {Backend::cpu}, &o.out, &o.lse));
+      const TopkComparison selections = compare_topk(
+          ref_topk.view(), o.topk.view(), ref_scores.view(), selection_rules(config, sb));
+      EXPECT_TRUE(selections.ok()) << describe(selections);
+      M3SA_ASSERT_OK(
+          run_sparse_attention(config, sb, o.topk, {Backend::reference}, &ref_out, &ref_lse));
+      const AttentionComparison attention =
+          compare_attention(ref_out.view(), o.out.view(), ref_lse.view(), o.lse.view());
+      EXPECT_TRUE(attention.ok()) << describe(attention);
+      at.emplace_back(level, std::move(o));
+    }
+    if (at.back().first != cpu::SimdLevel::avx512) continue; // nothing to compare bitwise
+    const Outputs& wide = at.back().second;
+    const Outputs& narrow = at[at.size() - 2].second;
+    EXPECT_TRUE(same_bytes(narrow.topk, wide.topk));
+    EXPECT_TRUE(same_bytes(narrow.scores, wide.scores));
+    EXPECT_TRUE(same_bytes(narrow.out, wide.out));
+    EXPECT_TRUE(same_bytes(narrow.lse, wide.lse));
+  }
 }
 
 } // namespace
