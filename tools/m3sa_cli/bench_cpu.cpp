@@ -2,8 +2,8 @@
 // prefill batches, wall-clock medians. Decode scoring streams each request's whole index cache,
 // so it is judged against the host's read bandwidth measured in the same run (every thread
 // summing its slice of a 1 GiB buffer); everything else does ~30 FLOP a byte read (16 query heads
-// a K / V row, or a tile's rows a key block) and reports GFLOP/s in the note. CUDA-free: built in
-// every configuration.
+// a K / V row, or a tile's rows a key block) and reports GFLOP/s in the note. The device names the
+// row kernels' instruction set (src/cpu/simd.h). CUDA-free: built in every configuration.
 #include <omp.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 
 #include "bench.h"
 #include "common/check.h"
+#include "cpu/simd.h"
 #include "m3sa/m3sa.h"
 #include "testing/host_tensor.h"
 #include "testing/run_ops.h"
@@ -176,8 +177,10 @@ Status run_cpu_case(const CpuCase& c, const Ceilings& ceilings, std::vector<Reco
 } // namespace
 
 int run_cpu_bench(const BenchOptions& options) {
-  const RunInfo run{"CPU, " + std::to_string(omp_get_max_threads()) + " threads", 0, build_commit(),
-                    iso_date()};
+  // The row kernels' instruction set is part of what was timed (M3SA_CPU_MAX_ISA may cap it).
+  const RunInfo run{"CPU, " + std::to_string(omp_get_max_threads()) + " threads, " +
+                        cpu::to_string(cpu::simd_level()),
+                    0, build_commit(), iso_date()};
   Ceilings ceilings;
   ceilings.copy_gbps = host_read_gbps();
   std::printf("# m3sa bench --backend cpu on %s, commit %s, %s\n\nceiling measured in this run: "
