@@ -487,14 +487,6 @@ M3SA_AT_EACH_LEVEL(void, accumulate_weighted_rows,
 // -1 until the first kernel call reads the environment's cap.
 std::atomic<int> active_level{-1};
 
-SimdLevel environment_cap() {
-  const char* cap = std::getenv("M3SA_CPU_MAX_ISA");
-  if (cap == nullptr) return SimdLevel::avx512;
-  for (SimdLevel level : {SimdLevel::portable, SimdLevel::avx2, SimdLevel::avx512})
-    if (std::strcmp(cap, to_string(level)) == 0) return level;
-  return SimdLevel::avx512;
-}
-
 SimdLevel capped(SimdLevel cap) { return std::min(detected_simd_level(), cap); }
 
 // The kernel of the active level among a kernel's three builds.
@@ -545,7 +537,8 @@ SimdLevel simd_level() {
   int level = active_level.load(std::memory_order_relaxed);
   if (level < 0) { // every thread computes the same; a cap set meanwhile wins
     int unset = -1;
-    const int initial = static_cast<int>(capped(environment_cap()));
+    const int initial =
+        static_cast<int>(capped(simd_level_cap_named(std::getenv("M3SA_CPU_MAX_ISA"))));
     level = active_level.compare_exchange_strong(unset, initial, std::memory_order_relaxed)
                 ? initial
                 : unset;
@@ -555,6 +548,13 @@ SimdLevel simd_level() {
 
 void set_simd_level_cap(SimdLevel cap) {
   active_level.store(static_cast<int>(capped(cap)), std::memory_order_relaxed);
+}
+
+SimdLevel simd_level_cap_named(const char* name) {
+  if (name != nullptr)
+    for (SimdLevel level : {SimdLevel::portable, SimdLevel::avx2})
+      if (std::strcmp(name, to_string(level)) == 0) return level;
+  return SimdLevel::avx512;
 }
 
 void load_row(DType dtype, const void* row, float scale, float* out) {

@@ -25,6 +25,8 @@ SimdLevel simd_level();
 // Caps the level from now on (tests; replaces the environment's cap). A cap above the detected
 // level leaves the detected one.
 void set_simd_level_cap(SimdLevel cap);
+// The cap a value of M3SA_CPU_MAX_ISA names: avx512 (no cap) for null or an unknown name.
+SimdLevel simd_level_cap_named(const char* name);
 
 // One 128-wide row of bf16 / e4m3 / f32 storage to fp32, times `scale`.
 void load_row(DType dtype, const void* row, float scale, float* out);

@@ -10,8 +10,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -320,11 +324,34 @@ TEST(CpuSimdLevels, TheCapChoosesTheLevelUpToTheDetectedOne) {
     ScopedSimdLevel scope(cap);
     EXPECT_EQ(cpu::simd_level(), std::min(cap, detected)) << cpu::to_string(cap);
   }
-#if defined(__x86_64__)
-  // Every x86-64 CPU has SSE2, and this project's CI and build machines have AVX2 with FMA: a
-  // detection that finds nothing there would leave the whole backend on the portable kernels.
-  EXPECT_GE(detected, cpu::SimdLevel::avx2);
-#endif
+  EXPECT_EQ(cpu::simd_level_cap_named("portable"), cpu::SimdLevel::portable);
+  EXPECT_EQ(cpu::simd_level_cap_named("avx2"), cpu::SimdLevel::avx2);
+  EXPECT_EQ(cpu::simd_level_cap_named("avx512"), cpu::SimdLevel::avx512);
+  EXPECT_EQ(cpu::simd_level_cap_named(nullptr), cpu::SimdLevel::avx512);
+  EXPECT_EQ(cpu::simd_level_cap_named("AVX2"), cpu::SimdLevel::avx512); // unknown: no cap
+  EXPECT_EQ(cpu::simd_level_cap_named(""), cpu::SimdLevel::avx512);
+}
+
+// The detected level against the flags Linux lists for the CPU (which it clears where the OS
+// does not save the registers' state): a detection that missed AVX-512 or AVX2 would leave the
+// backend on narrower kernels without any other test noticing.
+TEST(CpuSimdLevels, DetectionFindsTheInstructionSetsLinuxLists) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line) && line.rfind("flags", 0) != 0) {
+  }
+  if (line.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags here";
+  std::istringstream words(line);
+  std::set<std::string> flags{std::istream_iterator<std::string>(words), {}};
+  const auto has = [&](std::initializer_list<const char*> names) {
+    return std::all_of(names.begin(), names.end(), [&](const char* n) { return flags.count(n); });
+  };
+  const bool avx2 = has({"avx2", "fma"});
+  const cpu::SimdLevel want =
+      avx2 && has({"avx512f", "avx512bw", "avx512dq", "avx512vl"}) ? cpu::SimdLevel::avx512
+      : avx2                                                        ? cpu::SimdLevel::avx2
+                                                                    : cpu::SimdLevel::portable;
+  EXPECT_EQ(cpu::to_string(cpu::detected_simd_level()), std::string(cpu::to_string(want)));
 }
 
 // AVX-512 carries 16 lanes of the same FMA chains that AVX2 carries 8 of: every kernel gives the
