@@ -243,6 +243,16 @@ TEST_P(Selection, LocalAndInitCombinations) {
   EXPECT_EQ(topk_row(topk, 0, 0), (std::vector<int32_t>{0, 1, 5, 20, 38, 39}));
 }
 
+TEST_P(Selection, SelectTopkBlocksRanksTheLastCausalBlockWhenNoneIsForced) {
+  // 10 causal blocks, K = 2, no local or init block: the last causal block is a candidate like any
+  // other, and here the best; the two heads differ in which block comes second.
+  std::vector<float> h0(10, 1.f), h1(10, 1.f);
+  h0[9] = 5, h0[4] = 3, h1[9] = 2, h1[0] = 7;
+  const HostTensor topk = select_from_scores(9 * 128, config_with(2, 0, 0, 2), {h0, h1});
+  EXPECT_EQ(topk_row(topk, 0, 0), (std::vector<int32_t>{4, 9}));
+  EXPECT_EQ(topk_row(topk, 1, 0), (std::vector<int32_t>{0, 9}));
+}
+
 TEST_P(Selection, MillionTokenRows) {
   // 8192 blocks (1M tokens), one decode token and one index head: 15 scattered strong blocks win.
   std::vector<float> value(8192, 1.f);
@@ -302,6 +312,33 @@ TEST_P(Selection, ScoreBlocksExportsScaledMaxAndMinusInfinityBeyondCausalBlocks)
   EXPECT_EQ(s[2 * w + 1], -32.f);
 }
 
+TEST_P(Selection, ScoreBlocksWritesMinusInfinityInColumnsPastTheBlockTable) {
+  // Scores may be wider than the block table (N >= its width): the columns past it are past every
+  // row's causal blocks, so -inf (contract §4), and the others as with N = the width.
+  BatchSpec spec{{1, 2}, {300, 129}, 1, 1, 2};
+  SyntheticBatch sb(spec);
+  sb.fill_index_integers(test_seed(), -3, 3);
+  const MsaConfig config = config_with(16, 1, 0, 2);
+  HostTensor narrow;
+  M3SA_ASSERT_OK(run_score_blocks(config, sb, {backend()}, &narrow));
+  const int64_t w = sb.width(), wide = w + 3, tokens = sb.num_tokens();
+  HostTensor scores(DType::f32, {2, tokens, wide});
+  for (int64_t i = 0; i < scores.view().numel(); ++i) scores.data<float>()[i] = kNan;
+  PlannedOp planned(plan_request(OpKind::score_blocks, config, sb, {backend()}));
+  M3SA_ASSERT_OK(planned.status);
+  M3SA_ASSERT_OK(score_blocks(
+      planned.plan, {sb.index_q.view(), sb.index_k_cache.view(), sb.batch(), scores.view()},
+      planned.workspace()));
+  for (int64_t row = 0; row < 2 * tokens; ++row)
+    for (int64_t b = 0; b < wide; ++b) {
+      const float got = scores.data<float>()[row * wide + b];
+      if (b < w)
+        EXPECT_EQ(got, narrow.data<float>()[row * w + b]) << "row " << row << " column " << b;
+      else
+        EXPECT_EQ(got, -kInf) << "row " << row << " column " << b;
+    }
+}
+
 TEST_P(Selection, InsertIndexKRoundsOnceAndSkipsPaddingSlots) {
   for (DType dtype : {DType::bf16, DType::fp8_e4m3}) {
     HostTensor cache(dtype, {3, kBlockTokens, kHeadDim});
@@ -336,8 +373,9 @@ TEST_P(Selection, InsertIndexKRoundsOnceAndSkipsPaddingSlots) {
 }
 
 TEST_P(Selection, InsertIndexKWritesEveryLiveTokenUpToTheLast) {
-  // 1 token (the last is the first) and 130 tokens over two pages, slots in reverse order.
-  for (int64_t tokens : {1, 130}) {
+  // 1 token (the last is the first), 130 tokens over two pages and 256 filling both, slots in
+  // reverse order: the 256th token lands in slot 0, the first row of page 0.
+  for (int64_t tokens : {1, 130, 256}) {
     HostTensor cache(DType::bf16, {2, kBlockTokens, kHeadDim});
     cache.fill_bytes(0x11);
     HostTensor rows(DType::f32, {tokens, kHeadDim}), slots(DType::i64, {tokens});
