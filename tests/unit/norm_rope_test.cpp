@@ -124,6 +124,58 @@ TEST(NormRopeInsert, PaddingSlotsLeaveTheCachesUntouched) {
   }
 }
 
+// Each mapping skips only its own write (contract §7): a token may go to the KV cache and not to
+// the index cache, or the other way round, and slot 0 is a slot like any other. The index cache is
+// a view one page into a larger buffer, so that a row written for slot -1 would land in the page
+// before it, which must stay untouched too.
+TEST(NormRopeInsert, EachSlotMappingSkipsOnlyItsOwnWrites) {
+  const int64_t kv_slots[4] = {0, -1, 130, -1}, index_slots[4] = {-1, 0, 257, -1};
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    NormRopeSpec spec;
+    spec.tokens = 4, spec.padding_every = 0, spec.seed = test_seed();
+    const NormRopeBatch b(spec);
+    for (int t = 0; t < spec.tokens; ++t) {
+      b.slot_mapping.data<int64_t>()[t] = kv_slots[t];
+      b.index_slot_mapping.data<int64_t>()[t] = index_slots[t];
+    }
+    const int64_t pages = spec.index_pages, page_elems = int64_t{kBlockTokens} * kHeadDim;
+    HostTensor guarded(DType::bf16, {pages + 1, kBlockTokens, kHeadDim});
+    guarded.fill_bytes(0x5a);
+    NormRopeInsertArgs args = b.args();
+    args.index_k_cache = guarded.view();
+    args.index_k_cache.data = guarded.data<uint16_t>() + page_elems;
+    args.index_k_cache.shape[0] = pages;
+    PlanRequest request;
+    request.op = OpKind::norm_rope_insert;
+    request.backend = backend;
+    request.config.num_index_heads = spec.index_heads;
+    request.capacities = {1, spec.tokens, 1};
+    request.cache_dtype = spec.index_dtype;
+    OpPlan plan;
+    M3SA_ASSERT_OK(make_plan(request, &plan));
+    HostTensor workspace(DType::i32, {static_cast<int64_t>(plan.workspace_bytes / 4 + 1)});
+    M3SA_ASSERT_OK(norm_rope_insert(plan, args, {workspace.view().data, plan.workspace_bytes}));
+
+    const auto untouched = [](const void* first, int64_t row, int64_t row_bytes) {
+      const uint8_t* bytes = static_cast<const uint8_t*>(first) + row * row_bytes;
+      return std::all_of(bytes, bytes + row_bytes, [](uint8_t byte) { return byte == 0x5a; });
+    };
+    const int64_t kv_row = 2 * kHeadDim * spec.kv_heads, index_row = 2 * kHeadDim;
+    for (int64_t slot = 0; slot < int64_t{spec.kv_pages} * kBlockTokens; ++slot) {
+      const bool kv_written = slot == 0 || slot == 130;
+      EXPECT_EQ(untouched(b.k_cache.view().data, slot, kv_row), !kv_written)
+          << to_string(backend) << " k slot " << slot;
+      EXPECT_EQ(untouched(b.v_cache.view().data, slot, kv_row), !kv_written)
+          << to_string(backend) << " v slot " << slot;
+    }
+    for (int64_t row = 0; row < (pages + 1) * kBlockTokens; ++row) {
+      const int64_t slot = row - kBlockTokens; // the guard page's rows are slots -128..-1
+      EXPECT_EQ(untouched(guarded.view().data, row, index_row), slot != 0 && slot != 257)
+          << to_string(backend) << " index slot " << slot;
+    }
+  }
+}
+
 TEST(NormRopeInsert, CpuCosSinCacheRowReadsOnlyItsSixtyFourValues) {
   // Issue 15: the CPU backend widened 128 table values into a 64-float buffer, reading a row past
   // the table's last one and writing past the buffer (ASan: the asan preset in run_tests.sh). A
