@@ -40,7 +40,7 @@ namespace {
 }
 
 // `count` is a compile-time width so that each caller's loop vectorises; inlined, so that it
-// compiles for its caller's clone.
+// compiles for its caller's level.
 template <int count>
 [[gnu::always_inline]] inline void load_values(DType dtype, const void* row, float scale,
                                                float* out) {
@@ -65,10 +65,10 @@ template <int count>
 // kept on the stack. Memory goes through an unaligned, aliasing variant of the type (a memcpy into
 // an array of them became two 16-byte stack stores that each 32-byte operand then failed to
 // forward from). No function takes or returns one by value: the levels' ABIs differ (Clang
-// rejects such a call into an AVX-512 function). The types are spelled out per width: a
-// vector_size that depends on a template parameter was silently dropped by GCC 12 in a local alias.
+// rejects such a call into an AVX-512 function). The types are spelled out per width (a
+// vector_size that depends on a template parameter was silently dropped by GCC 12 in a local
+// alias) and as typedefs (Clang drops a `using` alias's aligned(4) and emits aligned moves).
 template <int W> struct Lanes;
-// (typedef, not using: Clang drops an alias's aligned(4) and emits aligned moves.)
 template <> struct Lanes<8> {
   typedef float Float __attribute__((vector_size(32)));
   typedef uint32_t Bits __attribute__((vector_size(32)));

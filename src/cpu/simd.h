@@ -12,8 +12,8 @@ namespace m3sa::cpu {
 // The instruction set the row kernels run with. avx2 (AVX2 + FMA) and avx512 (F, BW, DQ, VL) give
 // bit-identical results: every output is the same chain of FMAs in the same order, AVX-512 only
 // carries 16 of those lanes a register instead of 8 (tests/unit/cpu_simd_test.cpp checks each
-// kernel and whole ops). portable (SSE2, no FMA) rounds each product on its own, so its sums may
-// differ in the last bits, within the contract's fp32 tolerance.
+// kernel and whole ops). portable (on x86-64 SSE2, without FMA) rounds each product on its own, so
+// its sums may differ in the last bits, within the contract's fp32 tolerance.
 enum class SimdLevel : int { portable = 0, avx2 = 1, avx512 = 2 };
 const char* to_string(SimdLevel level);
 // The widest level this CPU (and its OS's saved register state) supports.
