@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/simd.h"
 #include "m3sa/m3sa.h"
 #include "testing/compare.h"
 #include "testing/norm_rope_batch.h"
@@ -301,7 +302,7 @@ int run_demo(const DemoOptions& o) {
   std::printf("m3sa demo: one MiniMax-M3 sparse attention layer; indexer on %s, attention on %s",
               to_string(indexer_backend), to_string(backend));
   if (backend == Backend::cpu || indexer_backend == Backend::cpu)
-    std::printf(" (CPU threads: %d)", threads);
+    std::printf(" (CPU threads: %d, %s kernels)", threads, cpu::to_string(cpu::simd_level()));
   std::printf("\n");
   std::printf("  batch      %d decode requests x %d tokens (q_len %d) + prefill chunk %d after %d "
               "= %lld query tokens\n",

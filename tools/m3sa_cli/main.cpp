@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bench.h"
+#include "cpu/simd.h"
 #include "demo.h"
 #include "m3sa/m3sa.h"
 
@@ -15,6 +16,9 @@ int print_info() {
   std::printf("m3sa %s (commit %s)\n", m3sa::version_string(), m3sa::build_commit());
   std::printf("CUDA backend built: %s; CUDA devices visible: %d\n",
               m3sa::cuda_backend_built() ? "yes" : "no", m3sa::cuda_device_count());
+  std::printf("CPU row kernels: %s (detected %s; M3SA_CPU_MAX_ISA caps them)\n",
+              m3sa::cpu::to_string(m3sa::cpu::simd_level()),
+              m3sa::cpu::to_string(m3sa::cpu::detected_simd_level()));
   const m3sa::MsaConfig config;
   for (m3sa::Backend b : {m3sa::Backend::reference, m3sa::Backend::cpu, m3sa::Backend::cuda}) {
     const m3sa::Status s = m3sa::supports(b, config);
