@@ -115,6 +115,11 @@ void NormRopeBatch::poison_outputs() const {
 
 Status run_norm_rope_insert(const MsaConfig& config, const NormRopeBatch& batch, Backend backend,
                             int num_threads, bool in_place) {
+  return run_norm_rope_insert(config, batch, batch.args(in_place), backend, num_threads);
+}
+
+Status run_norm_rope_insert(const MsaConfig& config, const NormRopeBatch& batch,
+                            const NormRopeInsertArgs& args, Backend backend, int num_threads) {
   PlanRequest request;
   request.op = OpKind::norm_rope_insert;
   request.backend = backend;
@@ -126,7 +131,7 @@ Status run_norm_rope_insert(const MsaConfig& config, const NormRopeBatch& batch,
   OpPlan plan;
   M3SA_RETURN_IF_ERROR(make_plan(request, &plan));
   HostTensor workspace(DType::i32, {static_cast<int64_t>(plan.workspace_bytes / 4 + 1)});
-  return norm_rope_insert(plan, batch.args(in_place), {workspace.view().data, plan.workspace_bytes},
+  return norm_rope_insert(plan, args, {workspace.view().data, plan.workspace_bytes},
                           {num_threads, nullptr});
 }
 

@@ -49,6 +49,10 @@ private:
 
 Status run_norm_rope_insert(const MsaConfig& config, const NormRopeBatch& batch, Backend backend,
                             int num_threads = 0, bool in_place = false);
+// The same with the caller's arguments over the batch (outputs laid elsewhere, e.g. in a guarded
+// buffer); the plan is sized by the batch.
+Status run_norm_rope_insert(const MsaConfig& config, const NormRopeBatch& batch,
+                            const NormRopeInsertArgs& args, Backend backend, int num_threads = 0);
 
 // Element-wise comparison of two bf16 / e4m3 tensors of the same shape: how many elements
 // differ, the largest distance in units in the last place of the stored format, and how many are

@@ -145,16 +145,7 @@ TEST(NormRopeInsert, EachSlotMappingSkipsOnlyItsOwnWrites) {
     args.index_k_cache = guarded.view();
     args.index_k_cache.data = guarded.data<uint16_t>() + page_elems;
     args.index_k_cache.shape[0] = pages;
-    PlanRequest request;
-    request.op = OpKind::norm_rope_insert;
-    request.backend = backend;
-    request.config.num_index_heads = spec.index_heads;
-    request.capacities = {1, spec.tokens, 1};
-    request.cache_dtype = spec.index_dtype;
-    OpPlan plan;
-    M3SA_ASSERT_OK(make_plan(request, &plan));
-    HostTensor workspace(DType::i32, {static_cast<int64_t>(plan.workspace_bytes / 4 + 1)});
-    M3SA_ASSERT_OK(norm_rope_insert(plan, args, {workspace.view().data, plan.workspace_bytes}));
+    M3SA_ASSERT_OK(run_norm_rope_insert(MsaConfig{}, b, args, backend));
 
     const auto untouched = [](const void* first, int64_t row, int64_t row_bytes) {
       const uint8_t* bytes = static_cast<const uint8_t*>(first) + row * row_bytes;
