@@ -156,38 +156,65 @@ TEST(CpuMatchesReferenceAttention, RandomMixedBatch) {
   }
 }
 
+// The CPU backend's selections, block scores and attention of one batch.
+struct CpuOutputs {
+  HostTensor topk, scores, out, lse;
+};
+void run_cpu_ops(const MsaConfig& config, const SyntheticBatch& sb, const RunOptions& options,
+                 CpuOutputs* o) {
+  M3SA_ASSERT_OK(run_index_topk(config, sb, options, &o->topk));
+  M3SA_ASSERT_OK(run_score_blocks(config, sb, options, &o->scores));
+  M3SA_ASSERT_OK(run_sparse_attention(config, sb, o->topk, options, &o->out, &o->lse));
+}
+
+void expect_same_bytes(const CpuOutputs& a, const CpuOutputs& b, const std::string& what) {
+  EXPECT_TRUE(same_bytes(a.topk, b.topk)) << what;
+  EXPECT_TRUE(same_bytes(a.scores, b.scores)) << what;
+  EXPECT_TRUE(same_bytes(a.out, b.out)) << what;
+  EXPECT_TRUE(same_bytes(a.lse, b.lse)) << what;
+}
+
+// The reference's selections and block scores of a batch, which each CPU run is judged against.
+struct ReferenceSelections {
+  HostTensor topk, scores;
+};
+void run_reference_selections(const MsaConfig& config, const SyntheticBatch& sb,
+                              ReferenceSelections* ref) {
+  M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::reference}, &ref->topk));
+  M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::reference}, &ref->scores));
+}
+
+// The outputs are also the reference's (up to near-ties and fp32 rounding): invariance of a wrong
+// answer would pass a comparison of the CPU backend with itself. The attention is the
+// reference's over the CPU's own selections.
+void expect_matches_reference(const MsaConfig& config, const SyntheticBatch& sb,
+                              const ReferenceSelections& ref, const CpuOutputs& o) {
+  const TopkComparison selections =
+      compare_topk(ref.topk.view(), o.topk.view(), ref.scores.view(), selection_rules(config, sb));
+  EXPECT_TRUE(selections.ok()) << describe(selections);
+  HostTensor ref_out, ref_lse;
+  M3SA_ASSERT_OK(
+      run_sparse_attention(config, sb, o.topk, {Backend::reference}, &ref_out, &ref_lse));
+  const AttentionComparison attention =
+      compare_attention(ref_out.view(), o.out.view(), ref_lse.view(), o.lse.view());
+  EXPECT_TRUE(attention.ok()) << describe(attention);
+}
+
 void expect_identical_for_thread_counts(DType dtype, uint64_t seed) {
   SyntheticBatch sb(mixed_spec(dtype, 4, seed));
   sb.fill_index_random(seed);
   sb.fill_attention_random(seed + 1);
   const MsaConfig config = config_for(4);
-  HostTensor topk[4], scores[4], out[4], lse[4];
+  CpuOutputs at[4];
   const int threads[4] = {1, 2, 3, 8};
   for (int i = 0; i < 4; ++i) {
-    const RunOptions options{Backend::cpu, threads[i]};
-    M3SA_ASSERT_OK(run_index_topk(config, sb, options, &topk[i]));
-    M3SA_ASSERT_OK(run_score_blocks(config, sb, options, &scores[i]));
-    M3SA_ASSERT_OK(run_sparse_attention(config, sb, topk[i], options, &out[i], &lse[i]));
+    run_cpu_ops(config, sb, {Backend::cpu, threads[i]}, &at[i]);
+    if (::testing::Test::HasFatalFailure()) return;
   }
-  for (int i = 1; i < 4; ++i) {
-    EXPECT_TRUE(same_bytes(topk[0], topk[i])) << threads[i];
-    EXPECT_TRUE(same_bytes(scores[0], scores[i])) << threads[i];
-    EXPECT_TRUE(same_bytes(out[0], out[i])) << threads[i];
-    EXPECT_TRUE(same_bytes(lse[0], lse[i])) << threads[i];
-  }
-  // The shared result is also the reference's (up to near-ties and fp32 rounding): invariance of
-  // a wrong answer would pass the checks above.
-  HostTensor ref_topk, ref_scores, ref_out, ref_lse;
-  M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::reference}, &ref_topk));
-  M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::reference}, &ref_scores));
-  M3SA_ASSERT_OK(
-      run_sparse_attention(config, sb, topk[0], {Backend::reference}, &ref_out, &ref_lse));
-  const TopkComparison selections =
-      compare_topk(ref_topk.view(), topk[0].view(), ref_scores.view(), selection_rules(config, sb));
-  EXPECT_TRUE(selections.ok()) << describe(selections);
-  const AttentionComparison attention =
-      compare_attention(ref_out.view(), out[0].view(), ref_lse.view(), lse[0].view());
-  EXPECT_TRUE(attention.ok()) << describe(attention);
+  for (int i = 1; i < 4; ++i) expect_same_bytes(at[0], at[i], std::to_string(threads[i]));
+  ReferenceSelections ref;
+  run_reference_selections(config, sb, &ref);
+  if (!::testing::Test::HasFatalFailure()) expect_matches_reference(config, sb, ref, at[0]);
 }
 
 // The CPU indexer scores a wave of segments in block ranges sized by the thread count (a long
@@ -243,37 +270,21 @@ TEST(CpuSimdLevels, OpsWriteTheSameBytesAtAvx2AndAvx512AndMatchTheReferenceAtEve
     sb.fill_index_random(seed);
     sb.fill_attention_random(seed + 1);
     const MsaConfig config = config_for(4);
-    HostTensor ref_topk, ref_scores, ref_out, ref_lse;
-    M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::reference}, &ref_topk));
-    M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::reference}, &ref_scores));
-    struct Outputs {
-      HostTensor topk, scores, out, lse;
-    };
-    std::vector<std::pair<cpu::SimdLevel, Outputs>> at;
+    ReferenceSelections ref;
+    run_reference_selections(config, sb, &ref);
+    if (HasFatalFailure()) return;
+    std::vector<std::pair<cpu::SimdLevel, CpuOutputs>> at;
     for (cpu::SimdLevel level : runnable_simd_levels()) {
       SCOPED_TRACE(cpu::to_string(level));
       ScopedSimdLevel scope(level);
-      Outputs o;
-      M3SA_ASSERT_OK(run_index_topk(config, sb, {Backend::cpu}, &o.topk));
-      M3SA_ASSERT_OK(run_score_blocks(config, sb, {Backend::cpu}, &o.scores));
-      M3SA_ASSERT_OK(run_sparse_attention(config, sb, o.topk, {Backend::cpu}, &o.out, &o.lse));
-      const TopkComparison selections = compare_topk(
-          ref_topk.view(), o.topk.view(), ref_scores.view(), selection_rules(config, sb));
-      EXPECT_TRUE(selections.ok()) << describe(selections);
-      M3SA_ASSERT_OK(
-          run_sparse_attention(config, sb, o.topk, {Backend::reference}, &ref_out, &ref_lse));
-      const AttentionComparison attention =
-          compare_attention(ref_out.view(), o.out.view(), ref_lse.view(), o.lse.view());
-      EXPECT_TRUE(attention.ok()) << describe(attention);
+      CpuOutputs o;
+      run_cpu_ops(config, sb, {Backend::cpu}, &o);
+      if (HasFatalFailure()) return;
+      expect_matches_reference(config, sb, ref, o);
       at.emplace_back(level, std::move(o));
     }
     if (at.back().first != cpu::SimdLevel::avx512) continue; // nothing to compare bitwise
-    const Outputs& wide = at.back().second;
-    const Outputs& narrow = at[at.size() - 2].second;
-    EXPECT_TRUE(same_bytes(narrow.topk, wide.topk));
-    EXPECT_TRUE(same_bytes(narrow.scores, wide.scores));
-    EXPECT_TRUE(same_bytes(narrow.out, wide.out));
-    EXPECT_TRUE(same_bytes(narrow.lse, wide.lse));
+    expect_same_bytes(at[at.size() - 2].second, at.back().second, "avx2 against avx512");
   }
 }
 
